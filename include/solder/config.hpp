@@ -1,0 +1,47 @@
+// config.hpp: every macro solder defines, in one place (host/device markers, assertions, inlining).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+/// SOLDER_HAS_CUDA: defined when the translation unit is compiled by nvcc.
+#if defined(__CUDACC__)
+#define SOLDER_HAS_CUDA 1
+#define SOLDER_HD __host__ __device__
+#else
+#define SOLDER_HD
+#endif
+
+/// SOLDER_INLINE: force inlining of the small functions every loop nest is built from; the
+/// loop nests only vectorize well when the whole expression tree collapses into one body.
+#if defined(_MSC_VER)
+#define SOLDER_INLINE __forceinline
+#else
+#define SOLDER_INLINE inline __attribute__((always_inline))
+#endif
+
+/// SOLDER_ASSERT(cond, msg): a runtime check of what the types cannot prove (a dynamic batch
+/// size, a file's contents). Always on: the checks sit outside the hot loops.
+#define SOLDER_ASSERT(cond, msg)                                                               \
+  do {                                                                                         \
+    if (!(cond)) ::solder::detail::fail(msg);                                                  \
+  } while (0)
+
+namespace solder {
+
+/// The error every runtime check throws; its what() names the problem in the user's terms.
+struct error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+[[noreturn]] inline void fail(const char* msg) { throw error(msg); }
+[[noreturn]] inline void fail(const std::string& msg) { throw error(msg); }
+}  // namespace detail
+
+/// Bytes of alignment of every solder buffer: one cache line, one AVX-512 register.
+inline constexpr std::size_t alignment = 64;
+
+}  // namespace solder

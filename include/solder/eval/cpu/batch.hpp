@@ -1,0 +1,53 @@
+// eval/cpu/batch.hpp: the simd.hpp vocabulary for xsimd batches, and the project's names for
+// xsimd's architectures (xsimd 8 spells its fallback `generic`, newer xsimd `common`).
+#pragma once
+
+#include <type_traits>
+
+#include <xsimd/xsimd.hpp>
+
+#include "solder/simd.hpp"
+
+namespace solder::cpu {
+
+/// The instruction set solder's CPU kernels are compiled for: the best one the compiler
+/// flags allow (-march=native gives AVX-512 on this project's machines).
+using arch = xsimd::default_arch;
+
+/// xsimd::batch of T on solder's arch; `vec<float>::size` lanes.
+template <class T, class A = arch>
+using vec = xsimd::batch<T, A>;
+
+/// Lanes of a float vector on solder's arch (16 with AVX-512, 8 with AVX2).
+inline constexpr std::size_t float_lanes = vec<float>::size;
+
+}  // namespace solder::cpu
+
+namespace solder::simd {
+
+template <class T, class A>
+struct vocab<xsimd::batch<T, A>> {
+  using V = xsimd::batch<T, A>;
+  using scalar = T;
+  using mask = xsimd::batch_bool<T, A>;
+  static SOLDER_INLINE V neg(const V& x) {
+    if constexpr (std::is_floating_point_v<T>)
+      return x ^ V(T(-0.0));  // flip the sign bit only
+    else
+      return -x;
+  }
+  static SOLDER_INLINE V abs(const V& x) { return xsimd::abs(x); }
+  static SOLDER_INLINE V exp(const V& x) { return xsimd::exp(x); }
+  static SOLDER_INLINE V expm1(const V& x) { return xsimd::expm1(x); }
+  static SOLDER_INLINE V log(const V& x) { return xsimd::log(x); }
+  static SOLDER_INLINE V log1p(const V& x) { return xsimd::log1p(x); }
+  static SOLDER_INLINE V sqrt(const V& x) { return xsimd::sqrt(x); }
+  static SOLDER_INLINE V tanh(const V& x) { return xsimd::tanh(x); }
+  static SOLDER_INLINE V erf(const V& x) { return xsimd::erf(x); }
+  static SOLDER_INLINE V erfc(const V& x) { return xsimd::erfc(x); }
+  static SOLDER_INLINE V fma(const V& a, const V& b, const V& c) { return xsimd::fma(a, b, c); }
+  static SOLDER_INLINE mask isnan(const V& x) { return x != x; }
+  static SOLDER_INLINE V select(const mask& m, const V& a, const V& b) { return xsimd::select(m, a, b); }
+};
+
+}  // namespace solder::simd

@@ -1,0 +1,249 @@
+// eval/cpu/evaluator.hpp: how each expression node is read on the CPU, one xsimd vector at a
+// time, inside the loop nest of eval/cpu/assign.hpp.
+//
+// The loop nest walks the output in segments: a run of consecutive elements of one output row
+// (or of the whole output, in flat mode, when no operand is broadcast). For each segment it
+// calls seek() on every evaluator, then load(j) / load_partial(j, n) for the vectors in it.
+// seek() is where broadcasting is resolved: an operand's row start is computed once per
+// segment, and an operand broadcast along the row is loaded once and splatted.
+#pragma once
+
+#include <cstring>
+#include <tuple>
+#include <utility>
+
+#include "solder/eval/cpu/batch.hpp"
+#include "solder/eval/cpu/philox.hpp"
+#include "solder/expr/expression.hpp"
+#include "solder/expr/map.hpp"
+#include "solder/expr/random.hpp"
+
+namespace solder::cpu {
+
+/// A run of `len` consecutive output elements starting at column `col` of output row `row`
+/// (rows are all dimensions but the last; in flat mode row is 0 and col the linear index).
+struct segment {
+  std::size_t row = 0, col = 0, len = 0;
+};
+
+/// Largest segment the loop nest hands out (elements): big enough to amortize seek(), small
+/// enough that a segment's random bits stay in L1. A multiple of 128 (one Philox group) and
+/// of every vector width, so flat segments start on group and cache-line boundaries.
+inline constexpr std::size_t segment_elements = 2048;
+
+/// Per-thread state of one pass, shared by all its evaluators: the random bits of the current
+/// segment, one slot per random stream, so a mask read in several places of a fused pass (the
+/// forward value inside a backward expression, several writes) is generated once per segment.
+struct pass_context {
+  static constexpr std::size_t slots = 4;
+  static constexpr std::size_t padding = 64;  // a vector load may run past the segment's end
+  struct slot {
+    std::uint64_t seed = 0, offset = 0, first = 0;
+    std::size_t len = 0;
+    bool used = false;
+    alignas(alignment) std::uint16_t bits[segment_elements + padding] = {};
+  };
+  slot slot_[slots];
+  std::size_t next = 0;
+
+  /// The 16-bit draws of elements [first, first + len) of stream (seed, offset).
+  const std::uint16_t* bits16(std::uint64_t seed, std::uint64_t offset, std::uint64_t first, std::size_t len) {
+    for (auto& s : slot_) {
+      if (s.used && s.seed == seed && s.offset == offset) {
+        if (s.first != first || s.len != len) fill(s, first, len);
+        return s.bits;
+      }
+    }
+    slot& s = slot_[next];
+    next = (next + 1) % slots;
+    s.used = true;
+    s.seed = seed;
+    s.offset = offset;
+    fill(s, first, len);
+    return s.bits;
+  }
+
+ private:
+  static void fill(slot& s, std::uint64_t first, std::size_t len) {
+    s.first = first;
+    s.len = len;
+    philox_bits16(s.seed, s.offset, first, len, s.bits);
+  }
+};
+
+/// The output an expression is evaluated over: its shape, and whether it is walked flat.
+template <class Out, bool Flat>
+struct layout {
+  using shape = Out;
+  static constexpr bool flat = Flat;
+};
+
+/// How an operand of shape L sits in the output of shape Out (rows mode): the stride of each
+/// output row dimension in the operand (0 where broadcast), and whether it varies along a row.
+template <class L, class Out>
+struct broadcast_map {
+  static constexpr std::size_t R = Out::rank;
+  static constexpr std::size_t lead = R - L::rank;  // output dimensions L does not have
+  /// True when the operand has the row's extent (read contiguously), false when it is splatted.
+  static constexpr bool inner = L::rank > 0 && L::last != 1;
+  static constexpr std::array<std::size_t, (R > 1 ? R - 1 : 1)> strides = [] {
+    std::array<std::size_t, (R > 1 ? R - 1 : 1)> s{};
+    for (std::size_t d = 0; d + 1 < R; ++d)
+      s[d] = (d >= lead && L::extents[d - lead] != 1) ? L::strides[d - lead] : 0;
+    return s;
+  }();
+  /// Offset of output row `row`'s first element in the operand.
+  static SOLDER_INLINE std::size_t row_offset(std::size_t row) {
+    if constexpr (R <= 1) {
+      return 0;
+    } else if constexpr (R == 2) {
+      return row * strides[0];
+    } else {
+      std::size_t off = 0;
+      for (std::size_t d = R - 1; d-- > 0;) {
+        const std::size_t e = d == 0 ? row + 1 : Out::extents[d];  // the leading extent may be dyn
+        off += (row % e) * strides[d];
+        row /= e;
+      }
+      return off;
+    }
+  }
+};
+
+/// True when an operand of shape L is read flat in an output of shape Out (identical shapes).
+template <class L, class Out>
+inline constexpr bool same_layout = std::is_same_v<L, Out>;
+
+template <class E, class Lay, class V>
+struct evaluator;
+
+/// Loads n < V::size elements into a vector, zero-filling the rest (tails of a segment).
+template <class V, class T>
+SOLDER_INLINE V load_partial_from(const T* p, std::size_t n) {
+  alignas(alignment) T buf[V::size] = {};
+  std::memcpy(buf, p, n * sizeof(T));
+  return V::load_aligned(buf);
+}
+
+/// Prefetch distance for operands streamed from memory: a few KiB ahead, far enough to cover
+/// DRAM latency at the bandwidth of one core.
+inline constexpr std::size_t prefetch_bytes = 4096;
+
+/// A tensor operand.
+template <class T, class L, class Lay, class V>
+struct evaluator<tensor_ref<const T, L>, Lay, V> {
+  using map = broadcast_map<L, typename Lay::shape>;
+  static constexpr bool contiguous = Lay::flat || map::inner;
+  static constexpr bool streams = contiguous;  // worth prefetching
+
+  const T* base;
+  const T* p = nullptr;
+  V splat{};
+
+  explicit evaluator(const tensor_ref<const T, L>& t) : base(t.data()) {}
+  SOLDER_INLINE void seek(const segment& s, pass_context&) {
+    if constexpr (Lay::flat) {
+      p = base + s.col;
+    } else {
+      p = base + map::row_offset(s.row) + (map::inner ? s.col : 0);
+      if constexpr (!map::inner) splat = V(*p);
+    }
+  }
+  SOLDER_INLINE V load(std::size_t j) const {
+    if constexpr (contiguous)
+      return V::load_unaligned(p + j);
+    else
+      return splat;
+  }
+  SOLDER_INLINE V load_partial(std::size_t j, std::size_t n) const {
+    if constexpr (contiguous)
+      return load_partial_from<V>(p + j, n);
+    else
+      return splat;
+  }
+  SOLDER_INLINE void prefetch(std::size_t j) const {
+    if constexpr (contiguous) __builtin_prefetch(p + j + prefetch_bytes / sizeof(T));
+  }
+};
+
+/// A tagged autodiff variable reads like its tensor.
+template <std::size_t Id, class T, class L, class Lay, class V>
+struct evaluator<variable<Id, T, L>, Lay, V> : evaluator<tensor_ref<const T, L>, Lay, V> {
+  explicit evaluator(const variable<Id, T, L>& v) : evaluator<tensor_ref<const T, L>, Lay, V>(v.ref) {}
+};
+
+/// A scalar constant: one splat for the whole evaluation.
+template <class T, class Lay, class V>
+struct evaluator<constant<T>, Lay, V> {
+  V value;
+  explicit evaluator(const constant<T>& c) : value(simd::scalar_t<V>(c.value)) {}
+  SOLDER_INLINE void seek(const segment&, pass_context&) {}
+  SOLDER_INLINE V load(std::size_t) const { return value; }
+  SOLDER_INLINE V load_partial(std::size_t, std::size_t) const { return value; }
+  SOLDER_INLINE void prefetch(std::size_t) const {}
+};
+
+/// The dropout mask: the segment's 16-bit draws come from the pass context (generated once
+/// per segment, a whole Philox group of 128 elements at a time), then are compared with the
+/// threshold vector by vector.
+template <class L, class Lay, class V>
+struct evaluator<dropout_mask<L>, Lay, V> {
+  using map = broadcast_map<L, typename Lay::shape>;
+  static constexpr bool contiguous = Lay::flat || map::inner;
+  using A = typename V::arch_type;
+  using M = xsimd::batch_bool<simd::scalar_t<V>, A>;
+  static_assert(std::is_same_v<simd::scalar_t<V>, float>, "solder::dropout: masks are implemented for float tensors");
+
+  dropout_mask<L> mask;
+  const std::uint16_t* bits = nullptr;
+  alignas(alignment) std::uint16_t splat[V::size] = {};  // a mask broadcast along rows
+
+  explicit evaluator(const dropout_mask<L>& m) : mask(m) {}
+  SOLDER_INLINE void seek(const segment& s, pass_context& ctx) {
+    const std::size_t first = Lay::flat ? s.col : map::row_offset(s.row) + (map::inner ? s.col : 0);
+    bits = ctx.bits16(mask.rng.seed, mask.rng.offset, first, contiguous ? s.len : 1);
+    if constexpr (!contiguous) {
+      for (auto& b : splat) b = bits[0];
+      bits = splat;
+    }
+  }
+  SOLDER_INLINE M load(std::size_t j) const {
+    return keep_mask<A>(load_bits16<A>(bits + (contiguous ? j : 0)), mask.threshold);
+  }
+  SOLDER_INLINE M load_partial(std::size_t j, std::size_t) const { return load(j); }
+  SOLDER_INLINE void prefetch(std::size_t) const {}
+};
+
+/// An elementwise node: its operands' vectors through the op's one definition.
+template <class Op, class... Args, class Lay, class V>
+struct evaluator<map_node<Op, Args...>, Lay, V> {
+  [[no_unique_address]] Op op;
+  std::tuple<evaluator<Args, Lay, V>...> args;
+
+  explicit evaluator(const map_node<Op, Args...>& n)
+      : op(n.op), args(std::apply([](const Args&... a) { return std::tuple<evaluator<Args, Lay, V>...>(evaluator<Args, Lay, V>(a)...); }, n.args)) {}
+
+  SOLDER_INLINE void seek(const segment& s, pass_context& ctx) {
+    std::apply([&](auto&... a) { (a.seek(s, ctx), ...); }, args);
+  }
+  SOLDER_INLINE auto load(std::size_t j) const {
+    return std::apply([&](const auto&... a) { return op.forward(a.load(j)...); }, args);
+  }
+  SOLDER_INLINE auto load_partial(std::size_t j, std::size_t n) const {
+    return std::apply([&](const auto&... a) { return op.forward(a.load_partial(j, n)...); }, args);
+  }
+  SOLDER_INLINE void prefetch(std::size_t j) const {
+    std::apply([&](const auto&... a) { (a.prefetch(j), ...); }, args);
+  }
+};
+
+/// True when every tensor operand of E has exactly the output's shape, so the loop nest can
+/// walk the output as one flat run (constants and masks of the output's shape fit too).
+template <class E, class Out>
+struct flat_ok : std::bool_constant<same_layout<shape_of<E>, Out>> {};
+template <class T, class Out>
+struct flat_ok<constant<T>, Out> : std::true_type {};
+template <class Op, class... Args, class Out>
+struct flat_ok<map_node<Op, Args...>, Out> : std::bool_constant<(flat_ok<Args, Out>::value && ...)> {};
+
+}  // namespace solder::cpu

@@ -1,0 +1,95 @@
+// nn/elementwise.hpp: the elementwise layers (bias, activations, dropout). Each one only says
+// how it transforms an expression; nn::fuse turns a run of them into one pass forward and one
+// pass backward.
+#pragma once
+
+#include <tuple>
+
+#include "solder/expr/operators.hpp"
+#include "solder/expr/random.hpp"
+#include "solder/tensor.hpp"
+
+namespace solder::nn {
+
+/// Training or inference behaviour of layers that differ (dropout).
+enum class mode { train, eval };
+
+/// y = x + b; b [N] broadcast over the rows of x [..., N]. PyTorch's Linear bias.
+template <std::size_t N>
+struct bias {
+  static constexpr std::size_t features = N;
+  static constexpr const char* name = "bias";
+  tensor<float, shape<N>> value;  // b
+  tensor<float, shape<N>> grad;   // dL/db, written by backward
+
+  auto params() { return std::tie(value); }
+  auto grads() { return std::tie(grad); }
+  template <mode M, class E, class B>
+  auto apply(const E& x, const B& b) const {
+    static_assert(check_input<shape_of<E>>());
+    return x + b;
+  }
+  template <class S>
+  static constexpr bool check_input() {
+    if constexpr (S::rank >= 1 && S::last == N) {
+      return true;
+    } else {
+      constexpr fixed_string m = [] {
+        fixed_string s("solder::nn::bias: a bias of ");
+        s.append(N).append(" features cannot be added to an input of shape ");
+        solder::detail::append_shape<S>(s);
+        s.append("; its last extent must be ").append(N);
+        return s;
+      }();
+      return diagnostic<m>::reported;
+    }
+  }
+};
+
+/// y = op(x) for an elementwise op of ops/ (relu, gelu, tanh, ...). No parameters.
+template <class Op>
+struct activation {
+  static constexpr const char* name = Op::name;
+  Op op{};
+  auto params() { return std::tuple<>{}; }
+  auto grads() { return std::tuple<>{}; }
+  template <mode M, class E>
+  auto apply(const E& x) const {
+    return map(op, x);
+  }
+};
+
+using relu = activation<ops::relu>;
+using gelu = activation<ops::gelu>;
+using gelu_tanh = activation<ops::gelu_tanh>;
+using silu = activation<ops::silu>;
+using tanh = activation<ops::tanh>;
+using sigmoid = activation<ops::sigmoid>;
+using elu = activation<ops::elu>;
+using leaky_relu = activation<ops::leaky_relu>;
+using softplus = activation<ops::softplus>;
+
+/// Training: y = x * keep / (1 - P), keep drawn per element from Philox (never stored);
+/// evaluation: y = x. Each training forward draws a fresh mask (the stream offset advances);
+/// the backward regenerates the mask of the last forward.
+template <float P>
+struct dropout {
+  static_assert(P >= 0.0f && P < 1.0f, "solder::nn::dropout: the drop probability must be in [0, 1)");
+  static constexpr float p = P;
+  static constexpr const char* name = "dropout";
+  philox_state rng{0x5eed, 0};
+
+  auto params() { return std::tuple<>{}; }
+  auto grads() { return std::tuple<>{}; }
+  /// Moves to a fresh mask; called by the owner once per training forward.
+  void advance() { ++rng.offset; }
+  template <mode M, class E>
+  auto apply(const E& x) const {
+    if constexpr (M == mode::eval || P == 0.0f)
+      return x;
+    else
+      return solder::dropout(x, P, rng);
+  }
+};
+
+}  // namespace solder::nn

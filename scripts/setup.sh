@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# scripts/setup.sh: install solder's build dependencies from Debian's packages.
+# Idempotent and fast: when every package is already installed it does not touch apt at all;
+# otherwise it runs `apt-get update` once and installs only what is missing.
+# Needs root (or sudo) only when something is missing. The CUDA toolkit is not an apt
+# package here: SOLDER_BUILD_CUDA turns itself on when nvcc is found (/usr/local/cuda).
+set -euo pipefail
+
+packages=(
+  cmake ninja-build g++ make pkg-config
+  libxsimd-dev xtl-dev libxtensor-dev libboost-dev catch2
+  libbenchmark-dev libeigen3-dev libopenblas-dev libdnnl-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+  [[ $status == installed ]] || missing+=("$p")
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#packages[@]} packages present; nothing to do"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+sudo=()
+if ((EUID != 0)); then
+  command -v sudo >/dev/null || { echo "setup: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+  sudo=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -q
+"${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
