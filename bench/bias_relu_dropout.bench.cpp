@@ -216,7 +216,8 @@ void eigen_fwd(problem& pb, int threads) {
 // dx row by row, each row added to db while it is still in L1; one partial db per thread.
 void eigen_bwd(problem& pb, int threads) {
   const std::int64_t N = pb.cols;
-  for (int t = 0; t < threads; ++t) eigen_row(pb.db_part[t].data(), N).setZero();
+  if (threads > 1)
+    for (int t = 0; t < threads; ++t) eigen_row(pb.db_part[t].data(), N).setZero();  // threads <= max_threads
   parallel_blocks(threads, pb.rows, [&](std::int64_t r0, std::int64_t r1) {
     eigen_row db(threads == 1 ? pb.db.data() : pb.db_part[omp_get_thread_num()].data(), N);
     if (threads == 1) db.setZero();

@@ -226,7 +226,7 @@ inline void mul_fastest(const float* a, const float* b, float* y, std::size_t n)
 /// Median GB/s of `pass` moving `bytes` per call: 2 warm-up calls, then `runs` timings, each of
 /// enough back-to-back calls to last about 2 ms (so a 4 MiB pass is not timed one at a time).
 template <class F>
-double measure_gbps(F&& pass, double bytes, int runs = 9) {
+double measure_gbps(F&& pass, double bytes, int runs = 15) {
   using clock = std::chrono::steady_clock;
   pass();
   auto t0 = clock::now();

@@ -12,6 +12,11 @@ packages=(
   libbenchmark-dev libeigen3-dev libopenblas-dev libdnnl-dev
 )
 
+if ! command -v dpkg-query >/dev/null; then
+  echo "setup: not a Debian system; install the equivalents of: ${packages[*]}" >&2
+  exit 0
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)

@@ -28,13 +28,18 @@ template <class V>
 using mask_t = typename vocab<V>::mask;
 
 // NaN and Inf rules of the vocabulary (tests check each of them on every backend):
-// - exp, log, sqrt, tanh, erf, expm1, log1p follow IEEE/C99 Annex F (exp(-inf) = 0,
-//   log(0) = -inf, log(x < 0) = NaN, sqrt(-1) = NaN, tanh(+-inf) = +-1).
+// - exp, log, sqrt, tanh, erf, erfc, expm1, log1p follow IEEE/C99 Annex F (exp(-inf) = 0,
+//   log(0) = -inf, log(x < 0) = NaN, sqrt(-1) = NaN, tanh(+-inf) = +-1, expm1(-0) = -0),
+//   with one exception on batches: xsimd's exp returns 0 where the result is below FLT_MIN
+//   (x < -87.3 in float), glibc and CUDA a subnormal.
 // - max and min propagate NaN from either operand (as torch.maximum does); std::max and
 //   the x86 max instruction do not agree with each other, so neither is used bare.
 // - select(m, a, b) takes a where m holds and b elsewhere, whatever a and b contain.
-// - The composites below (sign, keep_nan, sigmoid, softplus) are written once from these
-//   primitives, so every value type gets the same NaN/Inf behaviour; each states its rule.
+// - Comparisons: a NaN operand makes <, <=, >, >=, == false on every value type. Do not use
+//   a != b on batches: xsimd 8 compiles it as an ordered compare, false where either is NaN
+//   (scalar != is true there); write !(a == b) for IEEE inequality and isnan(x) for x != x.
+// - The composites (max, min, rsqrt, sign, keep_nan, sigmoid, softplus) are written once from
+//   these primitives, so every value type gets the same NaN/Inf behaviour; each states its rule.
 
 /// neg(x) = -x by flipping the sign bit: neg(+0) = -0 on every target (xsimd's AVX-512
 /// negation computes 0 - x, which gives +0; its AVX one flips the bit). Ops negate with this.

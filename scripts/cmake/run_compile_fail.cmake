@@ -14,7 +14,11 @@ if(expected_COUNT EQUAL 0)
   message(FATAL_ERROR "${SOURCE}: no // MESSAGE[<regex>] line")
 endif()
 
-execute_process(COMMAND "${CXX}" "@${RSP}" "${SOURCE}"
+# The C locale makes the diagnostics plain ASCII and the same on every machine: gcc quotes
+# names as 'operator=' there, but with Unicode quotes (3 bytes each) under a UTF-8 locale.
+execute_process(
+  COMMAND "${CMAKE_COMMAND}" -E env LC_ALL=C LANG=C LANGUAGE=
+    "${CXX}" "@${RSP}" "${SOURCE}"
   RESULT_VARIABLE status OUTPUT_VARIABLE output ERROR_VARIABLE output)
 message("$ ${CXX} @${RSP} ${SOURCE}\n${output}")
 if(status EQUAL 0)

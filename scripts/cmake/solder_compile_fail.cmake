@@ -7,7 +7,8 @@ include_guard(GLOBAL)
 #   regex: the text between `MESSAGE[` and the line's last `]`. Sets <out>_COUNT and
 #   <out>_1 ... <out>_<COUNT> in the caller's scope. The regexes are kept in separate
 #   variables, not a list, because `;` and brackets are common in them and special in
-#   CMake lists. Syntax: CMake's regular expressions (the ones ctest uses).
+#   CMake lists. Syntax: CMake's regular expressions (the ones ctest uses), matched against
+#   the compiler's output in the C locale (ASCII quotes: 'operator=').
 function(solder_read_compile_fail_messages file out)
   file(READ "${file}" text)
   string(REPLACE "\r" "" text "${text}")

@@ -44,7 +44,7 @@ constexpr tolerance rsqrt_grad{8, 0.0};
 
 /// Analytic derivative in double against central differences of the reference: truncation
 /// (h^2 f''' / 6) and rounding (eps |f| / h) at fd_step stay below 1e-8 relative on the sampled
-/// ranges; 1e-6 leaves room for log and rsqrt near their poles.
+/// ranges; 1e-6 leaves room for functions with a large f''' / f' (log and rsqrt near 0).
 constexpr double fd_rel = 1e-6;
 /// ... or absolutely, where the derivative is itself near 0.
 constexpr double fd_abs = 1e-9;
@@ -52,12 +52,15 @@ constexpr double fd_abs = 1e-9;
 /// xsimd's exp returns 0 where the result is below FLT_MIN (x < -87.3), glibc a subnormal.
 constexpr double flushed = 1e-37;
 
+// The helpers are noinline: inlined into every TEST_CASE they double the compile time (more
+// under the sanitizers) and gain nothing at run time.
+
 bool same(float got, float want) {
   if (std::isnan(want)) return std::isnan(got);
   return got == want && std::signbit(got) == std::signbit(want);
 }
 
-void check_near(float got, double want, tolerance t) {
+[[gnu::noinline]] void check_near(float got, double want, tolerance t) {
   const float w = static_cast<float>(want);
   if (std::isnan(w))
     CHECK(std::isnan(got));
@@ -69,7 +72,7 @@ void check_near(float got, double want, tolerance t) {
 
 /// Two float results that each meet t against the truth: NaN together, else within 2 t, or
 /// both below what a batch exp may flush to 0.
-void check_lane(float lane, float scalar, tolerance t) {
+[[gnu::noinline]] void check_lane(float lane, float scalar, tolerance t) {
   if (t.ulps == 0)
     CHECK(same(lane, scalar));
   else
@@ -78,7 +81,7 @@ void check_lane(float lane, float scalar, tolerance t) {
 
 /// f on batches loaded from the inputs, lane by lane; the last batch is a tail padded with 1.
 template <class F, class... In>
-std::vector<float> on_lanes(F f, const In&... in) {
+[[gnu::noinline]] std::vector<float> on_lanes(F f, const In&... in) {
   const std::size_t n = std::get<0>(std::tie(in...)).size();
   std::vector<float> out(n);
   for (std::size_t i = 0; i < n; i += vecf::size) {
@@ -104,7 +107,7 @@ bool near_any(double x, std::initializer_list<double> points, double gap) {
 
 /// Forward on scalar float and batch lanes against ref at every x, and lane against scalar.
 template <class Op, class Ref>
-void check_forward(const Op& op, Ref ref, const std::vector<float>& xs, tolerance t) {
+[[gnu::noinline]] void check_forward(const Op& op, Ref ref, const std::vector<float>& xs, tolerance t) {
   const auto lanes = on_lanes([&](const vecf& x) { return op.forward(x); }, xs);
   for (std::size_t i = 0; i < xs.size(); ++i) {
     const float x = xs[i];
@@ -119,7 +122,7 @@ void check_forward(const Op& op, Ref ref, const std::vector<float>& xs, toleranc
 /// Backward in double against g times central differences of ref (skipping points within
 /// 1e-3 of a kink), then scalar float and batch lanes against the double gradient.
 template <class Op, class Ref>
-void check_backward(const Op& op, Ref ref, const std::vector<float>& xs, tolerance t,
+[[gnu::noinline]] void check_backward(const Op& op, Ref ref, const std::vector<float>& xs, tolerance t,
                     std::initializer_list<double> kinks = {}) {
   const auto gs = test::uniform(xs.size(), 0.5, 2.0, 99);
   const auto lanes = on_lanes([&](const vecf& x, const vecf& g) { return op.template backward<0>(x, op.forward(x), g); }, xs, gs);
@@ -140,7 +143,7 @@ void check_backward(const Op& op, Ref ref, const std::vector<float>& xs, toleran
 /// Every special value (NaN, +-inf, +-0, subnormal, huge) on scalar float and in batch lanes
 /// next to other specials: forward and backward agree lane by lane.
 template <class Op>
-void check_special_lanes(const Op& op, tolerance t) {
+[[gnu::noinline]] void check_special_lanes(const Op& op, tolerance t) {
   const auto xs = test::special_values();
   const std::vector<float> gs(xs.size(), 1.5f);
   const auto ys = on_lanes([&](const vecf& x) { return op.forward(x); }, xs);
@@ -159,7 +162,7 @@ struct row {
   float x, y, dy;
 };
 template <class Op>
-void check_rows(const Op& op, std::initializer_list<row> rows) {
+[[gnu::noinline]] void check_rows(const Op& op, std::initializer_list<row> rows) {
   for (const row& r : rows) {
     CAPTURE(r.x, r.y, r.dy);
     const float y = op.forward(r.x);
@@ -180,7 +183,7 @@ void check_rows(const Op& op, std::initializer_list<row> rows) {
 /// Forward and both gradients of a binary op: scalar float and batch lanes against ref, double
 /// gradients against central differences in each argument, float gradients against double.
 template <class Op, class Ref>
-void check_binary(const Op& op, Ref ref, const std::vector<float>& as, const std::vector<float>& bs, tolerance t) {
+[[gnu::noinline]] void check_binary(const Op& op, Ref ref, const std::vector<float>& as, const std::vector<float>& bs, tolerance t) {
   const auto gs = test::uniform(as.size(), 0.5, 2.0, 98);
   const auto ys = on_lanes([&](const vecf& a, const vecf& b) { return op.forward(a, b); }, as, bs);
   const auto da = on_lanes([&](const vecf& a, const vecf& b, const vecf& g) { return op.template backward<0>(a, b, op.forward(a, b), g); }, as, bs, gs);
@@ -211,7 +214,7 @@ void check_binary(const Op& op, Ref ref, const std::vector<float>& as, const std
 /// Every pair of special values, on scalar float and in batch lanes: forward against the
 /// reference (IEEE operations, so exactly), gradients lane against scalar, NaN for NaN.
 template <class Op, class Ref>
-void check_special_pairs(const Op& op, Ref ref) {
+[[gnu::noinline]] void check_special_pairs(const Op& op, Ref ref) {
   std::vector<float> as, bs;
   for (float a : test::special_values())
     for (float b : test::special_values()) as.push_back(a), bs.push_back(b);

@@ -75,6 +75,7 @@ inline double softplus(double x, double beta = 1.0, double threshold = 20.0) {
   return lse / beta;
 }
 
+/// The first operand wins a tie (max(-0, +0) = -0), as solder's max and min document.
 inline double max(double a, double b) {
   if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<double>::quiet_NaN();
   return a < b ? b : a;

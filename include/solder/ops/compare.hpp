@@ -58,13 +58,14 @@ struct equal {
   template <class V> SOLDER_HD SOLDER_INLINE simd::mask_t<V> forward(const V& a, const V& b) const { return a == b; }
 };
 
-/// m = a != b; true where either is NaN (the negation of equal).
+/// m = a != b; true where either is NaN (the negation of equal, as IEEE and torch.ne).
 struct not_equal {
   static constexpr int arity = 2;
   static constexpr const char* name = "not_equal";
   static constexpr int flops = 1;
   static constexpr bool differentiable(int /*arg*/) { return false; }
-  template <class V> SOLDER_HD SOLDER_INLINE simd::mask_t<V> forward(const V& a, const V& b) const { return a != b; }
+  // not a != b: xsimd's != is false where either is NaN (see simd.hpp)
+  template <class V> SOLDER_HD SOLDER_INLINE simd::mask_t<V> forward(const V& a, const V& b) const { return !(a == b); }
 };
 
 /// y = cond ? a : b, cond a mask; the gradient goes to the chosen operand only (0 to the

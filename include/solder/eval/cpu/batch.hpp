@@ -38,15 +38,18 @@ struct vocab<xsimd::batch<T, A>> {
   }
   static SOLDER_INLINE V abs(const V& x) { return xsimd::abs(x); }
   static SOLDER_INLINE V exp(const V& x) { return xsimd::exp(x); }
-  static SOLDER_INLINE V expm1(const V& x) { return xsimd::expm1(x); }
+  // xsimd's expm1 and log1p return +0 for -0; Annex F (and the scalar forms) keep the sign.
+  static SOLDER_INLINE V expm1(const V& x) { return xsimd::select(x == V(0), x, xsimd::expm1(x)); }
   static SOLDER_INLINE V log(const V& x) { return xsimd::log(x); }
-  static SOLDER_INLINE V log1p(const V& x) { return xsimd::log1p(x); }
+  static SOLDER_INLINE V log1p(const V& x) { return xsimd::select(x == V(0), x, xsimd::log1p(x)); }
   static SOLDER_INLINE V sqrt(const V& x) { return xsimd::sqrt(x); }
   static SOLDER_INLINE V tanh(const V& x) { return xsimd::tanh(x); }
   static SOLDER_INLINE V erf(const V& x) { return xsimd::erf(x); }
-  static SOLDER_INLINE V erfc(const V& x) { return xsimd::erfc(x); }
+  // xsimd's erfc gives -0 for large x where it underflows; erfc is never negative.
+  static SOLDER_INLINE V erfc(const V& x) { return xsimd::abs(xsimd::erfc(x)); }
   static SOLDER_INLINE V fma(const V& a, const V& b, const V& c) { return xsimd::fma(a, b, c); }
-  static SOLDER_INLINE mask isnan(const V& x) { return x != x; }
+  // Not x != x: xsimd 8's != compares ordered (_CMP_NEQ_OQ), so NaN != NaN is false on batches.
+  static SOLDER_INLINE mask isnan(const V& x) { return xsimd::isnan(x); }
   static SOLDER_INLINE V select(const mask& m, const V& a, const V& b) { return xsimd::select(m, a, b); }
 };
 

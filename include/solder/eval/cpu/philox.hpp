@@ -14,11 +14,13 @@
 #include "solder/eval/cpu/batch.hpp"
 #include "solder/random/philox.hpp"
 
-// GCC 12.2 warns -Wmaybe-uninitialized inside its own AVX-512 intrinsics (the "undefined" source
-// operand of the unmasked forms, GCC bug 105593, fixed in 12.3); the warning names no solder code.
+// GCC 12.2 warns -W(maybe-)uninitialized inside its own AVX-512 intrinsics (the "undefined"
+// source operand of the unmasked forms, GCC bug 105593, fixed in 12.3); the warning names no
+// solder code, and is silenced here for the intrinsics this header calls.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace solder::cpu {
@@ -38,9 +40,9 @@ inline constexpr bool philox_avx2 = !philox_avx512<A> && std::is_base_of_v<xsimd
 struct philox_stream {
   uint32_t k0[random::philox_rounds];
   uint32_t k1[random::philox_rounds];
-  uint32_t r0_c0;  // round 0 word 0 is hi(m1 * lo(offset)) ^ k0[0] ^ hi32(counter)
-  uint32_t r0_c2;  // round 0 word 2 is hi(m0 * lo32(counter)) ^ hi(offset) ^ k1[0]
-  uint32_t r1_c0;  // round 1 word 0 is hi(m1 * c2) ^ lo(m1 * lo(offset)) ^ k0[1]
+  uint32_t r0_c0;  // word 0 after round 0 is r0_c0 ^ hi32(block): hi(m1 lo(offset)) ^ k0[0]
+  uint32_t r0_c2;  // word 2 after round 0 is hi(m0 lo32(block)) ^ r0_c2: hi(offset) ^ k1[0]
+  uint32_t r1_c0;  // word 0 after round 1 is hi(m1 c2) ^ r1_c0: lo(m1 lo(offset)) ^ k0[1]
   random::philox_key key;
   uint32_t offset_lo, offset_hi;
 
@@ -61,8 +63,9 @@ struct philox_stream {
   }
 };
 
-/// Round 1 word 0 of group g's blocks, and the two words round 1's scalar product m0 * c0 adds
-/// (its high half xored into word 2 in round 1, its low half into word 2 in round 2).
+/// The group-wide terms of word 2 in rounds 1 and 2. After round 0, word 0 is the same for the
+/// 16 blocks of a group (r0_c0 ^ hi32(16 g)), so round 1's m0 * c0 is one scalar product: its
+/// hi is xored into word 2 in round 1, and its lo, word 3 after round 1, into word 2 in round 2.
 struct philox_group_scalars {
   uint32_t r1_c2;
   uint32_t r2_c2;
@@ -83,57 +86,81 @@ inline void philox_group_portable(const philox_stream& s, uint64_t g, uint16_t* 
   }
 }
 
-#if defined(__AVX512F__)
-// AVX-512 core. The 16 blocks of a group live as 8 even lanes (blocks 0, 2, .., 14) and 8 odd
-// lanes (1, 3, .., 15), one block per 64-bit lane with its word in the low half: vpmuludq then
-// gives each 32x32->64 product whole (hi half in the upper slot, lo half in the lower), and the
-// upper slots may hold garbage because vpmuludq reads only the lower ones. A round is
-// 2 multiplies, 2 shifts and 2 three-way xors per half, with no shuffles.
-struct philox_avx512_half {
-  __m512i c0, c1, c2, c3;
-};
+// The SIMD cores. A register holds one block per 64-bit lane, its word in the low 32 bits:
+// vpmuludq then gives each 32x32->64 product whole (lo in the low half, hi in the high half),
+// and the high halves may hold anything, since vpmuludq reads only the low ones. A round is,
+// per register, 2 multiplies, 2 moves of a product's hi to the low half and 2 three-way xors;
+// nothing crosses lanes until the final store. The 16 blocks of a group are split by lane
+// parity (blocks 0, 2, .., 14 and 1, 3, .., 15) so a register pair holds consecutive blocks.
+// Ops supplies the instructions: reg, mul, high, xor2, xor3, word (broadcast a uint32).
 
-SOLDER_INLINE __m512i philox_xor3(__m512i a, __m512i b, __m512i c) { return _mm512_ternarylogic_epi32(a, b, c, 0x96); }
-
-SOLDER_INLINE void philox_avx512_rounds(philox_avx512_half& h, const philox_stream& s, const philox_group_scalars& gs, __m512i lanes_lo) {
-  const __m512i m0 = _mm512_set1_epi64(random::philox_m0);
-  const __m512i m1 = _mm512_set1_epi64(random::philox_m1);
-  // Round 0: word 0 (the block counter's low word) varies by lane, word 2 (the offset) does not.
-  __m512i p0 = _mm512_mul_epu32(lanes_lo, m0);
-  __m512i c2 = _mm512_xor_si512(_mm512_srli_epi64(p0, 32), _mm512_set1_epi32(int(s.r0_c2)));
-  __m512i c3 = p0;
-  // Round 1: word 0 is the same for all 16 blocks, so m0 * c0 was a scalar product (in gs).
-  __m512i p1 = _mm512_mul_epu32(c2, m1);
-  __m512i c0 = _mm512_xor_si512(_mm512_srli_epi64(p1, 32), _mm512_set1_epi32(int(s.r1_c0)));
-  __m512i c1 = p1;
-  c2 = _mm512_xor_si512(c3, _mm512_set1_epi32(int(gs.r1_c2)));
-  // Round 2: word 3 is round 1's scalar lo(m0 * c0), folded into gs.r2_c2.
-  p0 = _mm512_mul_epu32(c0, m0);
-  p1 = _mm512_mul_epu32(c2, m1);
-  c0 = philox_xor3(_mm512_srli_epi64(p1, 32), c1, _mm512_set1_epi32(int(s.k0[2])));
-  c1 = p1;
-  c2 = _mm512_xor_si512(_mm512_srli_epi64(p0, 32), _mm512_set1_epi32(int(gs.r2_c2)));
-  c3 = p0;
+/// Rounds 0..9 of H registers of blocks; ctr_lo[h] holds the blocks' counter words 0 (their
+/// word 1, and the offset words 2 and 3, are lane-independent and folded into s and r1_c2/r2_c2).
+template <class Ops, int H>
+SOLDER_INLINE void philox_rounds(typename Ops::reg (&c)[4][H], const philox_stream& s, const typename Ops::reg (&ctr_lo)[H],
+                                 const uint32_t (&r1_c2)[H], const uint32_t (&r2_c2)[H]) {
+  using reg = typename Ops::reg;
+  const reg m0 = Ops::word(random::philox_m0);
+  const reg m1 = Ops::word(random::philox_m1);
+  // Round 0: m1 * word 2 (the offset) is the same for every block; it is in s.
+#pragma GCC unroll 16
+  for (int h = 0; h < H; ++h) {
+    const reg p0 = Ops::mul(ctr_lo[h], m0);
+    c[2][h] = Ops::xor2(Ops::high(p0), Ops::word(s.r0_c2));
+    c[3][h] = p0;
+  }
+  // Round 1: word 0 is the same for the blocks of a group, so m0 * c0 was one scalar product,
+  // its hi folded into r1_c2 and its lo (the next word 3) into r2_c2.
+#pragma GCC unroll 16
+  for (int h = 0; h < H; ++h) {
+    const reg p1 = Ops::mul(c[2][h], m1);
+    c[0][h] = Ops::xor2(Ops::high(p1), Ops::word(s.r1_c0));
+    c[1][h] = p1;
+    c[2][h] = Ops::xor2(c[3][h], Ops::word(r1_c2[h]));
+  }
+#pragma GCC unroll 16
+  for (int h = 0; h < H; ++h) {
+    const reg p0 = Ops::mul(c[0][h], m0);
+    const reg p1 = Ops::mul(c[2][h], m1);
+    c[0][h] = Ops::xor3(Ops::high(p1), c[1][h], Ops::word(s.k0[2]));
+    c[1][h] = p1;
+    c[2][h] = Ops::xor2(Ops::high(p0), Ops::word(r2_c2[h]));
+    c[3][h] = p0;
+  }
 #pragma GCC unroll 8
   for (int r = 3; r < random::philox_rounds; ++r) {
-    p0 = _mm512_mul_epu32(c0, m0);
-    p1 = _mm512_mul_epu32(c2, m1);
-    c0 = philox_xor3(_mm512_srli_epi64(p1, 32), c1, _mm512_set1_epi32(int(s.k0[r])));
-    c1 = p1;
-    c2 = philox_xor3(_mm512_srli_epi64(p0, 32), c3, _mm512_set1_epi32(int(s.k1[r])));
-    c3 = p0;
+#pragma GCC unroll 16
+    for (int h = 0; h < H; ++h) {
+      const reg p0 = Ops::mul(c[0][h], m0);
+      const reg p1 = Ops::mul(c[2][h], m1);
+      c[0][h] = Ops::xor3(Ops::high(p1), c[1][h], Ops::word(s.k0[r]));
+      c[1][h] = p1;
+      c[2][h] = Ops::xor3(Ops::high(p0), c[3][h], Ops::word(s.k1[r]));
+      c[3][h] = p0;
+    }
   }
-  h = {c0, c1, c2, c3};
 }
 
-/// Writes output word w of the group, out[32 w + 16 h + l] = half h of lane l, from the even
-/// and odd lanes' low slots.
+#if defined(__AVX512F__)
+struct philox_avx512_ops {
+  using reg = __m512i;
+  static SOLDER_INLINE reg mul(reg a, reg b) { return _mm512_mul_epu32(a, b); }
+  // vpshufd (port 5 on Intel) or vpsrlq (port 0): vpmuludq issues on either port, so both
+  // balance; vpshufd measured a little faster.
+  static SOLDER_INLINE reg high(reg p) { return _mm512_shuffle_epi32(p, _MM_PERM_CDAB); }
+  static SOLDER_INLINE reg xor2(reg a, reg b) { return _mm512_xor_si512(a, b); }
+  static SOLDER_INLINE reg xor3(reg a, reg b, reg c) { return _mm512_ternarylogic_epi32(a, b, c, 0x96); }
+  static SOLDER_INLINE reg word(uint32_t x) { return _mm512_set1_epi32(int(x)); }
+};
+
+/// Writes output word w of a group, out[32 w + 16 h + l] = half h of block l, from the even
+/// and odd blocks' low halves.
 template <class A>
 SOLDER_INLINE void philox_avx512_store(__m512i even, __m512i odd, uint16_t* out) {
 #if defined(__AVX512BW__)
   if constexpr (std::is_base_of_v<xsimd::avx512bw, A>) {
-    // One two-source word permute: position 16 h + l takes 16-bit word 4 (l / 2) + h of the
-    // even lanes (l even) or of the odd lanes (l odd, index + 32).
+    // One two-source permute of 16-bit words: position 16 h + l takes word 4 (l / 2) + h of
+    // the even blocks (l even) or the odd blocks (l odd, index + 32).
     const __m512i idx = _mm512_setr_epi32(0x00200000, 0x00240004, 0x00280008, 0x002C000C, 0x00300010, 0x00340014, 0x00380018, 0x003C001C,
                                           0x00210001, 0x00250005, 0x00290009, 0x002D000D, 0x00310011, 0x00350015, 0x00390019, 0x003D001D);
     _mm512_storeu_si512(out, _mm512_permutex2var_epi16(even, idx, odd));
@@ -145,62 +172,48 @@ SOLDER_INLINE void philox_avx512_store(__m512i even, __m512i odd, uint16_t* out)
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
 }
 
-template <class A>
-SOLDER_INLINE void philox_group_avx512(const philox_stream& s, uint64_t g, uint16_t* out) {
-  const uint64_t base = g << 4;
-  const philox_group_scalars gs(s, base);
-  const __m512i b = _mm512_set1_epi64(int64_t(base));
-  philox_avx512_half e, o;
-  philox_avx512_rounds(e, s, gs, _mm512_or_si512(b, _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14)));
-  philox_avx512_rounds(o, s, gs, _mm512_or_si512(b, _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15)));
-  philox_avx512_store<A>(e.c0, o.c0, out);
-  philox_avx512_store<A>(e.c1, o.c1, out + 32);
-  philox_avx512_store<A>(e.c2, o.c2, out + 64);
-  philox_avx512_store<A>(e.c3, o.c3, out + 96);
+/// Groups g .. g + G - 1 into out[0 .. 128 G): 2 G registers of 8 blocks. Two groups at once
+/// give the out-of-order core independent multiplies to fill the 5-cycle multiply latency.
+template <class A, int G>
+SOLDER_INLINE void philox_groups_avx512(const philox_stream& s, uint64_t g, uint16_t* out) {
+  constexpr int H = 2 * G;
+  __m512i ctr_lo[H];
+  uint32_t r1_c2[H], r2_c2[H];
+#pragma GCC unroll 4
+  for (int q = 0; q < G; ++q) {
+    const uint64_t base = (g + uint64_t(q)) << 4;
+    const philox_group_scalars gs(s, base);
+    const __m512i b = _mm512_set1_epi64(int64_t(base));
+    ctr_lo[2 * q] = _mm512_or_si512(b, _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14));
+    ctr_lo[2 * q + 1] = _mm512_or_si512(b, _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15));
+    r1_c2[2 * q] = r1_c2[2 * q + 1] = gs.r1_c2;
+    r2_c2[2 * q] = r2_c2[2 * q + 1] = gs.r2_c2;
+  }
+  __m512i c[4][H];
+  philox_rounds<philox_avx512_ops, H>(c, s, ctr_lo, r1_c2, r2_c2);
+#pragma GCC unroll 4
+  for (int q = 0; q < G; ++q) {
+#pragma GCC unroll 4
+    for (int w = 0; w < 4; ++w) philox_avx512_store<A>(c[w][2 * q], c[w][2 * q + 1], out + 128 * q + 32 * w);
+  }
 }
 #endif
 
 #if defined(__AVX2__)
-// AVX2 core: the same layout as the AVX-512 one at 4 blocks per register, so a group is two
-// 8-block halves (blocks 0..7, 8..15), each as 4 even and 4 odd lanes. AVX2 has no three-way
-// xor; a round is 2 multiplies, 2 shifts and 4 xors per register pair.
-struct philox_avx2_half {
-  __m256i c0, c1, c2, c3;
+struct philox_avx2_ops {
+  using reg = __m256i;
+  static SOLDER_INLINE reg mul(reg a, reg b) { return _mm256_mul_epu32(a, b); }
+  static SOLDER_INLINE reg high(reg p) { return _mm256_srli_epi64(p, 32); }
+  static SOLDER_INLINE reg xor2(reg a, reg b) { return _mm256_xor_si256(a, b); }
+  static SOLDER_INLINE reg xor3(reg a, reg b, reg c) { return _mm256_xor_si256(a, _mm256_xor_si256(b, c)); }
+  static SOLDER_INLINE reg word(uint32_t x) { return _mm256_set1_epi32(int(x)); }
 };
 
-SOLDER_INLINE void philox_avx2_rounds(philox_avx2_half& h, const philox_stream& s, const philox_group_scalars& gs, __m256i lanes_lo) {
-  const __m256i m0 = _mm256_set1_epi64x(random::philox_m0);
-  const __m256i m1 = _mm256_set1_epi64x(random::philox_m1);
-  __m256i p0 = _mm256_mul_epu32(lanes_lo, m0);
-  __m256i c2 = _mm256_xor_si256(_mm256_srli_epi64(p0, 32), _mm256_set1_epi32(int(s.r0_c2)));
-  __m256i c3 = p0;
-  __m256i p1 = _mm256_mul_epu32(c2, m1);
-  __m256i c0 = _mm256_xor_si256(_mm256_srli_epi64(p1, 32), _mm256_set1_epi32(int(s.r1_c0)));
-  __m256i c1 = p1;
-  c2 = _mm256_xor_si256(c3, _mm256_set1_epi32(int(gs.r1_c2)));
-  p0 = _mm256_mul_epu32(c0, m0);
-  p1 = _mm256_mul_epu32(c2, m1);
-  c0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), c1), _mm256_set1_epi32(int(s.k0[2])));
-  c1 = p1;
-  c2 = _mm256_xor_si256(_mm256_srli_epi64(p0, 32), _mm256_set1_epi32(int(gs.r2_c2)));
-  c3 = p0;
-#pragma GCC unroll 8
-  for (int r = 3; r < random::philox_rounds; ++r) {
-    p0 = _mm256_mul_epu32(c0, m0);
-    p1 = _mm256_mul_epu32(c2, m1);
-    c0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), c1), _mm256_set1_epi32(int(s.k0[r])));
-    c1 = p1;
-    c2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p0, 32), c3), _mm256_set1_epi32(int(s.k1[r])));
-    c3 = p0;
-  }
-  h = {c0, c1, c2, c3};
-}
-
-/// Writes half h of word w for the 8 blocks of one group half: out[16 h + l], l in 0..7.
+/// Writes half h of output word w for the 8 blocks of a group half: out[16 h + l], l in 0..7.
 SOLDER_INLINE void philox_avx2_store(__m256i even, __m256i odd, uint16_t* out) {
   const __m256i w = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
-  // Per 128-bit lane: low halves of its 4 words to bytes 0..7, high halves to bytes 8..15;
-  // then the 64-bit quarters in the order (lo 0-3, lo 4-7, hi 0-3, hi 4-7).
+  // Per 128-bit lane: the low halves of its 4 words to bytes 0..7, the high halves to bytes
+  // 8..15; then the 64-bit quarters in the order (lo 0-3, lo 4-7, hi 0-3, hi 4-7).
   const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
                                          0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
   const __m256i v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(w, split), 0xD8);
@@ -208,37 +221,43 @@ SOLDER_INLINE void philox_avx2_store(__m256i even, __m256i odd, uint16_t* out) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm256_extracti128_si256(v, 1));
 }
 
-inline void philox_group_avx2(const philox_stream& s, uint64_t g, uint16_t* out) {
+/// Group g into out[0 .. 128): two halves of 8 blocks (0..7, 8..15), each 2 registers of 4,
+/// all 4 registers interleaved so the two halves' multiply chains overlap.
+SOLDER_INLINE void philox_group_avx2(const philox_stream& s, uint64_t g, uint16_t* out) {
   const uint64_t base = g << 4;
   const philox_group_scalars gs(s, base);
   const __m256i b = _mm256_set1_epi64x(int64_t(base));
-  for (int half = 0; half < 2; ++half) {
-    const __m256i first = _mm256_set1_epi64x(8 * half);
-    philox_avx2_half e, o;
-    philox_avx2_rounds(e, s, gs, _mm256_or_si256(b, _mm256_add_epi64(first, _mm256_setr_epi64x(0, 2, 4, 6))));
-    philox_avx2_rounds(o, s, gs, _mm256_or_si256(b, _mm256_add_epi64(first, _mm256_setr_epi64x(1, 3, 5, 7))));
-    uint16_t* dst = out + 8 * half;
-    philox_avx2_store(e.c0, o.c0, dst);
-    philox_avx2_store(e.c1, o.c1, dst + 32);
-    philox_avx2_store(e.c2, o.c2, dst + 64);
-    philox_avx2_store(e.c3, o.c3, dst + 96);
+  const uint32_t r1_c2[4] = {gs.r1_c2, gs.r1_c2, gs.r1_c2, gs.r1_c2};
+  const uint32_t r2_c2[4] = {gs.r2_c2, gs.r2_c2, gs.r2_c2, gs.r2_c2};
+  const __m256i ctr_lo[4] = {_mm256_or_si256(b, _mm256_setr_epi64x(0, 2, 4, 6)), _mm256_or_si256(b, _mm256_setr_epi64x(1, 3, 5, 7)),
+                             _mm256_or_si256(b, _mm256_setr_epi64x(8, 10, 12, 14)), _mm256_or_si256(b, _mm256_setr_epi64x(9, 11, 13, 15))};
+  __m256i c[4][4];
+  philox_rounds<philox_avx2_ops, 4>(c, s, ctr_lo, r1_c2, r2_c2);
+#pragma GCC unroll 4
+  for (int w = 0; w < 4; ++w) {
+    philox_avx2_store(c[w][0], c[w][1], out + 32 * w);
+    philox_avx2_store(c[w][2], c[w][3], out + 8 + 32 * w);
   }
 }
 #endif
 
-/// The 128 bits16 values of group g into out[0..128), on the core A selects.
+/// Groups the core for A computes per step of the bulk loop.
 template <class A>
-SOLDER_INLINE void philox_group(const philox_stream& s, uint64_t g, uint16_t* out) {
+inline constexpr int philox_step = philox_avx512<A> ? 2 : 1;
+
+/// The 128 G bits16 values of groups g .. g + G - 1 into out[0 .. 128 G), on the core A selects.
+template <class A, int G>
+SOLDER_INLINE void philox_groups(const philox_stream& s, uint64_t g, uint16_t* out) {
   if constexpr (philox_avx512<A>) {
 #if defined(__AVX512F__)
-    philox_group_avx512<A>(s, g, out);
+    philox_groups_avx512<A, G>(s, g, out);
 #endif
   } else if constexpr (philox_avx2<A>) {
 #if defined(__AVX2__)
-    philox_group_avx2(s, g, out);
+    for (int q = 0; q < G; ++q) philox_group_avx2(s, g + uint64_t(q), out + 128 * q);
 #endif
   } else {
-    philox_group_portable(s, g, out);
+    for (int q = 0; q < G; ++q) philox_group_portable(s, g + uint64_t(q), out + 128 * q);
   }
 }
 
@@ -258,14 +277,18 @@ inline void philox_bits16(uint64_t seed, uint64_t offset, uint64_t i0, std::size
   std::size_t done = 0;
   alignas(64) uint16_t buf[group];
   if (const std::size_t skip = std::size_t(i0 % group); skip != 0 || n < group) {
-    detail::philox_group<A>(s, g, buf);
+    detail::philox_groups<A, 1>(s, g, buf);
     done = n < group - skip ? n : group - skip;
     std::memcpy(out, buf + skip, done * sizeof(uint16_t));
     ++g;
   }
-  for (; n - done >= group; done += group, ++g) detail::philox_group<A>(s, g, out + done);
+  constexpr int step = detail::philox_step<A>;
+  if constexpr (step > 1) {
+    for (; n - done >= step * group; done += step * group, g += step) detail::philox_groups<A, step>(s, g, out + done);
+  }
+  for (; n - done >= group; done += group, ++g) detail::philox_groups<A, 1>(s, g, out + done);
   if (done < n) {
-    detail::philox_group<A>(s, g, buf);
+    detail::philox_groups<A, 1>(s, g, buf);
     std::memcpy(out + done, buf, (n - done) * sizeof(uint16_t));
   }
 }
@@ -312,7 +335,7 @@ SOLDER_INLINE xsimd::batch_bool<float, A> keep_mask(const xsimd::batch<uint32_t,
     alignas(64) float keep[lanes];
     bits.store_aligned(b);
     for (std::size_t l = 0; l < lanes; ++l) keep[l] = b[l] >= threshold ? 1.0f : 0.0f;
-    return xsimd::batch<float, A>::load_aligned(keep) != xsimd::batch<float, A>(0.0f);
+    return xsimd::batch<float, A>::load_aligned(keep) == xsimd::batch<float, A>(1.0f);
   }
 }
 

@@ -1,0 +1,560 @@
+// eval/cpu/gemm.hpp: C = A' B' on the CPU for static N and K: cache blocking, packing of A and
+// B into the micro-kernel's panels, the split over threads, and the epilogues that store C.
+//
+// The design, the parameters and measured numbers are in docs/gemm.md.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <type_traits>
+#include <utility>
+
+#include "solder/config.hpp"
+#include "solder/eval/cpu/batch.hpp"
+#include "solder/eval/cpu/gemm_kernel.hpp"
+#include "solder/eval/cpu/parallel.hpp"
+#include "solder/ops/activations.hpp"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace solder::cpu {
+
+// ---------------------------------------------------------------------------------------------
+// Blocking
+// ---------------------------------------------------------------------------------------------
+
+/// How C = A' B' is cut for static N and K on solder's arch (docs/gemm.md explains each choice).
+///   mr x nr   the register tile (gemm_tile), nr = nv * W columns
+///   kc        K block: an mr x kc panel of A stays in L1 while B panels stream past it
+///   nc        N block in panels of nr: a kc x nc block of B stays in L2 while A panels pass
+///   mc        M block in tiles of mr: rows of A packed together, the partial sums of an
+///             mc x nc block of C kept between K blocks
+template <std::size_t N, std::size_t K>
+struct gemm_blocking {
+  static_assert(N >= 1 && K >= 1, "solder::cpu::gemm: N and K must be at least 1");
+  using tile = gemm_tile<arch>;
+  static constexpr std::size_t lanes = float_lanes;
+  static constexpr std::size_t mr = tile::mr;
+  static constexpr std::size_t nv = tile::nv;
+  static constexpr std::size_t nr = nv * lanes;
+
+  /// Longest K block: 14 x 256 floats of A (14 KiB) leave most of the 48 KiB L1 to the B
+  /// stream (measured: 192 to 384 within noise of each other, docs/gemm.md).
+  static constexpr std::size_t kc_max = 256;
+  static constexpr std::size_t k_blocks = (K + kc_max - 1) / kc_max;
+  /// K blocks of equal length (the last one shorter by less than k_blocks).
+  static constexpr std::size_t kc = (K + k_blocks - 1) / k_blocks;
+
+  /// Bytes of B one N block may take in L2 (2 MiB per core here): half of it, leaving room
+  /// for the A block, the partial sums and the next B block arriving.
+  static constexpr std::size_t l2_b_bytes = std::size_t{1} << 20;
+  static constexpr std::size_t panels = (N + nr - 1) / nr;
+  static constexpr std::size_t nc_max = std::max<std::size_t>(1, l2_b_bytes / (kc * nr * sizeof(float)));
+  static constexpr std::size_t n_blocks = (panels + nc_max - 1) / nc_max;
+  static constexpr std::size_t nc = (panels + n_blocks - 1) / n_blocks;  // in panels
+
+  /// Longest M block, in tiles: each B block is read from L2 once per tile of the block, and
+  /// from memory once per M block.
+  static constexpr std::size_t mc_max = 8;
+};
+
+namespace gemm_detail {
+
+/// Ceiling of a / b.
+constexpr std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
+
+/// The packed layout of B' [K, N] (independent of the cache blocking): panels of nr columns,
+/// panel p at p * K * nr, holding B'[k][p * nr + j] at k * width + j, where width = nr except in
+/// the last panel, which is only as wide as the vectors it needs (edge_nv * W), zero-padded.
+template <std::size_t N, std::size_t K>
+struct b_layout {
+  using blocking = gemm_blocking<N, K>;
+  static constexpr std::size_t nr = blocking::nr;
+  static constexpr std::size_t panels = blocking::panels;
+  static constexpr std::size_t edge_cols = N - (panels - 1) * nr;  // columns of the last panel
+  static constexpr std::size_t edge_nv = ceil_div(edge_cols, blocking::lanes);
+  static constexpr std::size_t edge_width = edge_nv * blocking::lanes;
+  static constexpr std::size_t size = (panels - 1) * K * nr + K * edge_width;  // floats
+  static constexpr std::size_t width(std::size_t p) { return p + 1 == panels ? edge_width : nr; }
+};
+
+/// Packs panels [p0, p1) of B' into `dst` (b_layout<N, K>).
+///   TransB = false: B stored [K, N], B'[k][n] = B[k * ldb + n] (rows of a panel are copies)
+///   TransB = true:  B stored [N, K], B'[k][n] = B[n * ldb + k] (a transpose, done in 8 x 8
+///                   blocks so both sides stay in L1)
+template <std::size_t N, std::size_t K, bool TransB>
+void pack_b_panels(const float* B, std::size_t ldb, float* dst, std::size_t p0, std::size_t p1) {
+  using L = b_layout<N, K>;
+  for (std::size_t p = p0; p < p1; ++p) {
+    const std::size_t n0 = p * L::nr;
+    const std::size_t width = L::width(p);
+    const std::size_t cols = std::min(width, N - n0);
+    float* out = dst + p * K * L::nr;
+    if constexpr (!TransB) {
+      for (std::size_t k = 0; k < K; ++k) {
+        std::memcpy(out + k * width, B + k * ldb + n0, cols * sizeof(float));
+        std::fill(out + k * width + cols, out + (k + 1) * width, 0.0f);
+      }
+    } else {
+      for (std::size_t k0 = 0; k0 < K; k0 += 8)
+        for (std::size_t j0 = 0; j0 < width; j0 += 8)
+          for (std::size_t j = j0; j < j0 + 8; ++j)
+            for (std::size_t k = k0; k < std::min(K, k0 + 8); ++k)
+              out[k * width + j] = j < cols ? B[(n0 + j) * ldb + k] : 0.0f;
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+/// Transposes 16 vectors in place: afterwards r[j] lane i holds what r[i] lane j held.
+SOLDER_INLINE void transpose16(__m512 (&r)[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4)
+    for (int j = 0; j < 2; ++j) {
+      r[i + 2 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
+      r[i + 2 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
+    }
+  for (int i = 0; i < 16; i += 8)
+    for (int j = 0; j < 4; ++j) {
+      t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
+      t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+  }
+}
+#endif
+
+/// Packs one tile of A' (r_end <= MR rows from row m0, all K) into out[k * MR + r], for
+/// A stored [M, K] (not transposed): a transpose.
+template <std::size_t K, std::size_t MR>
+void pack_a_tile_rows(const float* A, std::size_t lda, std::size_t m0, std::size_t r_end, float* out) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_base_of_v<xsimd::avx512f, arch> && MR <= 16) {
+    // 16 k at a time: load up to MR row segments, transpose 16 x 16 in registers, store the
+    // first MR lanes of each column.
+    constexpr __mmask16 row_mask = __mmask16((1u << MR) - 1u);
+    for (std::size_t k0 = 0; k0 < K; k0 += 16) {
+      const std::size_t kn = std::min<std::size_t>(16, K - k0);
+      const __mmask16 k_mask = __mmask16((1u << kn) - 1u);
+      __m512 r[16];
+      for (std::size_t i = 0; i < 16; ++i)
+        r[i] = i < r_end ? _mm512_maskz_loadu_ps(k_mask, A + (m0 + i) * lda + k0) : _mm512_setzero_ps();
+      transpose16(r);
+      for (std::size_t j = 0; j < kn; ++j) _mm512_mask_storeu_ps(out + (k0 + j) * MR, row_mask, r[j]);
+    }
+    return;
+  }
+#endif
+  // Chunks of 64 k: the MR source rows and the MR x 64 destination stay in L1.
+  constexpr std::size_t chunk = 64;
+  for (std::size_t k0 = 0; k0 < K; k0 += chunk) {
+    const std::size_t k1 = std::min(K, k0 + chunk);
+    for (std::size_t r = 0; r < r_end; ++r) {
+      const float* src = A + (m0 + r) * lda;
+      for (std::size_t k = k0; k < k1; ++k) out[k * MR + r] = src[k];
+    }
+  }
+}
+
+/// Packs rows [m, m + rows) of A' (all K columns) into tiles of MR rows: tile i holds
+/// A'[m + i * MR + r][k] at i * K * MR + k * MR + r. Rows past `rows` in the last tile are not
+/// written (the micro-kernel for a shorter tile never reads them).
+///   TransA = false: A stored [M, K], A'[m][k] = A[m * lda + k] (a transpose)
+///   TransA = true:  A stored [K, M], A'[m][k] = A[k * lda + m] (rows of a tile are copies)
+template <std::size_t K, std::size_t MR, bool TransA>
+void pack_a(const float* A, std::size_t lda, std::size_t m, std::size_t rows, float* dst) {
+  for (std::size_t i = 0; i * MR < rows; ++i) {
+    const std::size_t r_end = std::min(MR, rows - i * MR);
+    const std::size_t m0 = m + i * MR;
+    float* out = dst + i * K * MR;
+    if constexpr (TransA) {
+      for (std::size_t k = 0; k < K; ++k) std::memcpy(out + k * MR, A + k * lda + m0, r_end * sizeof(float));
+    } else {
+      pack_a_tile_rows<K, MR>(A, lda, m0, r_end, out);
+    }
+  }
+}
+
+/// A 64-byte aligned float buffer that only grows: the per-thread workspaces below.
+class workspace {
+ public:
+  float* get(std::size_t n) {
+    if (n > size_) {
+      std::size_t bytes = (n * sizeof(float) + alignment - 1) / alignment * alignment;
+      void* p = std::aligned_alloc(alignment, bytes);
+      if (!p) throw std::bad_alloc();
+      data_.reset(static_cast<float*>(p));
+      size_ = n;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct free_deleter {
+    void operator()(float* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<float[], free_deleter> data_;
+  std::size_t size_ = 0;
+};
+
+/// What each thread keeps between calls: packed A, the partial sums, and (for the calls that
+/// pack B themselves) the packed B of the calling thread.
+enum class workspace_slot { packed_a, partial_sums, packed_b, count };
+inline float* thread_workspace(workspace_slot slot, std::size_t n) {
+  thread_local workspace spaces[std::size_t(workspace_slot::count)];
+  return spaces[std::size_t(slot)].get(n);
+}
+
+/// One thread's share of C: row tiles [t0, t1) and column panels [p0, p1).
+struct gemm_part {
+  std::size_t t0, t1, p0, p1;
+};
+
+/// Walks the cache lines of one block of packed B (panels [p, p + np), K range [k0, k0 + kc))
+/// and prefetches them into L2 a few at a time, so the next block arrives from memory while
+/// the current one is computed, instead of stalling the first tile that reads it.
+template <std::size_t N, std::size_t K>
+class b_block_prefetcher {
+ public:
+  using L = b_layout<N, K>;
+  static constexpr std::size_t line = 64;
+
+  b_block_prefetcher() = default;
+  b_block_prefetcher(const float* packed_b, std::size_t p, std::size_t np, std::size_t k0, std::size_t kc)
+      : packed_b_(packed_b), p_(p), p_end_(p + np), k0_(k0), kc_(kc) {
+    if (p_ < p_end_) start_panel();
+  }
+  /// Lines of the whole block.
+  std::size_t lines() const {
+    std::size_t n = 0;
+    for (std::size_t p = p_; p < p_end_; ++p) n += ceil_div(kc_ * L::width(p) * sizeof(float), line);
+    return n;
+  }
+  /// Prefetches the next `count` lines (fewer at the end of the block).
+  void step(std::size_t count) {
+    for (; count > 0 && p_ < p_end_; --count) {
+      __builtin_prefetch(cur_, 0, 2);  // locality 2: prefetcht1, into L2
+      cur_ += line;
+      if (cur_ >= end_) {
+        ++p_;
+        if (p_ < p_end_) start_panel();
+      }
+    }
+  }
+
+ private:
+  void start_panel() {
+    const std::size_t w = L::width(p_);
+    cur_ = reinterpret_cast<const char*>(packed_b_ + p_ * K * L::nr + k0_ * w);
+    end_ = cur_ + kc_ * w * sizeof(float);
+  }
+  const float* packed_b_ = nullptr;
+  std::size_t p_ = 0, p_end_ = 0, k0_ = 0, kc_ = 0;
+  const char* cur_ = nullptr;
+  const char* end_ = nullptr;
+};
+
+/// Computes one thread's part of C with the cache blocking `Blocking` (gemm_blocking<N, K> or
+/// a test's smaller one): for each M block, A is packed once over all of K; for each N block,
+/// each K block runs over every tile of the M block, each tile over every panel of the N block
+/// (so a kc x mr panel of A stays in L1 across the panels, and the kc x nc block of B in L2
+/// across the tiles). While one block of B is in use, the next one is prefetched into L2.
+template <std::size_t N, std::size_t K, bool TransA, class Blocking, class Epi>
+void gemm_part_run(const gemm_part& part, std::size_t M, const float* A, std::size_t lda, const float* packed_b,
+                   Epi& epi) {
+  using L = b_layout<N, K>;
+  constexpr std::size_t MR = Blocking::mr;
+  constexpr std::size_t NV = Blocking::nv;
+  constexpr std::size_t NR = Blocking::nr;
+  constexpr std::size_t KC = Blocking::kc;
+  constexpr std::size_t k_blocks = ceil_div(K, KC);
+  constexpr auto& full = kernel_table<NV, MR, Epi>;
+  constexpr auto& edge = kernel_table<L::edge_nv, MR, Epi>;
+
+  const std::size_t tiles = part.t1 - part.t0;
+  const std::size_t panels = part.p1 - part.p0;
+  if (tiles == 0 || panels == 0) return;
+  // Blocks of equal size (within one tile or panel), at most mc_max tiles and nc panels.
+  const std::size_t m_blocks = ceil_div(tiles, Blocking::mc_max);
+  const std::size_t mc = ceil_div(tiles, m_blocks);
+  const std::size_t n_blocks = ceil_div(panels, Blocking::nc);
+  const std::size_t nc = ceil_div(panels, n_blocks);
+
+  float* packed_a = thread_workspace(workspace_slot::packed_a, mc * MR * K);
+  float* partial = k_blocks > 1 ? thread_workspace(workspace_slot::partial_sums, mc * nc * MR * NR) : nullptr;
+
+  for (std::size_t ti = part.t0; ti < part.t1; ti += mc) {
+    const std::size_t mt = std::min(mc, part.t1 - ti);
+    const std::size_t row0 = ti * MR;
+    const std::size_t rows = std::min(M, (ti + mt) * MR) - row0;
+    pack_a<K, MR, TransA>(A, lda, row0, rows, packed_a);
+
+    for (std::size_t pj = part.p0; pj < part.p1; pj += nc) {
+      const std::size_t np = std::min(nc, part.p1 - pj);
+      for (std::size_t kb = 0; kb < k_blocks; ++kb) {
+        const std::size_t k0 = kb * KC;
+        const std::size_t kc = std::min(KC, K - k0);
+        const bool first = kb == 0, last = kb + 1 == k_blocks;
+
+        // The block of B this thread uses next: the next K block, else the next N block,
+        // else the first block again for the next M block.
+        b_block_prefetcher<N, K> next;
+        if (kb + 1 < k_blocks) {
+          next = {packed_b, pj, np, k0 + KC, std::min(KC, K - k0 - KC)};
+        } else if (pj + nc < part.p1) {
+          next = {packed_b, pj + nc, std::min(nc, part.p1 - pj - nc), 0, std::min(KC, K)};
+        } else if (ti + mc < part.t1) {
+          next = {packed_b, part.p0, std::min(nc, part.p1 - part.p0), 0, std::min(KC, K)};
+        }
+        const std::size_t per_call = ceil_div(next.lines(), mt * np);
+
+        for (std::size_t i = 0; i < mt; ++i) {
+          const std::size_t m0 = row0 + i * MR;
+          const std::size_t r = std::min(MR, M - m0);
+          const float* a = packed_a + i * K * MR + k0 * MR;
+          for (std::size_t j = 0; j < np; ++j) {
+            const std::size_t p = pj + j;
+            const std::size_t n0 = p * NR;
+            const std::size_t width = L::width(p);
+            const float* b = packed_b + p * K * NR + k0 * width;
+            float* slot = partial ? partial + (i * nc + j) * MR * NR : nullptr;
+            const std::size_t nr = std::min(NR, N - n0);
+            next.step(per_call);
+            if (width == NR) {
+              if (r == MR) micro_kernel<MR, NV, MR, Epi>(kc, a, b, slot, first, last, epi, m0, n0, nr);
+              else full[r - 1](kc, a, b, slot, first, last, epi, m0, n0, nr);
+            } else {
+              edge[r - 1](kc, a, b, slot, first, last, epi, m0, n0, nr);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+/// Flops below which a call stays on one thread (a parallel region costs a few microseconds).
+inline constexpr double parallel_min_flops = 4.0e6;
+
+/// Splits C into `threads` parts of tm x tn (row tiles x column panels), choosing the split
+/// with the least work on the busiest thread. A thread's work is counted as rows x (columns +
+/// 32): packing a row of A costs about as much as 32 columns of its products.
+template <std::size_t MR, std::size_t NR, std::size_t Panels>
+std::pair<std::size_t, std::size_t> choose_split(std::size_t M, std::size_t tiles, int threads) {
+  std::size_t best_tm = 1, best_tn = 1;
+  double best = -1;
+  for (std::size_t tm = 1; tm <= std::size_t(threads); ++tm) {
+    const std::size_t tn = std::size_t(threads) / tm;
+    if (tm > tiles || tn > Panels) continue;
+    const double rows = double(std::min(M, ceil_div(tiles, tm) * MR));
+    const double cols = double(std::min(Panels, ceil_div(Panels, tn)) * NR);
+    const double cost = rows * (cols + 32.0);
+    if (best < 0 || cost < best) best = cost, best_tm = tm, best_tn = tn;
+  }
+  return {best_tm, best_tn};
+}
+
+/// C = A' B' with B' already packed (b_layout<N, K>), on up to `threads` threads.
+template <std::size_t N, std::size_t K, bool TransA, class Blocking, class Epi>
+void gemm_packed(std::size_t M, const float* A, std::size_t lda, const float* packed_b, Epi& epi, int threads) {
+  if (M == 0) return;
+  constexpr std::size_t MR = Blocking::mr;
+  constexpr std::size_t panels = b_layout<N, K>::panels;
+  const std::size_t tiles = ceil_div(M, MR);
+  const double flops = 2.0 * double(M) * double(N) * double(K);
+  if (threads <= 1 || flops < parallel_min_flops) {
+    gemm_part_run<N, K, TransA, Blocking>(gemm_part{0, tiles, 0, panels}, M, A, lda, packed_b, epi);
+    return;
+  }
+  const auto [tm, tn] = choose_split<MR, Blocking::nr, panels>(M, tiles, threads);
+  parallel_for(tm * tn, int(tm * tn), [&](std::size_t t) {
+    const std::size_t i = t / tn, j = t % tn;
+    const gemm_part part{tiles * i / tm, tiles * (i + 1) / tm, panels * j / tn, panels * (j + 1) / tn};
+    gemm_part_run<N, K, TransA, Blocking>(part, M, A, lda, packed_b, epi);
+  });
+}
+
+/// Packs B' for a call that was not given a packed_b: into the calling thread's workspace,
+/// panels spread over the threads.
+template <std::size_t N, std::size_t K, bool TransB>
+const float* pack_b_for_call(const float* B, std::size_t ldb, int threads) {
+  using L = b_layout<N, K>;
+  float* dst = thread_workspace(workspace_slot::packed_b, L::size);
+  const double bytes = double(N) * double(K) * sizeof(float);
+  const int t = threads > 1 && bytes >= (1 << 20) ? threads : 1;
+  const std::size_t chunks = std::min<std::size_t>(L::panels, std::size_t(t));
+  parallel_for(chunks, t, [&](std::size_t c) {
+    pack_b_panels<N, K, TransB>(B, ldb, dst, L::panels * c / chunks, L::panels * (c + 1) / chunks);
+  });
+  return dst;
+}
+
+}  // namespace gemm_detail
+
+// ---------------------------------------------------------------------------------------------
+// Packed B and the entry points
+// ---------------------------------------------------------------------------------------------
+
+/// B' [K, N] packed once into the micro-kernel's panels (weights frozen for inference, or
+/// packed once per optimizer step) and reused by every call. B' = B [K, N], or (TransB) B^T
+/// for B stored [N, K], as PyTorch stores a linear layer's weight. Row-major, leading
+/// dimension ldb.
+template <std::size_t N, std::size_t K, bool TransB>
+class packed_b {
+ public:
+  using layout = gemm_detail::b_layout<N, K>;
+  /// Floats the packed panels take (N and K rounded up to whole vectors per panel).
+  static constexpr std::size_t size = layout::size;
+
+  packed_b() : data_(alloc()) {}
+  packed_b(const float* B, std::size_t ldb) : packed_b() { pack(B, ldb); }
+
+  /// Packs B' from B (leading dimension ldb: at least K when TransB, else at least N).
+  void pack(const float* B, std::size_t ldb) {
+    SOLDER_ASSERT(ldb >= (TransB ? K : N), "solder::cpu::packed_b: ldb is smaller than a row of B");
+    gemm_detail::pack_b_panels<N, K, TransB>(B, ldb, data_.get(), 0, layout::panels);
+  }
+
+  /// The packed panels (gemm_detail::b_layout<N, K>), 64-byte aligned.
+  const float* data() const { return data_.get(); }
+
+ private:
+  struct free_deleter {
+    void operator()(float* p) const noexcept { std::free(p); }
+  };
+  static std::unique_ptr<float[], free_deleter> alloc() {
+    const std::size_t bytes = (size * sizeof(float) + alignment - 1) / alignment * alignment;
+    void* p = std::aligned_alloc(alignment, bytes);
+    if (!p) throw std::bad_alloc();
+    return std::unique_ptr<float[], free_deleter>(static_cast<float*>(p));
+  }
+  std::unique_ptr<float[], free_deleter> data_;
+};
+
+/// C[M, N] = A' B' with B' pre-packed; A' = A [M, K] or (TransA) A^T for A stored [K, M],
+/// row-major with leading dimension lda. Every tile of C goes to the epilogue once, with its
+/// whole K sum in registers: epi.template tile<MR, NV>(acc, m0, n0, mr, nr) (see
+/// store_epilogue). Tiles are disjoint and may reach the epilogue from several threads at once.
+/// The result does not depend on `threads` (bit for bit): threads split M and N, never K.
+template <std::size_t N, std::size_t K, bool TransA, bool TransB, class Epilogue>
+void gemm(std::size_t M, const float* A, std::size_t lda, const packed_b<N, K, TransB>& B, Epilogue&& epi,
+          int threads = solder::num_threads()) {
+  SOLDER_ASSERT(lda >= (TransA ? M : K), "solder::cpu::gemm: lda is smaller than a row of A");
+  gemm_detail::gemm_packed<N, K, TransA, gemm_blocking<N, K>>(M, A, lda, B.data(), epi, threads);
+}
+
+/// C[M, N] = A' B' as above, B' = B [K, N] or (TransB) B^T for B stored [N, K], leading
+/// dimension ldb; B' is packed on every call (into a buffer the calling thread keeps).
+template <std::size_t N, std::size_t K, bool TransA, bool TransB, class Epilogue>
+void gemm(std::size_t M, const float* A, std::size_t lda, const float* B, std::size_t ldb, Epilogue&& epi,
+          int threads = solder::num_threads()) {
+  SOLDER_ASSERT(lda >= (TransA ? M : K), "solder::cpu::gemm: lda is smaller than a row of A");
+  SOLDER_ASSERT(ldb >= (TransB ? K : N), "solder::cpu::gemm: ldb is smaller than a row of B");
+  if (M == 0) return;
+  const float* packed = gemm_detail::pack_b_for_call<N, K, TransB>(B, ldb, threads);
+  gemm_detail::gemm_packed<N, K, TransA, gemm_blocking<N, K>>(M, A, lda, packed, epi, threads);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Epilogues
+// ---------------------------------------------------------------------------------------------
+
+namespace gemm_detail {
+
+/// Stores the first `count` lanes of v at p (count < W); nothing is written past p + count.
+SOLDER_INLINE void store_first(float* p, const vec<float>& v, std::size_t count) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_base_of_v<xsimd::avx512f, arch>) {
+    _mm512_mask_storeu_ps(p, __mmask16((1u << count) - 1u), v);
+    return;
+  }
+#endif
+  alignas(alignment) float lanes[float_lanes];
+  v.store_aligned(lanes);
+  for (std::size_t i = 0; i < count; ++i) p[i] = lanes[i];
+}
+
+/// The first `count` floats at p in the low lanes (count < W), zeros above; reads nothing
+/// past p + count.
+SOLDER_INLINE vec<float> load_first(const float* p, std::size_t count) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_base_of_v<xsimd::avx512f, arch>) return _mm512_maskz_loadu_ps(__mmask16((1u << count) - 1u), p);
+#endif
+  alignas(alignment) float lanes[float_lanes] = {};
+  for (std::size_t i = 0; i < count; ++i) lanes[i] = p[i];
+  return vec<float>::load_aligned(lanes);
+}
+
+/// Stores row `row` of a tile (NV vectors, nr valid columns) at c, through `f` per vector.
+template <std::size_t NV, class F>
+SOLDER_INLINE void store_row(float* c, const vec<float> (&row)[NV], std::size_t nr, F&& f) {
+  constexpr std::size_t W = float_lanes;
+  if (nr == NV * W) {
+#pragma GCC unroll 8
+    for (std::size_t v = 0; v < NV; ++v) f(row[v], v).store_unaligned(c + v * W);
+    return;
+  }
+  for (std::size_t v = 0; v < NV && v * W < nr; ++v) {
+    const std::size_t left = nr - v * W;
+    if (left >= W) f(row[v], v).store_unaligned(c + v * W);
+    else store_first(c + v * W, f(row[v], v), left);
+  }
+}
+
+}  // namespace gemm_detail
+
+/// C = A' B': stores each tile at C[m][n] (row-major, leading dimension ldc), never past the
+/// mr x nr valid part of an edge tile.
+struct store_epilogue {
+  float* C;
+  std::size_t ldc;
+
+  template <std::size_t MR, std::size_t NV>
+  SOLDER_INLINE void tile(const vec<float> (&acc)[MR][NV], std::size_t m0, std::size_t n0, std::size_t mr,
+                          std::size_t nr) const {
+#pragma GCC unroll 16
+    for (std::size_t r = 0; r < MR; ++r)
+      if (r < mr)
+        gemm_detail::store_row<NV>(C + (m0 + r) * ldc + n0, acc[r], nr,
+                                   [](const vec<float>& x, std::size_t) { return x; });
+  }
+};
+
+/// C = relu(A' B' + bias), bias [N] added to every row; relu is ops::relu (relu(NaN) = NaN).
+struct bias_relu_epilogue {
+  const float* bias;
+  float* C;
+  std::size_t ldc;
+
+  template <std::size_t MR, std::size_t NV>
+  SOLDER_INLINE void tile(const vec<float> (&acc)[MR][NV], std::size_t m0, std::size_t n0, std::size_t mr,
+                          std::size_t nr) const {
+    constexpr std::size_t W = float_lanes;
+    vec<float> b[NV];
+#pragma GCC unroll 8
+    for (std::size_t v = 0; v < NV; ++v)
+      b[v] = (v + 1) * W <= nr ? vec<float>::load_unaligned(bias + n0 + v * W)
+             : v * W < nr      ? gemm_detail::load_first(bias + n0 + v * W, nr - v * W)
+                               : vec<float>(0.0f);
+#pragma GCC unroll 16
+    for (std::size_t r = 0; r < MR; ++r)
+      if (r < mr)
+        gemm_detail::store_row<NV>(C + (m0 + r) * ldc + n0, acc[r], nr, [&](const vec<float>& x, std::size_t v) {
+          return ops::relu{}.forward(x + b[v]);
+        });
+  }
+};
+
+}  // namespace solder::cpu

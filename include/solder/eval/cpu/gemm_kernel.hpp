@@ -1,0 +1,126 @@
+// eval/cpu/gemm_kernel.hpp: the GEMM micro-kernel: an mr x (nv * W) tile of C accumulated in
+// registers over one K block, and handed to the epilogue once its K sum is complete.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+
+#include "solder/config.hpp"
+#include "solder/eval/cpu/batch.hpp"
+
+namespace solder::cpu {
+
+/// The register tile of the micro-kernel on instruction set A: `mr` rows of C by `nv` vectors
+/// of float, so mr * nv accumulators, nv vectors of B and the A broadcasts fit the register
+/// file. Each k step loads nv vectors of B (the packed panel, contiguous) and broadcasts mr
+/// values of A (the packed panel, contiguous), then issues mr * nv FMAs.
+///
+/// 16 vector registers (SSE, AVX, AVX2 + FMA, NEON): 6 x 2 = 12 accumulators, 2 B vectors and
+/// 1 broadcast (the 6x16 AVX2 kernel of BLIS). 8 loads per 12 FMAs.
+template <class A>
+struct gemm_tile {
+  static constexpr std::size_t mr = 6;
+  static constexpr std::size_t nv = 2;
+};
+
+/// 32 vector registers (AVX-512): 14 x 2 = 28 accumulators and 2 B vectors; the broadcasts are
+/// folded into the FMAs as memory operands ({1to16}), so no register holds them. 16 loads per
+/// 28 FMAs leave the load ports idle a third of the time and the B panel streams from L2 at
+/// 128 bytes per 14 cycles. Wider tiles (6 x 4, 8 x 3) load more of B per FMA; taller ones do
+/// not fit.
+template <class A>
+  requires std::is_base_of_v<xsimd::avx512f, A>
+struct gemm_tile<A> {
+  static constexpr std::size_t mr = 14;
+  static constexpr std::size_t nv = 2;
+};
+
+namespace gemm_detail {
+
+/// One k step of an R x NV tile: acc[r][v] += a[r] * b[v * W .. v * W + W - 1].
+template <std::size_t R, std::size_t NV>
+SOLDER_INLINE void fma_step(vec<float> (&acc)[R][NV], const float* a, const float* b) {
+  using V = vec<float>;
+  V bv[NV];
+#pragma GCC unroll 8
+  for (std::size_t v = 0; v < NV; ++v) bv[v] = V::load_aligned(b + v * V::size);
+#pragma GCC unroll 16
+  for (std::size_t r = 0; r < R; ++r) {
+    const V ar(a[r]);
+#pragma GCC unroll 8
+    for (std::size_t v = 0; v < NV; ++v) acc[r][v] = xsimd::fma(ar, bv[v], acc[r][v]);
+  }
+}
+
+/// Bytes ahead of the B stream that the micro-kernel prefetches into L1 (B comes from L2).
+inline constexpr std::size_t b_prefetch_bytes = 1024;
+
+/// The micro-kernel: C tile (R rows from m0, NV vectors from n0) over one K block of kc steps.
+///   a       packed A panel of this K block: a[k * AStride + r], r < R (AStride >= R)
+///   b       packed B panel of this K block: b[k * NV * W + j], 64-byte aligned
+///   partial this tile's slot in the partial-sum scratch ([R][NV * W]); read unless `first`,
+///           written unless `last`
+///   first   the first K block: the accumulators start at 0, not at the stored partial sum
+///   last    the last K block: the accumulators hold the whole K sum and go to the epilogue,
+///           epi.template tile<R, NV>(acc, m0, n0, R, nr); nothing is stored here
+/// Every element is one chain of FMAs in increasing k, whatever R and NV: the tile a row or a
+/// column lands in never changes its value (so thread counts and edge tiles give equal bits).
+template <std::size_t R, std::size_t NV, std::size_t AStride, class Epilogue>
+void micro_kernel(std::size_t kc, const float* __restrict a, const float* __restrict b,
+                  float* __restrict partial, bool first, bool last, Epilogue& epi, std::size_t m0,
+                  std::size_t n0, std::size_t nr) {
+  using V = vec<float>;
+  constexpr std::size_t W = V::size;
+  constexpr std::size_t BS = NV * W;  // floats of B per k step
+  static_assert(R >= 1 && R <= AStride, "solder::cpu::micro_kernel: R must be in [1, AStride]");
+
+  V acc[R][NV];
+  if (first) {
+#pragma GCC unroll 16
+    for (std::size_t r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (std::size_t v = 0; v < NV; ++v) acc[r][v] = V(0.0f);
+  } else {
+#pragma GCC unroll 16
+    for (std::size_t r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (std::size_t v = 0; v < NV; ++v) acc[r][v] = V::load_aligned(partial + r * BS + v * W);
+  }
+
+  for (std::size_t k = 0; k < kc; ++k) {
+    __builtin_prefetch(reinterpret_cast<const char*>(b) + b_prefetch_bytes, 0, 3);
+    __builtin_prefetch(reinterpret_cast<const char*>(b) + b_prefetch_bytes + 64, 0, 3);
+    fma_step<R, NV>(acc, a, b);
+    a += AStride;
+    b += BS;
+  }
+
+  if (last) {
+    epi.template tile<R, NV>(acc, m0, n0, R, nr);
+  } else {
+#pragma GCC unroll 16
+    for (std::size_t r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (std::size_t v = 0; v < NV; ++v) acc[r][v].store_aligned(partial + r * BS + v * W);
+  }
+}
+
+/// The micro-kernel's signature, for the tables below.
+template <class Epilogue>
+using micro_kernel_fn = void (*)(std::size_t, const float*, const float*, float*, bool, bool, Epilogue&,
+                                 std::size_t, std::size_t, std::size_t);
+
+template <std::size_t NV, std::size_t AStride, class Epilogue, std::size_t... R>
+constexpr std::array<micro_kernel_fn<Epilogue>, sizeof...(R)> make_kernel_table(std::index_sequence<R...>) {
+  return {&micro_kernel<R + 1, NV, AStride, Epilogue>...};
+}
+
+/// kernels[R - 1] computes R rows: the full tile is R = AStride, the bottom edge of C fewer.
+template <std::size_t NV, std::size_t AStride, class Epilogue>
+inline constexpr std::array<micro_kernel_fn<Epilogue>, AStride> kernel_table =
+    make_kernel_table<NV, AStride, Epilogue>(std::make_index_sequence<AStride>{});
+
+}  // namespace gemm_detail
+}  // namespace solder::cpu

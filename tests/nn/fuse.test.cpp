@@ -1,0 +1,268 @@
+// tests/nn/fuse.test.cpp: nn::fuse through its named instance nn::bias_relu_dropout: the fused
+// forward and backward against the unfused composition and scalar loops, eval mode, the
+// dropout keep rate, the backward's mask, fresh masks per step, static and dynamic batches.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "solder/eval/cpu/assign.hpp"
+#include "solder/expr/operators.hpp"
+#include "solder/expr/reduce.hpp"
+#include "solder/nn/fuse.hpp"
+#include "support/data.hpp"
+
+namespace {
+
+using Catch::Matchers::WithinAbs;
+using solder::dyn;
+using solder::shape;
+using solder::tensor;
+
+/// Float's unit roundoff: summing n floats in any order errs by at most (n - 1) u sum|x_i|
+/// (Higham 4.2); the tolerance of db, a column sum, against its double reference.
+constexpr double unit_roundoff = 0x1p-24;
+/// Deviations of the observed keep rate allowed, in standard deviations of a binomial count:
+/// a correct generator fails this once in 1.7 million runs.
+constexpr double keep_rate_sigmas = 5.0;
+
+template <class S>
+tensor<float, S> make(std::size_t batch) {
+  if constexpr (S::dynamic)
+    return tensor<float, S>(batch);
+  else
+    return tensor<float, S>();
+}
+
+std::size_t bit_differences(const float* a, const float* b, std::size_t n) {
+  std::size_t d = 0;
+  for (std::size_t i = 0; i < n; ++i) d += std::memcmp(a + i, b + i, sizeof(float)) != 0;
+  return d;
+}
+
+/// The layer's inputs: x in [-2, 2), the bias in [-1, 1), dy in [-1, 1).
+template <class S, std::size_t N, class Layer>
+struct setup {
+  std::size_t batch;
+  Layer layer;
+  tensor<float, S> x = make<S>(batch), y = make<S>(batch), dy = make<S>(batch), dx = make<S>(batch);
+  explicit setup(std::size_t b, std::uint32_t seed) : batch(b) {
+    solder::test::fill_uniform(x, -2, 2, seed);
+    solder::test::fill_uniform(layer.template layer<0>().value, -1, 1, seed + 1);
+    solder::test::fill_uniform(dy, -1, 1, seed + 2);
+  }
+  const tensor<float, shape<N>>& bias() { return layer.template layer<0>().value; }
+  const tensor<float, shape<N>>& bias_grad() { return layer.template layer<0>().grad; }
+  solder::philox_state rng() { return layer.template layer<2>().rng; }
+};
+
+/// Forward and backward of bias_relu_dropout<N, P> on shape S against (a) the same math as
+/// three separate solder assignments with temporaries and (b) scalar loops.
+template <class S, std::size_t N, float P>
+void check_against_unfused(std::size_t batch) {
+  using Layer = solder::nn::bias_relu_dropout<N, P>;
+  setup<S, N, Layer> s(batch, 801);
+  const std::string at = solder::to_string<S>(batch) + ", p = " + std::to_string(P);
+
+  s.layer.train();
+  s.layer.forward(s.x, s.y);
+  const solder::philox_state rng = s.rng();  // the stream this forward drew from
+  const auto& b = s.bias();
+
+  // (a) Unfused forward: three passes through temporaries.
+  auto pre = make<S>(batch), act = make<S>(batch), y_unfused = make<S>(batch);
+  pre = s.x + b;
+  act = solder::relu(pre);
+  y_unfused = solder::dropout(act, P, rng);
+  {
+    INFO("forward on " << at << ": fused vs unfused");
+    CHECK(bit_differences(s.y.data(), y_unfused.data(), s.y.size()) == 0);
+  }
+  // (b) Scalar forward: keep(i) ? max(x + b, 0) * scale : 0, the mask from its counter.
+  const solder::test::dropout_rule rule{P, rng.seed, rng.offset};
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < s.x.size(); ++i) {
+    const float want = rule.keep(i) ? std::max(s.x[i] + b[i % N], 0.0f) * rule.scale() : 0.0f;
+    wrong += std::memcmp(&want, &s.y[i], sizeof(float)) != 0;
+  }
+  {
+    INFO("forward on " << at << ": fused vs scalar loop");
+    CHECK(wrong == 0);
+  }
+
+  // Backward: dx = dy * keep * scale * (x + b > 0), db = sum over rows of dx.
+  s.layer.backward(s.x, s.dy, s.dx);
+  // (a) Unfused: dropout's backward is dropout of the gradient with the same mask.
+  auto g1 = make<S>(batch), dx_unfused = make<S>(batch);
+  tensor<float, shape<N>> db_unfused;
+  g1 = solder::dropout(s.dy, P, rng);
+  dx_unfused = solder::where(pre > 0.0f, g1, 0.0f);
+  db_unfused = solder::sum<0>(dx_unfused);
+  {
+    INFO("backward dx on " << at << ": fused vs unfused");
+    CHECK(bit_differences(s.dx.data(), dx_unfused.data(), s.dx.size()) == 0);
+  }
+  // (b) Scalar: dx is one float product where it is not 0, so it must match exactly; db is
+  // checked against a double column sum within the summation bound.
+  const std::size_t rows = s.x.size() / N;
+  std::vector<double> db(N, 0.0), db_abs(N, 0.0);
+  wrong = 0;
+  for (std::size_t i = 0; i < s.x.size(); ++i) {
+    const float want = rule.keep(i) && s.x[i] + b[i % N] > 0.0f ? s.dy[i] * rule.scale() : 0.0f;
+    wrong += want != s.dx[i];
+    db[i % N] += want;
+    db_abs[i % N] += std::fabs(want);
+  }
+  {
+    INFO("backward dx on " << at << ": fused vs scalar loop");
+    CHECK(wrong == 0);
+  }
+  std::size_t bad_db = 0, bad_unfused = 0;
+  for (std::size_t j = 0; j < N; ++j) {
+    const double tol = double(rows) * unit_roundoff * db_abs[j];
+    bad_db += !WithinAbs(db[j], tol).match(s.bias_grad()[j]);
+    bad_unfused += !WithinAbs(double(db_unfused[j]), 2 * tol).match(s.bias_grad()[j]);
+  }
+  INFO("backward db on " << at);
+  CHECK(bad_db == 0);
+  CHECK(bad_unfused == 0);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE_SIG("fuse: bias_relu_dropout equals the unfused composition", "[nn]", ((int B, int N), B, N),
+                       (3, 37), (1, 257), (17, 255)) {
+  check_against_unfused<shape<B, N>, N, 0.1f>(1);
+}
+
+TEST_CASE("fuse: bias_relu_dropout with p = 0.5 equals the unfused composition", "[nn]") {
+  check_against_unfused<shape<3, 37>, 37, 0.5f>(1);
+}
+
+TEST_CASE("fuse: bias_relu_dropout on a dynamic batch equals the unfused composition", "[nn]") {
+  const std::size_t batch = GENERATE(1, 3, 100);
+  check_against_unfused<shape<dyn, 37>, 37, 0.1f>(batch);
+}
+
+TEST_CASE("fuse: a batch mismatch between input and output throws solder::error", "[nn]") {
+  solder::nn::bias_relu_dropout<37, 0.1f> layer;
+  tensor<float, shape<dyn, 37>> x(3), y(4), dy(3), dx(4);
+  CHECK_THROWS_AS(layer.forward(x, y), solder::error);
+  CHECK_THROWS_AS(layer.backward(x, dy, dx), solder::error);
+}
+
+TEST_CASE("fuse: eval mode is relu(x + b), forward and backward", "[nn]") {
+  constexpr std::size_t N = 37;
+  using S = shape<3, N>;
+  setup<S, N, solder::nn::bias_relu_dropout<N, 0.5f>> s(1, 811);
+  s.layer.eval();
+  s.layer.forward(s.x, s.y);
+  const auto& b = s.bias();
+  tensor<float, S> want;
+  want = solder::relu(s.x + b);
+  CHECK(bit_differences(s.y.data(), want.data(), want.size()) == 0);
+  for (std::size_t i = 0; i < s.x.size(); ++i) CHECK(s.y[i] == std::max(s.x[i] + b[i % N], 0.0f));
+  const auto rng_before = s.rng();
+  s.layer.forward(s.x, s.y);
+  CHECK(s.rng().offset == rng_before.offset);  // no mask drawn, none consumed
+
+  s.layer.backward(s.x, s.dy, s.dx);
+  for (std::size_t i = 0; i < s.x.size(); ++i) CHECK(s.dx[i] == (s.x[i] + b[i % N] > 0.0f ? s.dy[i] : 0.0f));
+  for (std::size_t j = 0; j < N; ++j) {
+    double db = 0, scale = 0;
+    for (std::size_t r = 0; r < 3; ++r) {
+      db += s.dx[r * N + j];
+      scale += std::fabs(s.dx[r * N + j]);
+    }
+    CHECK_THAT(s.bias_grad()[j], WithinAbs(db, 3 * unit_roundoff * scale));
+  }
+}
+
+TEMPLATE_TEST_CASE_SIG("fuse: the dropout keep rate is 1 - p within 5 sigma over 1M elements", "[nn]",
+                       ((int Percent), Percent), (10), (50)) {
+  constexpr float p = Percent / 100.0f;
+  constexpr std::size_t N = 1024;
+  using S = shape<1024, N>;
+  solder::nn::bias_relu_dropout<N, p> layer;  // bias 0
+  tensor<float, S> x, y;
+  solder::test::fill_uniform(x, 0.5, 1.5, 821);  // positive: y > 0 exactly where kept
+  layer.forward(x, y);
+  std::size_t kept = 0;
+  for (float v : y) kept += v > 0.0f;
+  const double n = double(x.size());
+  const double rate = double(kept) / n;
+  const double sigma = std::sqrt(double(p) * (1 - double(p)) / n);
+  INFO("p = " << p << ": kept " << kept << " of " << x.size() << ", rate " << rate << ", sigma " << sigma);
+  CHECK(std::fabs(rate - (1.0 - double(p))) <= keep_rate_sigmas * sigma);
+}
+
+TEST_CASE("fuse: backward uses the forward's mask", "[nn]") {
+  // dy = 1 and every pre-activation positive: dx = scale where the forward kept, 0 elsewhere,
+  // so y > 0 exactly where dx != 0.
+  auto check_masks = [](auto& layer, auto& x, auto& y, auto& dy, auto& dx, const std::string& what) {
+    solder::test::fill_uniform(x, 0.5, 1.5, 831);
+    dy.fill(1.0f);
+    layer.forward(x, y);
+    layer.backward(x, dy, dx);
+    std::size_t mismatched = 0, kept = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      mismatched += (y[i] > 0.0f) != (dx[i] != 0.0f);
+      kept += y[i] > 0.0f;
+    }
+    INFO(what << ": " << kept << " of " << x.size() << " kept");
+    CHECK(mismatched == 0);
+    CHECK(kept > 0);
+    CHECK(kept < x.size());
+  };
+  solder::nn::bias_relu_dropout<255, 0.5f> layer;
+  tensor<float, shape<17, 255>> x, y, dy, dx;
+  check_masks(layer, x, y, dy, dx, "[17, 255]");
+  tensor<float, shape<dyn, 255>> xd(33), yd(33), dyd(33), dxd(33);
+  check_masks(layer, xd, yd, dyd, dxd, "dynamic [33, 255]");
+  // Several steps: each backward follows the latest forward.
+  for (int step = 0; step < 3; ++step) check_masks(layer, x, y, dy, dx, "[17, 255], step " + std::to_string(step));
+}
+
+TEST_CASE("fuse: successive training forwards draw different masks", "[nn]") {
+  constexpr std::size_t N = 257;
+  solder::nn::bias_relu_dropout<N, 0.5f> layer;
+  tensor<float, shape<4, N>> x, y1, y2, dy, dx;
+  solder::test::fill_uniform(x, 0.5, 1.5, 841);  // y > 0 exactly where kept
+  layer.forward(x, y1);
+  const auto rng1 = layer.layer<2>().rng;
+  layer.forward(x, y2);
+  const auto rng2 = layer.layer<2>().rng;
+  CHECK(rng1.offset != rng2.offset);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) differ += (y1[i] > 0.0f) != (y2[i] > 0.0f);
+  // Two independent masks at p = 0.5 differ at half the elements: 514 of 1028, sigma 16.
+  INFO(differ << " of " << x.size() << " elements kept by one mask and dropped by the other");
+  CHECK(differ > x.size() / 4);
+  CHECK(differ < 3 * x.size() / 4);
+  // The backward after the second forward uses the second mask.
+  dy.fill(1.0f);
+  layer.backward(x, dy, dx);
+  std::size_t mismatched = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) mismatched += (y2[i] > 0.0f) != (dx[i] != 0.0f);
+  CHECK(mismatched == 0);
+}
+
+TEST_CASE("fuse: backward overwrites the bias gradient", "[nn]") {
+  constexpr std::size_t N = 37;
+  using S = shape<3, N>;
+  setup<S, N, solder::nn::bias_relu_dropout<N, 0.1f>> s(1, 851);
+  s.layer.forward(s.x, s.y);
+  s.layer.backward(s.x, s.dy, s.dx);
+  const tensor<float, shape<N>> first = s.bias_grad();
+  s.layer.backward(s.x, s.dy, s.dx);  // the same step again: the same gradient, not twice it
+  CHECK(bit_differences(first.data(), s.bias_grad().data(), N) == 0);
+  std::size_t nonzero = 0;
+  for (float v : first) nonzero += v != 0.0f;
+  CHECK(nonzero > 0);
+}

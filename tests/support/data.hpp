@@ -1,0 +1,73 @@
+// tests/support/data.hpp: seeded test data: reproducible values in a range, kept away from
+// kinks when asked, small integers whose sums are exact in float, and the dropout keep mask
+// those values are dropped by.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <iterator>
+#include <random>
+#include <type_traits>
+
+#include "solder/random/philox.hpp"
+
+namespace solder::test {
+
+namespace detail {
+/// The element type of a range (a tensor, a tensor_ref, a std::vector).
+template <class R>
+using element_t = std::remove_reference_t<decltype(*std::begin(std::declval<R&>()))>;
+
+/// One value uniform in [lo, hi) from 24 bits of mt19937 output, mapped by hand: the standard
+/// fixes mt19937's sequence but not uniform_real_distribution's, so every platform agrees.
+inline double draw(std::mt19937& gen, double lo, double hi) { return lo + (hi - lo) * double(gen() >> 8) * 0x1p-24; }
+}  // namespace detail
+
+/// Fills t with values uniform in [lo, hi), the same on every platform for a given seed.
+template <class R>
+void fill_uniform(R&& t, double lo, double hi, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  for (auto& v : t) v = static_cast<detail::element_t<R>>(detail::draw(gen, lo, hi));
+}
+
+/// As fill_uniform, but every value at least `margin` from each point of `kinks` (redrawn until
+/// it is): a finite difference of half-width < margin then never straddles a kink.
+template <class R>
+void fill_away(R&& t, double lo, double hi, std::uint32_t seed, std::initializer_list<double> kinks, double margin) {
+  std::mt19937 gen(seed);
+  for (auto& v : t) {
+    double x;
+    bool near;
+    do {
+      x = static_cast<detail::element_t<R>>(detail::draw(gen, lo, hi));
+      near = false;
+      for (double k : kinks) near = near || std::fabs(x - k) < margin;
+    } while (near);
+    v = static_cast<detail::element_t<R>>(x);
+  }
+}
+
+/// Fills t with integers uniform in [lo, hi]. While every partial sum stays below 2^24 in
+/// magnitude, float sums of them are exact in any order: reductions can be compared bitwise.
+template <class R>
+void fill_integers(R&& t, int lo, int hi, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  const std::uint32_t span = std::uint32_t(hi - lo + 1);
+  for (auto& v : t) v = static_cast<detail::element_t<R>>(lo + int(gen() % span));
+}
+
+/// The dropout rule as expr/random.hpp states it: p is rounded to t / 65536, t = round(p * 65536);
+/// element i of stream (seed, offset) is kept when its 16 Philox bits (random::bits16, checked
+/// against known answers in tests/random) reach t; kept elements are scaled by 1 / (1 - t / 65536).
+struct dropout_rule {
+  double p;
+  std::uint64_t seed, offset;
+  /// p as the float the API takes, times 2^16, rounded half up.
+  std::uint32_t threshold() const { return std::uint32_t(std::floor(double(float(p)) * 65536.0 + 0.5)); }
+  bool keep(std::uint64_t i) const { return solder::random::bits16(seed, offset, i) >= threshold(); }
+  /// The scale as the float the kernels multiply by.
+  float scale() const { return float(65536.0 / (65536.0 - threshold())); }
+};
+
+}  // namespace solder::test
