@@ -14,11 +14,14 @@
 #include <Eigen/Core>
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
+#include <stdexcept>
 #include <utility>
 
 #include "common.hpp"
+#include "solder/nn/fuse.hpp"
 
 namespace {
 
@@ -34,13 +37,13 @@ enum seed : std::uint64_t { seed_x = 1, seed_b = 2, seed_keep = 3, seed_dy = 4 }
 /// Everything one shape needs, built once (outside any timing) and shared by every
 /// implementation. Row-major: element (r, c) of a [B, N] array is at r * N + c.
 struct problem {
-  std::int64_t rows, cols;                    // B, N
-  aligned_buffer<float> x, b, y;              // forward: x [B, N], b [N] -> y [B, N]
-  aligned_buffer<std::uint8_t> keep;          // [B, N] precomputed dropout keep mask, 1 = kept
-  aligned_buffer<float> pre, out;             // [B, N] saved for backward: x + b, and the forward
-                                              //   output under `keep` (y > 0 iff kept and pre > 0)
-  aligned_buffer<float> dy, dx, db;           // backward: dy [B, N] -> dx [B, N], db [N]
-  std::vector<aligned_buffer<float>> db_part; // [max_threads][N] per-thread partial db
+  std::int64_t rows, cols;                     // B, N
+  aligned_buffer<float> x, b, y;               // forward: x [B, N], b [N] -> y [B, N]
+  aligned_buffer<std::uint8_t> keep;           // [B, N] precomputed dropout keep mask, 1 = kept
+  aligned_buffer<float> pre, out;              // [B, N] saved for backward: x + b, and the forward
+                                               //   output under `keep` (y > 0 iff kept and pre > 0)
+  aligned_buffer<float> dy, dx, db;            // backward: dy [B, N] -> dx [B, N], db [N]
+  std::vector<aligned_buffer<float>> db_part;  // [max_threads][N] per-thread partial db
 
   // The same data in xtensor's own containers (xtensor allocates them; huge pages advised too).
   struct xtensor_data {
@@ -116,8 +119,10 @@ void copy_nt_fwd(problem& pb, int threads) {
   parallel_blocks(threads, pb.rows, [&](std::int64_t r0, std::int64_t r1) {
     const float* x = pb.x.data() + r0 * pb.cols;
     float* y = pb.y.data() + r0 * pb.cols;
-    if (streaming) copy_avx512<true>(x, y, (r1 - r0) * pb.cols);
-    else copy_avx512<false>(x, y, (r1 - r0) * pb.cols);
+    if (streaming)
+      copy_avx512<true>(x, y, (r1 - r0) * pb.cols);
+    else
+      copy_avx512<false>(x, y, (r1 - r0) * pb.cols);
   });
 }
 
@@ -134,8 +139,10 @@ void copy_nt_bwd(problem& pb, int threads) {
   const bool streaming = pb.dx.bytes() >= streaming_store_min_bytes;
   parallel_blocks(threads, pb.rows, [&](std::int64_t r0, std::int64_t r1) {
     const std::int64_t o = r0 * pb.cols, n = (r1 - r0) * pb.cols;
-    if (streaming) mul_avx512<true>(pb.dy.data() + o, pb.pre.data() + o, pb.dx.data() + o, n);
-    else mul_avx512<false>(pb.dy.data() + o, pb.pre.data() + o, pb.dx.data() + o, n);
+    if (streaming)
+      mul_avx512<true>(pb.dy.data() + o, pb.pre.data() + o, pb.dx.data() + o, n);
+    else
+      mul_avx512<false>(pb.dy.data() + o, pb.pre.data() + o, pb.dx.data() + o, n);
   });
 }
 
@@ -164,7 +171,7 @@ void xtensor_fwd(problem& pb, int threads) {
   auto& d = pb.xt;
   if (threads == 1) return xtensor_forward(d.y, d.keep, d.x, d.b);
   parallel_blocks(threads, pb.rows, [&](std::int64_t r0, std::int64_t r1) {
-        xtensor_forward(xt::view(d.y, xt::range(r0, r1), xt::all()), xt::view(d.keep, xt::range(r0, r1), xt::all()),
+    xtensor_forward(xt::view(d.y, xt::range(r0, r1), xt::all()), xt::view(d.keep, xt::range(r0, r1), xt::all()),
                     xt::view(d.x, xt::range(r0, r1), xt::all()), d.b);
   });
 }
@@ -179,11 +186,11 @@ void xtensor_bwd(problem& pb, int threads) {
     return;
   }
   parallel_blocks(threads, pb.rows, [&](std::int64_t r0, std::int64_t r1) {
-        xtensor_dx(xt::view(d.dx, xt::range(r0, r1), xt::all()), xt::view(d.keep, xt::range(r0, r1), xt::all()),
+    xtensor_dx(xt::view(d.dx, xt::range(r0, r1), xt::all()), xt::view(d.keep, xt::range(r0, r1), xt::all()),
                xt::view(d.dy, xt::range(r0, r1), xt::all()), xt::view(d.pre, xt::range(r0, r1), xt::all()));
   });
   parallel_blocks(threads, pb.cols, [&](std::int64_t c0, std::int64_t c1) {
-        xt::noalias(xt::view(d.db, xt::range(c0, c1))) =
+    xt::noalias(xt::view(d.db, xt::range(c0, c1))) =
         xt::sum(xt::view(d.dx, xt::all(), xt::range(c0, c1)), {0}, xt::evaluation_strategy::immediate);
   });
 }
@@ -198,17 +205,17 @@ using eigen_row = Eigen::Map<Eigen::ArrayXf>;
 using eigen_const_row = Eigen::Map<const Eigen::ArrayXf>;
 using eigen_mask_row = Eigen::Map<const Eigen::Array<std::uint8_t, Eigen::Dynamic, 1>>;
 
-// Measured alternatives, all within 5% of this one: a float mask holding 0 or 1/(1-p) (reads 4
-// bytes of mask per element instead of 1), keep.cast<float>() * scale, and the scale inside select.
+// Measured alternatives: keep.cast<float>() * scale and the scale inside select within 5% of this
+// one; a float mask holding 0 or 1/(1-p) 20% slower at 4 MiB (4 mask bytes per element, not 1).
 void eigen_fwd(problem& pb, int threads) {
   const std::int64_t N = pb.cols;
   const eigen_const_row b(pb.b.data(), N);
   parallel_blocks(threads, pb.rows, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const std::int64_t o = r * N;
-      eigen_row(pb.y.data() + o, N) =
-          (eigen_mask_row(pb.keep.data() + o, N) != 0).select((eigen_const_row(pb.x.data() + o, N) + b).max(0.0f), 0.0f) *
-          keep_scale;
+      eigen_row(pb.y.data() + o, N) = (eigen_mask_row(pb.keep.data() + o, N) != 0)
+                                          .select((eigen_const_row(pb.x.data() + o, N) + b).max(0.0f), 0.0f) *
+                                      keep_scale;
     }
   });
 }
@@ -236,6 +243,99 @@ void eigen_bwd(problem& pb, int threads) {
   }
 }
 #endif
+
+// ---------------------------------------------------------------------------------------------
+// solder: the fused layer (one pass each way), solder run op by op (unfused), and the backward
+// read from the saved output instead of the input (no random bits needed)
+// ---------------------------------------------------------------------------------------------
+
+/// solder's passes for one static shape; the bench's runtime shapes dispatch to these.
+template <std::size_t B, std::size_t N>
+struct solder_impl {
+  using S = solder::shape<B, N>;
+  using in = solder::tensor_ref<const float, S>;
+  using out = solder::tensor_ref<float, S>;
+  using layer_type = solder::nn::bias_relu_dropout<N, drop_p>;
+
+  static layer_type& layer(const problem& pb) {
+    static layer_type l = [&] {
+      layer_type made;
+      std::copy(pb.b.data(), pb.b.data() + N, made.template layer<0>().value.data());
+      return made;
+    }();
+    return l;
+  }
+  static solder::tensor_ref<const float, solder::shape<N>> bias(const problem& pb) {
+    return solder::tensor_ref<const float, solder::shape<N>>(pb.b.data());
+  }
+  /// The stream the layer's last forward used; the unfused version draws from it too.
+  static solder::philox_state rng(const problem& pb) { return layer(pb).template layer<2>().rng; }
+
+  static void fused_fwd(problem& pb, int threads) {
+    solder::set_num_threads(threads);
+    layer(pb).forward(in(pb.x.data()), out(pb.y.data()));
+  }
+  static void fused_bwd(problem& pb, int threads) {
+    solder::set_num_threads(threads);
+    layer(pb).backward(in(pb.x.data()), in(pb.dy.data()), out(pb.dx.data()));
+  }
+  static void fused_export(problem& pb, direction dir) {
+    if (dir == direction::bwd) {
+      const auto& db = layer(pb).template layer<0>().grad;
+      std::copy(db.begin(), db.end(), pb.db.data());
+    }
+  }
+
+  /// Three passes and two temporaries forward, as an eager framework runs the chain; backward
+  /// reads the saved pre-activation, as autograd does: mask pass, relu-gate pass, db pass.
+  static solder::tensor<float, S>& temporary(int k) {
+    static solder::tensor<float, S> t[2];
+    return t[k];
+  }
+  static void unfused_fwd(problem& pb, int threads) {
+    solder::set_num_threads(threads);
+    auto& t1 = temporary(0);
+    auto& t2 = temporary(1);
+    t1 = in(pb.x.data()) + bias(pb);
+    t2 = relu(t1);
+    out(pb.y.data()) = solder::dropout(t2, drop_p, rng(pb));
+  }
+  static void unfused_bwd(problem& pb, int threads) {
+    solder::set_num_threads(threads);
+    auto& g = temporary(0);
+    g = solder::dropout(in(pb.dy.data()), drop_p, rng(pb));
+    out dx(pb.dx.data());
+    dx = where(in(pb.pre.data()) > 0.0f, g, 0.0f);
+    solder::tensor_ref<float, solder::shape<N>>(pb.db.data()) = solder::sum<0>(dx);
+  }
+
+  /// dx = dy * scale where the saved output y > 0 (kept and pre > 0), db its column sums: one
+  /// pass over dy and y, no random bits. Uses the bench's precomputed mask through problem::out.
+  static void from_output_bwd(problem& pb, int threads) {
+    solder::set_num_threads(threads);
+    auto g = where(in(pb.out.data()) > 0.0f, in(pb.dy.data()) * keep_scale, 0.0f);
+    solder::assign_all(solder::write(out(pb.dx.data()), g),
+                       solder::write(solder::tensor_ref<float, solder::shape<N>>(pb.db.data()), solder::sum<0>(g)));
+  }
+};
+
+/// Runs F for the problem's static shape.
+template <template <std::size_t, std::size_t> class Impl, class F>
+void dispatch(problem& pb, F&& f) {
+  if (pb.rows == 256 && pb.cols == 4096)
+    f(Impl<256, 4096>{});
+  else if (pb.rows == 4096 && pb.cols == 4096)
+    f(Impl<4096, 4096>{});
+  else
+    throw std::runtime_error("solder bench: no static instantiation for this shape");
+}
+
+void solder_fwd(problem& pb, int t) { dispatch<solder_impl>(pb, [&](auto i) { i.fused_fwd(pb, t); }); }
+void solder_bwd(problem& pb, int t) { dispatch<solder_impl>(pb, [&](auto i) { i.fused_bwd(pb, t); }); }
+void solder_export(problem& pb, direction d) { dispatch<solder_impl>(pb, [&](auto i) { i.fused_export(pb, d); }); }
+void unfused_fwd(problem& pb, int t) { dispatch<solder_impl>(pb, [&](auto i) { i.unfused_fwd(pb, t); }); }
+void unfused_bwd(problem& pb, int t) { dispatch<solder_impl>(pb, [&](auto i) { i.unfused_bwd(pb, t); }); }
+void from_output_bwd(problem& pb, int t) { dispatch<solder_impl>(pb, [&](auto i) { i.from_output_bwd(pb, t); }); }
 
 // ---------------------------------------------------------------------------------------------
 // Checks, run before each case's timing: a wrong implementation is reported, not timed
@@ -266,7 +366,8 @@ std::string check(const problem& pb, bool backward, mask_source mask) {
       if (is_kept && (pb.pre[i] <= 0.0f || std::abs(got - full) > element_rel_tol * std::abs(full)))
         return "wrong value at row " + std::to_string(r) + ", column " + std::to_string(c);
       if (mask == mask_source::precomputed && pb.pre[i] > 0.0f && is_kept != (pb.keep[i] != 0))
-        return "does not follow the precomputed keep mask at row " + std::to_string(r) + ", column " + std::to_string(c);
+        return "does not follow the precomputed keep mask at row " + std::to_string(r) + ", column " +
+               std::to_string(c);
       positive += pb.pre[i] > 0.0f;
       kept += is_kept;
     }
@@ -279,7 +380,8 @@ std::string check(const problem& pb, bool backward, mask_source mask) {
         sum += pb.dx[r * N + c];
         magnitude += std::abs(pb.dx[r * N + c]);
       }
-      if (std::abs(pb.db[c] - sum) > column_sum_rel_tol * magnitude) return "db is not the column sum of dx at column " + std::to_string(c);
+      if (std::abs(pb.db[c] - sum) > column_sum_rel_tol * magnitude)
+        return "db is not the column sum of dx at column " + std::to_string(c);
     }
   return "";
 }
@@ -311,9 +413,9 @@ std::string case_suffix(const shape& s) {
 struct impl {
   std::string name;
   pass_fn fwd, bwd;
-  bool is_floor = false;                          // floors compute no chain: not checked
+  bool is_floor = false;  // floors compute no chain: not checked
   mask_source mask = mask_source::precomputed;
-  export_fn export_outputs;                       // null when it writes problem's own buffers
+  export_fn export_outputs;  // null when it writes problem's own buffers
 };
 
 std::vector<impl>& impls() {
@@ -338,7 +440,8 @@ double floor_for(problem& pb, direction dir, const shape& s) {
   for (const impl& f : impls()) {
     if (!f.is_floor) continue;
     const pass_fn& pass = dir == direction::fwd ? f.fwd : f.bwd;
-    floors.push_back([&pb, &pass, bytes, threads = s.threads] { return measure_gbps([&] { pass(pb, threads); }, bytes); });
+    floors.push_back(
+        [&pb, &pass, bytes, threads = s.threads] { return measure_gbps([&] { pass(pb, threads); }, bytes); });
   }
   const std::string key = std::string(dir == direction::fwd ? "fwd/" : "bwd/") + case_suffix(s);
   return floor_gbps(key, floors);
@@ -374,8 +477,8 @@ void register_cases() {
     for (const shape& s : shapes)
       for (const impl& im : impls()) {
         if (!(dir == direction::fwd ? im.fwd : im.bwd)) continue;
-        const std::string name = std::string("BM_bias_relu_dropout_") + (dir == direction::fwd ? "fwd/" : "bwd/") + im.name +
-                                 "/" + case_suffix(s);
+        const std::string name = std::string("BM_bias_relu_dropout_") + (dir == direction::fwd ? "fwd/" : "bwd/") +
+                                 im.name + "/" + case_suffix(s);
         auto* b = benchmark::RegisterBenchmark(name.c_str(), run_case, im, dir, s);
         b->Unit(benchmark::kMicrosecond);
         // The team's wall time is what matters; Google Benchmark then appends "/real_time".
@@ -387,16 +490,18 @@ void register_cases() {
 // The implementation table. To add one, write its fwd and bwd passes above (signature
 // `void(problem&, int threads)`, splitting rows with parallel_blocks) and add a line here:
 //
-//   register_impl("solder", solder_fwd, solder_bwd, mask_source::own_rng);   // TODO(lead)
-//   register_impl("unfused", unfused_fwd, unfused_bwd);                      // TODO(lead)
+//   register_impl("name", name_fwd, name_bwd, mask_source::own_rng);
 //
-// mask_source::own_rng for one that draws its mask (Philox) instead of reading problem::keep;
-// its backward may read problem::out (the saved output) instead of problem::pre.
+// mask_source::own_rng for one that draws its mask (Philox) instead of reading problem::keep (its
+// backward must then regenerate the same mask). problem::out is the forward output under
+// problem::keep, for a backward that reads the saved output instead of problem::pre.
 // =============================================================================================
 const bool registered = [] {
   register_floor("memcpy", memcpy_fwd, memcpy_bwd);
   register_floor("copy_nt", copy_nt_fwd, copy_nt_bwd);
-  // ---- solder and unfused go here (lead) ----
+  register_impl("solder", solder_fwd, solder_bwd, mask_source::own_rng, solder_export);
+  register_impl("solder_from_output", nullptr, from_output_bwd, mask_source::precomputed);
+  register_impl("unfused", unfused_fwd, unfused_bwd, mask_source::own_rng);
   register_impl("xtensor", xtensor_fwd, xtensor_bwd, mask_source::precomputed, xtensor_export);
 #if SOLDER_BENCH_HAS_EIGEN
   register_impl("eigen", eigen_fwd, eigen_bwd);

@@ -144,7 +144,8 @@ inline void copy_memcpy(const float* x, float* y, std::size_t n) { std::memcpy(y
 /// Streaming is true. x and y 64-byte aligned. Compiled for AVX-512 whatever the flags (the floor
 /// is what the machine can do, not what the build targets); call it on AVX-512 machines only.
 template <bool Streaming>
-__attribute__((target("avx512f"))) inline void copy_avx512(const float* __restrict x, float* __restrict y, std::size_t n) {
+__attribute__((target("avx512f"))) inline void copy_avx512(const float* __restrict x, float* __restrict y,
+                                                           std::size_t n) {
   std::size_t i = 0;
   for (; i + 64 <= n; i += 64) {
     if constexpr (Streaming) {
@@ -181,7 +182,8 @@ inline void mul_plain(const float* __restrict a, const float* __restrict b, floa
 /// of both inputs mul_prefetch_bytes ahead when Streaming is true. All pointers 64-byte aligned;
 /// AVX-512 whatever the flags, as copy_avx512.
 template <bool Streaming>
-__attribute__((target("avx512f"))) inline void mul_avx512(const float* __restrict a, const float* __restrict b, float* __restrict y, std::size_t n) {
+__attribute__((target("avx512f"))) inline void mul_avx512(const float* __restrict a, const float* __restrict b,
+                                                          float* __restrict y, std::size_t n) {
   std::size_t i = 0;
   for (; i + 32 <= n; i += 32) {
     if constexpr (Streaming) {
@@ -209,14 +211,18 @@ __attribute__((target("avx512f"))) inline void mul_avx512(const float* __restric
 /// The fastest copy of n floats: streaming stores for outputs of streaming_store_min_bytes and
 /// more, regular AVX-512 stores below (the choice per shape described in bench/README.md).
 inline void copy_fastest(const float* x, float* y, std::size_t n) {
-  if (n * sizeof(float) >= streaming_store_min_bytes) copy_avx512<true>(x, y, n);
-  else copy_avx512<false>(x, y, n);
+  if (n * sizeof(float) >= streaming_store_min_bytes)
+    copy_avx512<true>(x, y, n);
+  else
+    copy_avx512<false>(x, y, n);
 }
 
 /// The fastest 2-read 1-write pass over n floats, chosen the same way as copy_fastest.
 inline void mul_fastest(const float* a, const float* b, float* y, std::size_t n) {
-  if (n * sizeof(float) >= streaming_store_min_bytes) mul_avx512<true>(a, b, y, n);
-  else mul_avx512<false>(a, b, y, n);
+  if (n * sizeof(float) >= streaming_store_min_bytes)
+    mul_avx512<true>(a, b, y, n);
+  else
+    mul_avx512<false>(a, b, y, n);
 }
 
 // ---------------------------------------------------------------------------------------------

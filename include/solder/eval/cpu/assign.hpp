@@ -180,43 +180,59 @@ struct partition {
     const std::size_t r = s / seg_per_row, c = (s % seg_per_row) * segment_elements;
     return {r, c, std::min(segment_elements, row_len - c)};
   }
+  /// The segment after `s`.
+  void step(segment& s) const {
+    s.col += segment_elements;
+    if (s.col >= row_len) {
+      s.col = 0;
+      ++s.row;
+    }
+    s.len = std::min(segment_elements, row_len - s.col);
+  }
 };
 
-/// Runs the pass: for every segment, every evaluator is sought, then each vector of every
-/// expression is loaded (all loads before any store, so common subexpressions of several
-/// writes are computed once) and handed to its sink.
-template <class V, bool Prefetch, class Evals, class Sinks>
-void run_pass(const partition& part, Evals evals, Sinks sinks, int threads) {
+/// One chunk of a pass: for every segment, every evaluator is sought, then each vector of
+/// every expression is loaded (all loads before any store, so common subexpressions of several
+/// writes can be merged by the compiler) and handed to its sink. Evaluators and sinks are
+/// copied into locals first: the vector stores may alias anything, and state reached through a
+/// reference would be reloaded from memory after every store.
+template <class V, bool Stream, class Evals, class Sinks, std::size_t... I>
+void run_chunk(const partition& part, std::size_t c, const Evals& evals, const Sinks& sinks,
+               std::index_sequence<I...>) {
   constexpr std::size_t W = V::size;
-  constexpr std::size_t n_writes = std::tuple_size_v<Evals>;
-  auto chunk = [&](std::size_t c) {
-    Evals ev = evals;  // each thread owns its evaluators (they hold per-segment state)
-    Sinks sk = sinks;
-    pass_context ctx;
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (std::get<I>(sk).begin_chunk(c), ...);
-      const std::size_t s_end = std::min(part.segments, (c + 1) * part.seg_per_chunk);
-      for (std::size_t s = c * part.seg_per_chunk; s < s_end; ++s) {
-        const segment seg = part.at(s);
-        (std::get<I>(ev).seek(seg, ctx), ...);
-        (std::get<I>(sk).seek(seg), ...);
-        std::size_t j = 0;
-        for (; j + W <= seg.len; j += W) {
-          if constexpr (Prefetch) (std::get<I>(ev).prefetch(j), ...);
-          auto values = std::make_tuple(std::get<I>(ev).load(j)...);
-          (std::get<I>(sk).put(j, std::get<I>(values)), ...);
-        }
-        if (j < seg.len) {
-          const std::size_t n = seg.len - j;
-          auto values = std::make_tuple(std::get<I>(ev).load_partial(j, n)...);
-          (std::get<I>(sk).put_partial(j, n, std::get<I>(values)), ...);
-        }
-        (std::get<I>(sk).end_segment(), ...);
-      }
-    }(std::make_index_sequence<n_writes>{});
-  };
+  constexpr std::size_t ahead = Stream ? prefetch_bytes_streaming : prefetch_bytes_cached;
+  Evals ev = evals;
+  Sinks sk = sinks;
+  pass_context ctx;
+  (std::get<I>(sk).begin_chunk(c), ...);
+  const std::size_t s_begin = c * part.seg_per_chunk;
+  const std::size_t s_end = std::min(part.segments, s_begin + part.seg_per_chunk);
+  segment seg = part.at(s_begin);  // then stepped without divisions
+  for (std::size_t s = s_begin; s < s_end; ++s, part.step(seg)) {
+    (std::get<I>(ev).seek(seg, ctx), ...);
+    (std::get<I>(sk).seek(seg), ...);
+    std::size_t j = 0;
+    for (; j + W <= seg.len; j += W) {
+      (std::get<I>(ev).template prefetch<ahead>(j), ...);
+      auto values = std::make_tuple(std::get<I>(ev).load(j)...);
+      (std::get<I>(sk).put(j, std::get<I>(values)), ...);
+    }
+    if (j < seg.len) {
+      const std::size_t n = seg.len - j;
+      auto values = std::make_tuple(std::get<I>(ev).load_partial(j, n)...);
+      (std::get<I>(sk).put_partial(j, n, std::get<I>(values)), ...);
+    }
+    (std::get<I>(sk).end_segment(), ...);
+  }
+}
+
+/// Runs the pass over all chunks, spread over the threads when it is large enough.
+template <class V, bool Stream, class Evals, class Sinks>
+void run_pass(const partition& part, const Evals& evals, const Sinks& sinks, int threads) {
+  constexpr auto writes = std::make_index_sequence<std::tuple_size_v<Evals>>{};
   const bool parallel = threads > 1 && part.chunks > 1 && part.rows * part.row_len >= parallel_min_elements;
-  parallel_for(part.chunks, parallel ? threads : 1, chunk);
+  parallel_for(part.chunks, parallel ? threads : 1,
+               [&](std::size_t c) { run_chunk<V, Stream>(part, c, evals, sinks, writes); });
 }
 
 template <class W>

@@ -112,27 +112,32 @@ void pack_b_panels(const float* B, std::size_t ldb, float* dst, std::size_t p0, 
 }
 
 #if defined(__AVX512F__)
+/// The lane indices of one transpose stage: with h = 8, 4, 2, 1 in turn, row i (bit h clear)
+/// and row i + h exchange their off-diagonal blocks; after the four stages the row and lane
+/// bits have traded places. vpermt2ps indices: 0-15 pick from row i, 16-31 from row i + h.
+template <int H>
+SOLDER_INLINE __m512i transpose_index(bool upper) {
+  alignas(64) int idx[16];
+  for (int l = 0; l < 16; ++l) idx[l] = (l & H) == 0 ? (upper ? l + H : l) : (upper ? 16 + l : 16 + l - H);
+  return _mm512_load_si512(idx);
+}
+template <int H>
+SOLDER_INLINE void transpose_stage(__m512 (&r)[16]) {
+  const __m512i lo = transpose_index<H>(false), hi = transpose_index<H>(true);
+  for (int i = 0; i < 16; ++i)
+    if ((i & H) == 0) {
+      const __m512 a = r[i], b = r[i + H];
+      r[i] = _mm512_permutex2var_ps(a, lo, b);
+      r[i + H] = _mm512_permutex2var_ps(a, hi, b);
+    }
+}
 /// Transposes 16 vectors in place: afterwards r[j] lane i holds what r[i] lane j held.
+/// (Permutes rather than unpacks: GCC 12's unpack intrinsics trip -Wmaybe-uninitialized.)
 SOLDER_INLINE void transpose16(__m512 (&r)[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4)
-    for (int j = 0; j < 2; ++j) {
-      r[i + 2 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
-      r[i + 2 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
-    }
-  for (int i = 0; i < 16; i += 8)
-    for (int j = 0; j < 4; ++j) {
-      t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
-      t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xdd);
-    }
-  for (int j = 0; j < 8; ++j) {
-    r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
-    r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
-  }
+  transpose_stage<8>(r);
+  transpose_stage<4>(r);
+  transpose_stage<2>(r);
+  transpose_stage<1>(r);
 }
 #endif
 
@@ -329,9 +334,14 @@ void gemm_part_run(const gemm_part& part, std::size_t M, const float* A, std::si
             const std::size_t n0 = p * NR;
             const std::size_t width = L::width(p);
             const float* b = packed_b + p * K * NR + k0 * width;
-            float* slot = partial ? partial + (i * nc + j) * MR * NR : nullptr;
+            float* slot = partial ? partial + (i * np + j) * MR * NR : nullptr;  // in call order
             const std::size_t nr = std::min(NR, N - n0);
             next.step(per_call);
+            // The partial sums the next call starts from (the following slot), on their way
+            // to L1 while this call runs.
+            if (!first && slot != nullptr)
+              for (std::size_t line = 0; line < MR * NR * sizeof(float); line += 64)
+                __builtin_prefetch(reinterpret_cast<const char*>(slot + MR * NR) + line, 0, 3);
             if (width == NR) {
               if (r == MR) micro_kernel<MR, NV, MR, Epi>(kc, a, b, slot, first, last, epi, m0, n0, nr);
               else full[r - 1](kc, a, b, slot, first, last, epi, m0, n0, nr);

@@ -266,13 +266,13 @@ SOLDER_INLINE void philox_groups(const philox_stream& s, uint64_t g, uint16_t* o
 /// out[k] = random::bits16(seed, offset, i0 + k) for k in [0, n): whole 128-element groups go
 /// straight to out, a partial first or last group through a stack buffer. Requires
 /// i0 + n <= 2^64 (the element counter does not wrap).
+/// (This overload takes a stream whose per-(seed, offset) set-up is already done: a pass that
+/// draws many short runs from one stream builds it once.)
 template <class A = arch>
-inline void philox_bits16(uint64_t seed, uint64_t offset, uint64_t i0, std::size_t n, uint16_t* out) {
-  static_assert(A::supported(), "solder::cpu::philox_bits16: the arch is not enabled by the compiler flags; use solder::cpu::arch or build with its -m flags");
+inline void philox_bits16(const detail::philox_stream& s, uint64_t i0, std::size_t n, uint16_t* out) {
   if (n == 0) return;
   SOLDER_ASSERT(uint64_t(n) - 1 <= UINT64_MAX - i0, "solder::cpu::philox_bits16: i0 + n exceeds 2^64; the element counter must not wrap");
   constexpr std::size_t group = random::bits16_group;
-  const detail::philox_stream s(seed, offset);
   uint64_t g = i0 / group;
   std::size_t done = 0;
   alignas(64) uint16_t buf[group];
@@ -291,6 +291,12 @@ inline void philox_bits16(uint64_t seed, uint64_t offset, uint64_t i0, std::size
     detail::philox_groups<A, 1>(s, g, buf);
     std::memcpy(out + done, buf, (n - done) * sizeof(uint16_t));
   }
+}
+
+template <class A = arch>
+inline void philox_bits16(uint64_t seed, uint64_t offset, uint64_t i0, std::size_t n, uint16_t* out) {
+  static_assert(A::supported(), "solder::cpu::philox_bits16: the arch is not enabled by the compiler flags; use solder::cpu::arch or build with its -m flags");
+  philox_bits16<A>(detail::philox_stream(seed, offset), i0, n, out);
 }
 
 /// Loads vec<float, A>::size consecutive uint16 values from p and zero-extends them to uint32.

@@ -1,0 +1,360 @@
+// gemm.bench.cpp: y = relu(x W^T + b), PyTorch's linear layer plus ReLU, x [M, K], W [N, K],
+// b [N]: solder's GEMM with the bias and ReLU applied to the register tile, against OpenBLAS
+// followed by a separate bias + ReLU pass, oneDNN's matmul with bias and a ReLU post-op, and
+// Eigen. Also the FMA peak that the `roofline` counter divides by.
+//
+// Cases: BM_peak_fma[/threads:2] and BM_linear_bias_relu_fwd/<impl>/<M>x<N>x<K>[/threads:2]
+// (Google Benchmark appends /real_time to the 2-thread names). Method and figures: docs/gemm.md.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common.hpp"
+#include "solder/eval/cpu/gemm.hpp"
+
+#if SOLDER_BENCH_HAS_OPENBLAS
+#include <cblas.h>
+#endif
+#if SOLDER_BENCH_HAS_DNNL
+#include <dnnl.hpp>
+#endif
+#if SOLDER_BENCH_HAS_EIGEN
+#include <Eigen/Core>
+#endif
+
+namespace {
+
+using namespace solder_bench;
+
+// ---------------------------------------------------------------------------------------------
+// The FMA peak: 16 independent chains of vector FMAs (4-cycle latency x 2 FMA ports needs 8)
+// ---------------------------------------------------------------------------------------------
+
+constexpr int fma_chains = 16;
+constexpr long fma_steps_per_call = 1L << 20;  // ~2.5 ms at 214 GFLOP/s
+
+/// Runs `steps` rounds of fma_chains independent FMAs on solder's vectors; returns a value that
+/// depends on all of them, so nothing is optimized away. noipa: GCC would otherwise see a pure
+/// function of a constant and hoist the call out of the benchmark loop.
+__attribute__((noipa)) float run_fma_chains(long steps) {
+  using V = solder::cpu::vec<float>;
+  V acc[fma_chains];
+  for (int i = 0; i < fma_chains; ++i) acc[i] = V(1e-3f * float(i));
+  const V m(0.999f), c(1e-4f);  // converges to 0.1: no overflow, no subnormals
+  for (long k = 0; k < steps; ++k) {
+#pragma GCC unroll 16
+    for (int i = 0; i < fma_chains; ++i) acc[i] = xsimd::fma(acc[i], m, c);
+  }
+  V s = acc[0];
+  for (int i = 1; i < fma_chains; ++i) s += acc[i];
+  return xsimd::hadd(s);
+}
+
+/// Flops of one run_fma_chains(fma_steps_per_call) on each of `threads` threads.
+double fma_flops(int threads) {
+  return 2.0 * fma_chains * double(solder::cpu::float_lanes) * double(fma_steps_per_call) * threads;
+}
+
+/// One round of the peak: every thread runs the chains once (an OpenMP team of `threads`).
+void fma_round(int threads) {
+  float sink = 0;
+  if (threads <= 1) {
+    sink = run_fma_chains(fma_steps_per_call);
+  } else {
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    sink += run_fma_chains(fma_steps_per_call);
+  }
+  benchmark::DoNotOptimize(sink);
+}
+
+/// The FMA peak in GFLOP/s on `threads` threads, measured once per process (median of 15
+/// rounds after 2 warm-up rounds) and cached: the denominator of every `roofline` counter.
+double peak_gflops(int threads) {
+  static std::map<int, double> cache;
+  if (auto it = cache.find(threads); it != cache.end()) return it->second;
+  using clock = std::chrono::steady_clock;
+  fma_round(threads);
+  fma_round(threads);
+  std::vector<double> rates;
+  for (int r = 0; r < 15; ++r) {
+    const auto t0 = clock::now();
+    fma_round(threads);
+    rates.push_back(fma_flops(threads) / std::chrono::duration<double>(clock::now() - t0).count() * 1e-9);
+  }
+  std::nth_element(rates.begin(), rates.begin() + 7, rates.end());
+  return cache[threads] = rates[7];
+}
+
+/// GFLOPs = flops per iteration x iterations / wall seconds; roofline = GFLOPs / FMA peak on
+/// the same number of threads (calibrated in this process).
+void set_flop_counters(benchmark::State& state, double flops_per_iteration, double seconds, int threads) {
+  const double gflops = flops_per_iteration * double(state.iterations()) / seconds * 1e-9;
+  state.counters["GFLOPs"] = gflops;
+  state.counters["roofline"] = gflops / peak_gflops(threads);
+}
+
+void peak_case(benchmark::State& state, int threads) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) fma_round(threads);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  set_flop_counters(state, fma_flops(threads), seconds, threads);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The problem: y = relu(x W^T + b)
+// ---------------------------------------------------------------------------------------------
+
+/// Seeds of the data, fixed so every run and every implementation sees the same numbers.
+enum seed : std::uint64_t { seed_x = 11, seed_w = 12, seed_b = 13 };
+
+struct shape {
+  std::size_t M, N, K;
+  int threads;
+  double flops() const { return 2.0 * double(M) * double(N) * double(K); }
+  std::string name() const {
+    return std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
+           (threads > 1 ? "/threads:" + std::to_string(threads) : "");
+  }
+};
+
+/// The shapes of the acceptance criteria (docs/gemm.md), each on 1 and 2 threads.
+constexpr std::size_t shape_list[][3] = {{64, 1024, 1024}, {256, 1024, 2048}, {1024, 4096, 4096}};
+
+/// Inputs and output of one shape, shared by every implementation; weight packs of each
+/// implementation are made outside any timing and kept with it.
+struct problem {
+  std::size_t M, N, K;
+  aligned_buffer<float> x, w, b, y;  // x [M, K], W [N, K] (PyTorch's layout), b [N], y [M, N]
+  std::shared_ptr<void> solder_weights;
+  std::map<int, std::shared_ptr<void>> onednn;  // per thread count: the primitive and its weights
+
+  problem(std::size_t m, std::size_t n, std::size_t k) : M(m), N(n), K(k), x(m * k), w(n * k), b(n), y(m * n) {
+    fill_uniform(x.span(), seed_x);
+    fill_uniform(w.span(), seed_w);
+    fill_uniform(b.span(), seed_b, -0.5f, 0.5f);
+  }
+};
+
+problem& problem_for(const shape& s) {
+  static std::map<std::tuple<std::size_t, std::size_t, std::size_t>, std::unique_ptr<problem>> problems;
+  auto& p = problems[{s.M, s.N, s.K}];
+  if (!p) p = std::make_unique<problem>(s.M, s.N, s.K);
+  return *p;
+}
+
+/// y = relu(y + b) in place over rows [r0, r1): the separate pass of the unfused peers.
+void bias_relu_rows(problem& pb, std::size_t r0, std::size_t r1) {
+  const float* b = pb.b.data();
+  for (std::size_t r = r0; r < r1; ++r) {
+    float* y = pb.y.data() + r * pb.N;
+    for (std::size_t n = 0; n < pb.N; ++n) y[n] = std::max(y[n] + b[n], 0.0f);
+  }
+}
+
+void bias_relu_pass(problem& pb, int threads) {
+  parallel_blocks(threads, std::int64_t(pb.M), [&](std::int64_t r0, std::int64_t r1) {
+    bias_relu_rows(pb, std::size_t(r0), std::size_t(r1));
+  });
+}
+
+/// Unit roundoff of float.
+constexpr double float_u = 0x1p-24;
+
+/// Checks rows 0, M/2 and M-1 of y against a double-precision reference: a float dot product
+/// of length K is within K u sum |x_k w_k| of the exact one (any summation order; the bias add
+/// and ReLU add one rounding). Returns an error message, empty when all agree.
+std::string check(const problem& pb) {
+  for (std::size_t r : {std::size_t{0}, pb.M / 2, pb.M - 1})
+    for (std::size_t n = 0; n < pb.N; ++n) {
+      double dot = pb.b[n], mag = std::abs(pb.b[n]);
+      for (std::size_t k = 0; k < pb.K; ++k) {
+        const double t = double(pb.x[r * pb.K + k]) * double(pb.w[n * pb.K + k]);
+        dot += t;
+        mag += std::abs(t);
+      }
+      const double want = std::max(dot, 0.0), got = pb.y[r * pb.N + n];
+      if (!(std::abs(got - want) <= double(pb.K + 2) * float_u * mag))
+        return "y[" + std::to_string(r) + "][" + std::to_string(n) + "] = " + std::to_string(got) + ", expected " +
+               std::to_string(want);
+    }
+  return "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Implementations: prepare (outside timing) and run
+// ---------------------------------------------------------------------------------------------
+
+/// One implementation: `prepare` packs weights and builds what the runs reuse (not timed);
+/// `run` computes y on `threads` threads.
+struct impl {
+  std::string name;
+  std::function<void(problem&, int threads)> prepare, run;
+};
+
+// solder: W packed once into the micro-kernel's panels; bias + ReLU applied to each register
+// tile before it is stored. N and K are template arguments, so one instantiation per shape.
+template <std::size_t N, std::size_t K>
+using solder_weights = solder::cpu::packed_b<N, K, /*TransB=*/true>;
+
+template <std::size_t N, std::size_t K>
+void solder_prepare(problem& pb, int) {
+  if (!pb.solder_weights) pb.solder_weights = std::make_shared<solder_weights<N, K>>(pb.w.data(), K);
+}
+template <std::size_t N, std::size_t K>
+void solder_run(problem& pb, int threads) {
+  const auto& w = *static_cast<const solder_weights<N, K>*>(pb.solder_weights.get());
+  solder::cpu::gemm<N, K, false, true>(pb.M, pb.x.data(), K, w, solder::cpu::bias_relu_epilogue{pb.b.data(), pb.y.data(), N},
+                                       threads);
+}
+
+/// Dispatches a shape to the solder instantiation for its (N, K).
+template <std::size_t N, std::size_t K>
+bool solder_dispatch(problem& pb, int threads, bool prepare) {
+  if (pb.N != N || pb.K != K) return false;
+  prepare ? solder_prepare<N, K>(pb, threads) : solder_run<N, K>(pb, threads);
+  return true;
+}
+void solder_call(problem& pb, int threads, bool prepare) {
+  (void)(solder_dispatch<1024, 1024>(pb, threads, prepare) || solder_dispatch<1024, 2048>(pb, threads, prepare) ||
+         solder_dispatch<4096, 4096>(pb, threads, prepare));
+}
+
+#if SOLDER_BENCH_HAS_OPENBLAS
+// OpenBLAS: sgemm with W transposed (it packs W inside every call; it has no pre-packed sgemm),
+// then bias + ReLU as a second pass over y.
+void openblas_run(problem& pb, int threads) {
+  openblas_set_num_threads(threads);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(pb.M), int(pb.N), int(pb.K), 1.0f, pb.x.data(), int(pb.K),
+              pb.w.data(), int(pb.K), 0.0f, pb.y.data(), int(pb.N));
+  bias_relu_pass(pb, threads);
+}
+#endif
+
+#if SOLDER_BENCH_HAS_DNNL
+// oneDNN: matmul primitive with a bias and an eltwise ReLU post-op; weights declared with
+// format `any` and reordered once into the layout the primitive chose. oneDNN's OpenMP runtime
+// uses omp_get_max_threads(), so the thread count is set before creating and running it.
+struct onednn_state {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+  dnnl::matmul prim;
+  dnnl::memory src, wei, bias, dst;
+};
+
+void onednn_prepare(problem& pb, int threads) {
+  if (pb.onednn.count(threads)) return;
+  using namespace dnnl;
+  using dt = memory::data_type;
+  using tag = memory::format_tag;
+  omp_set_num_threads(threads);
+  auto st = std::make_shared<onednn_state>();
+  const memory::dim M = memory::dim(pb.M), N = memory::dim(pb.N), K = memory::dim(pb.K);
+  const memory::desc src_md({M, K}, dt::f32, tag::ab), wei_any({K, N}, dt::f32, tag::any),
+      wei_user_md({K, N}, dt::f32, tag::ba),  // W stored [N, K] is W^T [K, N] in column-major
+      bias_md({1, N}, dt::f32, tag::ab), dst_md({M, N}, dt::f32, tag::ab);
+  post_ops ops;
+  ops.append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
+  primitive_attr attr;
+  attr.set_post_ops(ops);
+  const matmul::primitive_desc pd(matmul::desc(src_md, wei_any, bias_md, dst_md), attr, st->eng);
+  st->prim = matmul(pd);
+  memory wei_user(wei_user_md, st->eng, pb.w.data());
+  st->wei = memory(pd.weights_desc(), st->eng);
+  reorder(wei_user, st->wei).execute(st->strm, wei_user, st->wei);
+  st->strm.wait();
+  st->src = memory(pd.src_desc(), st->eng, pb.x.data());
+  st->bias = memory(bias_md, st->eng, pb.b.data());
+  st->dst = memory(pd.dst_desc(), st->eng, pb.y.data());
+  pb.onednn[threads] = st;
+}
+
+void onednn_run(problem& pb, int threads) {
+  omp_set_num_threads(threads);
+  auto& st = *static_cast<onednn_state*>(pb.onednn.at(threads).get());
+  st.prim.execute(st.strm, {{DNNL_ARG_SRC, st.src}, {DNNL_ARG_WEIGHTS, st.wei}, {DNNL_ARG_BIAS, st.bias}, {DNNL_ARG_DST, st.dst}});
+  st.strm.wait();
+}
+#endif
+
+#if SOLDER_BENCH_HAS_EIGEN
+// Eigen 3.4: y = x * W^T over Maps (Eigen packs W inside every product), then bias + ReLU as
+// one array expression per row.
+void eigen_run(problem& pb, int threads) {
+  using rm = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Eigen::setNbThreads(threads);
+  Eigen::Map<const rm> x(pb.x.data(), Eigen::Index(pb.M), Eigen::Index(pb.K));
+  Eigen::Map<const rm> w(pb.w.data(), Eigen::Index(pb.N), Eigen::Index(pb.K));
+  Eigen::Map<rm> y(pb.y.data(), Eigen::Index(pb.M), Eigen::Index(pb.N));
+  y.noalias() = x * w.transpose();
+  Eigen::Map<const Eigen::RowVectorXf> b(pb.b.data(), Eigen::Index(pb.N));
+  parallel_blocks(threads, std::int64_t(pb.M), [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) y.row(r).array() = (y.row(r).array() + b.array()).max(0.0f);
+  });
+}
+#endif
+
+std::vector<impl> impls() {
+  std::vector<impl> list;
+  list.push_back({"solder", [](problem& pb, int t) { solder_call(pb, t, true); },
+                  [](problem& pb, int t) { solder_call(pb, t, false); }});
+#if SOLDER_BENCH_HAS_OPENBLAS
+  list.push_back({"openblas_then_epilogue", [](problem&, int) {}, openblas_run});
+#endif
+#if SOLDER_BENCH_HAS_DNNL
+  list.push_back({"onednn_postops", onednn_prepare, onednn_run});
+#endif
+#if SOLDER_BENCH_HAS_EIGEN
+  list.push_back({"eigen", [](problem&, int) {}, eigen_run});
+#endif
+  return list;
+}
+
+void linear_case(benchmark::State& state, const impl& im, shape s) {
+  problem& pb = problem_for(s);
+  peak_gflops(s.threads);  // calibrate before anything of this case runs
+  im.prepare(pb, s.threads);
+  std::fill(pb.y.data(), pb.y.data() + pb.y.size(), -1.0f);
+  im.run(pb, s.threads);  // warm-up, and the output that is checked
+  if (const std::string err = check(pb); !err.empty()) {
+    state.SkipWithError((im.name + ": " + err).c_str());
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    im.run(pb, s.threads);
+    benchmark::ClobberMemory();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  set_flop_counters(state, s.flops(), seconds, s.threads);
+}
+
+/// Peak first (it is also the calibration), then per shape and thread count every
+/// implementation back to back.
+const bool registered = [] {
+  for (int threads : {1, 2}) {
+    auto* b = benchmark::RegisterBenchmark(threads > 1 ? "BM_peak_fma/threads:2" : "BM_peak_fma", peak_case, threads);
+    b->Unit(benchmark::kMillisecond);
+    if (threads > 1) b->UseRealTime();
+  }
+  static const std::vector<impl> list = impls();
+  for (const auto& mnk : shape_list)
+    for (int threads : {1, 2})
+      for (const impl& im : list) {
+        const shape s{mnk[0], mnk[1], mnk[2], threads};
+        const std::string name = "BM_linear_bias_relu_fwd/" + im.name + "/" + s.name();
+        auto* b = benchmark::RegisterBenchmark(name.c_str(), linear_case, im, s);
+        b->Unit(benchmark::kMillisecond);
+        // The team's wall time is what matters; Google Benchmark then appends "/real_time".
+        if (threads > 1) b->UseRealTime();
+      }
+  return true;
+}();
+
+}  // namespace
