@@ -116,7 +116,12 @@ struct broadcast_rule {
   static constexpr bool ok = [] {
     for (std::size_t d = 0; d < rank; ++d) {
       std::size_t a = at<A>(d), b = at<B>(d);
-      if (a != b && a != 1 && b != 1) return false;
+      if (a == dyn || b == dyn) {
+        // A runtime batch meets only another runtime batch or a 1, and stays in front.
+        if (d != 0 || (a != b && a != 1 && b != 1)) return false;
+      } else if (a != b && a != 1 && b != 1) {
+        return false;
+      }
     }
     return true;
   }();

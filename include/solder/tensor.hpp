@@ -65,7 +65,7 @@ void print(std::ostream& os, const T* data, std::size_t batch) {
     os << "  [";
     for (std::size_t j = 0; j < last; ++j) {
       if (last > 2 * show && j == show) {
-        os << " ...,";
+        os << ", ...";
         j = last - show;
       }
       os << (j ? ", " : "") << std::setw(10) << data[r * last + j];
@@ -98,6 +98,7 @@ class tensor_ref {
   using element_type = T;
 
   tensor_ref() = default;
+  tensor_ref(const tensor_ref&) = default;  // copies the view; assignment copies the elements
   /// A view of `data`; for a dynamic shape, `batch` is the leading extent.
   explicit tensor_ref(T* data, std::size_t batch = S::dynamic ? 0 : 1) : data_(data), batch_(S::dynamic ? batch : 1) {
     detail::check_batch<S>(batch_);
@@ -225,7 +226,8 @@ class tensor {
   T* data() { return on_heap ? heap_.get() : inline_; }
   const T* data() const { return on_heap ? heap_.get() : inline_; }
   std::size_t batch() const { return batch_; }
-  std::size_t size() const { return S::elements(batch_); }
+  /// Elements held: 0 for a moved-from tensor whose heap storage went with the move.
+  std::size_t size() const { return on_heap && !heap_ ? 0 : S::elements(batch_); }
   static constexpr std::size_t rank() { return S::rank; }
 
   tensor_ref<T, S> ref() { return tensor_ref<T, S>(data(), batch_); }

@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <iomanip>
 #include <limits>
 #include <sstream>
@@ -109,7 +110,9 @@ void check_every_op(std::size_t batch) {
   const std::string at = " on " + shape_name<S>(batch);
 
   std::vector<tensor<float, S>> y(11, make<S>(batch));
-  for (auto& t : y) t.fill(qnan);  // an element the pass skips is caught
+  auto reset = [&] {
+    for (auto& t : y) t.fill(qnan);  // an element a pass skips is caught
+  };
   auto check = [&](const char* what, std::size_t k, auto want, tolerance t) {
     check_elements(what + at, y[k].data(), n, want, t);
   };
@@ -119,6 +122,7 @@ void check_every_op(std::size_t batch) {
   using solder::write;
 
   // Operators; comparisons store 1 and 0.
+  reset();
   solder::assign_all(write(y[0], x + z), write(y[1], x - z), write(y[2], x * z), write(y[3], x / z), write(y[4], -x),
                      write(y[5], x < z), write(y[6], x <= z), write(y[7], x > z), write(y[8], x >= z),
                      write(y[9], x == z), write(y[10], x != z));
@@ -135,6 +139,7 @@ void check_every_op(std::size_t batch) {
   check("x != z", 10, [&](auto i) { return X(i) != Z(i) ? 1.0 : 0.0; }, exact);
 
   // Named functions, first half.
+  reset();
   solder::assign_all(write(y[0], solder::abs(x)), write(y[1], solder::exp(x)), write(y[2], solder::log(pos)),
                      write(y[3], solder::sqrt(pos)), write(y[4], solder::rsqrt(pos)), write(y[5], solder::tanh(x)),
                      write(y[6], solder::sigmoid(x)), write(y[7], solder::relu(x)),
@@ -151,6 +156,7 @@ void check_every_op(std::size_t batch) {
   check("leaky_relu", 8, [&](auto i) { return ref::leaky_relu(X(i), double(0.2f)); }, libm);
 
   // Named functions, second half.
+  reset();
   solder::assign_all(write(y[0], solder::elu(x, 1.5f)), write(y[1], solder::gelu(x)), write(y[2], solder::gelu_tanh(x)),
                      write(y[3], solder::silu(x)), write(y[4], solder::softplus(x)),
                      write(y[5], solder::softplus(x, 2.0f, 3.0f)), write(y[6], solder::clamp(x, -1.0f, 2.5f)),
@@ -168,6 +174,7 @@ void check_every_op(std::size_t batch) {
   // Selection, dropout, scalar operands on either side (integers become floats), chains.
   // Dropout: the mask of (seed, offset, row-major index) and the scale of the rounded p.
   const solder::test::dropout_rule rule1{0.1, 42, 7}, rule5{0.5, 43, 0};
+  reset();
   solder::assign_all(write(y[0], solder::where(x > z, x, z * 2.0f)),
                      write(y[1], solder::dropout(x, 0.1f, solder::philox_state{42, 7})),
                      write(y[2], solder::dropout(x, 0.5f, solder::philox_state{43, 0})),
@@ -213,14 +220,15 @@ void check_single_assignments(std::size_t batch) {
 }  // namespace
 
 // The full list on a flat run with a tail ([3, 37]: 111 elements) and on a dynamic batch (up
-// to 60 x 37 = 2220 elements: a run over two 2048-element segments); the other shapes get the
-// tail-sensitive subset (the full list costs ~7 s of compile time per shape).
+// to 60 x 37 = 2220 elements: a run over several of the loop's segments); the other shapes get
+// the tail-sensitive subset (the full list costs ~7 s of compile time per shape).
 TEST_CASE("map: every operator and function matches a double loop", "[expr]") {
   check_every_op<shape<3, 37>>(1);
   check_single_assignments<shape<3, 37>>(1);
 }
 
 TEST_CASE("map: every operator and function with a dynamic batch", "[expr]") {
+  STATIC_REQUIRE(60 * 37 > 2 * solder::cpu::segment_elements);
   const std::size_t batch = GENERATE(1, 3, 60);
   check_every_op<shape<dyn, 37>>(batch);
   check_single_assignments<shape<dyn, 37>>(batch);
@@ -504,6 +512,40 @@ TEST_CASE("map: NaN and Inf through the binary operators", "[expr]") {
   check("where(x > z, x, z)", [](double a, double b) { return a > b ? a : b; });
   y = solder::where(x == x, x, qnan);
   check("where(x == x, x, NaN)", [](double a, double) { return a; });
+}
+
+TEST_CASE("map: several dropout streams in one pass each keep their own mask", "[expr]") {
+  // A fused pass may read many masks (a chain of dropout layers, their backward); each must
+  // be drawn from its own (seed, offset) stream, however many streams the pass reads.
+  tensor<float, shape<4, 64>> x, y;
+  x.fill(1.0f);
+  const solder::philox_state s1{1, 0}, s2{2, 0}, s3{3, 0}, s4{4, 0}, s5{5, 0};
+  auto want = [](std::size_t i, std::initializer_list<std::uint64_t> seeds) {
+    double sum = 0;
+    for (const std::uint64_t s : seeds) sum += solder::test::dropout_rule{0.5, s, 0}.keep(i) ? 2.0 : 0.0;
+    return sum;
+  };
+  y = solder::dropout(x, 0.5f, s1) + solder::dropout(x, 0.5f, s2) + solder::dropout(x, 0.5f, s3);
+  check_elements("three streams in one expression", y.data(), y.size(), [&](std::size_t i) { return want(i, {1, 2, 3}); },
+                 exact);
+  y = solder::dropout(x, 0.5f, s1) + solder::dropout(x, 0.5f, s2) + solder::dropout(x, 0.5f, s3) +
+      solder::dropout(x, 0.5f, s4) + solder::dropout(x, 0.5f, s5);
+  check_elements("five streams in one expression", y.data(), y.size(),
+                 [&](std::size_t i) { return want(i, {1, 2, 3, 4, 5}); }, exact);
+}
+
+TEST_CASE("map: one stream read at two shapes in one pass", "[expr]") {
+  // dropout(x, rng) [4, 64] times dropout(b, rng) [64] broadcast over the rows: element (r, c)
+  // keeps by draw r * 64 + c of the stream and by draw c.
+  tensor<float, shape<4, 64>> x, y;
+  tensor<float, shape<64>> b;
+  x.fill(1.0f);
+  b.fill(1.0f);
+  const solder::philox_state rng{7, 0};
+  const solder::test::dropout_rule rule{0.5, 7, 0};
+  y = solder::dropout(x, 0.5f, rng) * solder::dropout(b, 0.5f, rng);
+  check_elements("dropout(x) * dropout(b), one stream", y.data(), y.size(),
+                 [&](std::size_t i) { return rule.keep(i) && rule.keep(i % 64) ? 4.0 : 0.0; }, exact);
 }
 
 TEST_CASE("map: dropout removes NaN and Inf, and keeps them where kept", "[expr]") {

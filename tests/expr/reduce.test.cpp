@@ -203,7 +203,7 @@ TEST_CASE("reduce: rank 1", "[reduce]") {
   run(tensor<float, shape<1>>());
   run(tensor<float, shape<37>>());
   run(tensor<float, shape<257>>());
-  run(tensor<float, shape<5000>>());  // more than one 2048-element segment
+  run(tensor<float, shape<5000>>());  // several of the loop's segments
 }
 
 TEST_CASE("reduce: rank 3, every axis", "[reduce]") {
@@ -239,8 +239,9 @@ TEST_CASE("reduce: rank 3, every axis", "[reduce]") {
   run(tensor<float, shape<3, 5, 37>>());
 }
 
-TEST_CASE("reduce: rows longer than one 2048-element segment", "[reduce]") {
+TEST_CASE("reduce: rows longer than one segment of the loop", "[reduce]") {
   constexpr std::size_t B = 3, N = 5000;
+  STATIC_REQUIRE(N > 2 * solder::cpu::segment_elements);
   const data d = GENERATE(data::integers, data::reals);
   tensor<float, shape<B, N>> x;
   fill(x, d, 525);
@@ -479,7 +480,8 @@ TEST_CASE("reduce: results are bitwise identical for 1 and 2 threads", "[reduce]
     check_reduction("sum of [4096, 64]", a2.data(), reduce_ref(x.data(), ext, 2, op::sum), op::sum);
   }
   SECTION("dynamic [2048, 1024]: a streamed store and a reduction in one pass") {
-    constexpr std::size_t B = 2048, N = 1024;  // 8 MiB: the store streams past the cache
+    constexpr std::size_t B = 2048, N = 1024;
+    STATIC_REQUIRE(B * N * sizeof(float) >= solder::cpu::stream_min_bytes);  // the store streams
     tensor<float, shape<dyn, N>> g(B), dx1(B), dx2(B);
     solder::test::fill_uniform(g, -1, 1, 584);
     tensor<float, shape<N>> db1, db2;
@@ -496,7 +498,8 @@ TEST_CASE("reduce: results are bitwise identical for 1 and 2 threads", "[reduce]
     std::vector<float> half(g.size());
     for (std::size_t i = 0; i < g.size(); ++i) half[i] = g[i] * 0.5f;
     CHECK(bitwise_equal(dx2.data(), half.data(), g.size()));
-    check_reduction("db of dynamic [2048, 1024]", db2.data(), reduce_ref(half.data(), std::array<std::size_t, 2>{B, N}, 0, op::sum), op::sum);
+    check_reduction("db of dynamic [2048, 1024]", db2.data(),
+                    reduce_ref(half.data(), std::array<std::size_t, 2>{B, N}, 0, op::sum), op::sum);
   }
   CHECK(solder::num_threads() >= 1);
 }

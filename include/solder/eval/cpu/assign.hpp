@@ -203,12 +203,13 @@ void run_chunk(const partition& part, std::size_t c, const Evals& evals, const S
   constexpr std::size_t ahead = Stream ? prefetch_bytes_streaming : prefetch_bytes_cached;
   Evals ev = evals;
   Sinks sk = sinks;
-  pass_context ctx;
+  pass_context<(mask_slots<std::tuple_element_t<I, Evals>> + ... + 0)> ctx;
   (std::get<I>(sk).begin_chunk(c), ...);
   const std::size_t s_begin = c * part.seg_per_chunk;
   const std::size_t s_end = std::min(part.segments, s_begin + part.seg_per_chunk);
   segment seg = part.at(s_begin);  // then stepped without divisions
   for (std::size_t s = s_begin; s < s_end; ++s, part.step(seg)) {
+    ctx.next_segment();
     (std::get<I>(ev).seek(seg, ctx), ...);
     (std::get<I>(sk).seek(seg), ...);
     std::size_t j = 0;

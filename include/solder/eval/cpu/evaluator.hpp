@@ -10,6 +10,7 @@
 
 #include <immintrin.h>
 
+#include <array>
 #include <cstring>
 #include <tuple>
 #include <utility>
@@ -36,44 +37,50 @@ struct segment {
 inline constexpr std::size_t segment_elements = 256;
 
 /// Per-thread state of one pass, shared by all its evaluators: the random bits of the current
-/// segment, one slot per random stream, so a mask read in several places of a fused pass (the
-/// forward value inside a backward expression, several writes) is generated once per segment.
+/// segment, so a mask read in several places of a fused pass (the forward value inside a
+/// backward expression, the dx and db writes of one backward) is generated once per segment.
+/// One slot per mask leaf of the pass (`Slots`, counted at compile time), so a slot a leaf
+/// reads is never refilled by another leaf in the same segment.
+template <std::size_t Slots>
 struct pass_context {
-  static constexpr std::size_t slots = 4;
   static constexpr std::size_t padding = 64;  // a vector load may run past the segment's end
   struct slot {
     std::uint64_t seed = 0, offset = 0, first = 0;
     std::size_t len = 0;
+    std::size_t claimed = 0;  // the segment that last read this slot (0: none yet)
     bool used = false;
-    detail::philox_stream stream{0, 0};  // the stream's set-up, done once per pass
+    detail::philox_stream stream{0, 0};  // the stream's set-up, redone only when it changes
     alignas(alignment) std::uint16_t bits[segment_elements + padding] = {};
   };
-  slot slot_[slots];
-  std::size_t next = 0;
+  std::array<slot, Slots> slots{};
+  std::size_t segment = 1;  // counts the segments of the chunk
+
+  /// Called by the loop nest before the seeks of each segment.
+  void next_segment() { ++segment; }
 
   /// The 16-bit draws of elements [first, first + len) of stream (seed, offset).
   const std::uint16_t* bits16(std::uint64_t seed, std::uint64_t offset, std::uint64_t first, std::size_t len) {
-    for (auto& s : slot_) {
-      if (s.used && s.seed == seed && s.offset == offset) {
-        if (s.first != first || s.len != len) fill(s, first, len);
+    for (auto& s : slots) {
+      if (s.used && s.seed == seed && s.offset == offset && s.first == first && s.len == len) {
+        s.claimed = segment;
         return s.bits;
       }
     }
-    slot& s = slot_[next];
-    next = (next + 1) % slots;
-    s.used = true;
-    s.seed = seed;
-    s.offset = offset;
-    s.stream = detail::philox_stream(seed, offset);
-    fill(s, first, len);
-    return s.bits;
-  }
-
- private:
-  static void fill(slot& s, std::uint64_t first, std::size_t len) {
-    s.first = first;
-    s.len = len;
-    philox_bits16(s.stream, first, len, s.bits);
+    for (auto& s : slots) {
+      if (s.claimed == segment) continue;  // read by another leaf in this segment
+      if (!s.used || s.seed != seed || s.offset != offset) {
+        s.seed = seed;
+        s.offset = offset;
+        s.stream = detail::philox_stream(seed, offset);
+        s.used = true;
+      }
+      s.first = first;
+      s.len = len;
+      s.claimed = segment;
+      philox_bits16(s.stream, first, len, s.bits);
+      return s.bits;
+    }
+    solder::detail::fail("solder: internal error: more random streams in one pass than counted");
   }
 };
 
@@ -159,7 +166,8 @@ struct evaluator<tensor_ref<const T, L>, Lay, V> {
   V splat{};
 
   explicit evaluator(const tensor_ref<const T, L>& t) : base(t.data()) {}
-  SOLDER_INLINE void seek(const segment& s, pass_context&) {
+  template <class Ctx>
+  SOLDER_INLINE void seek(const segment& s, Ctx&) {
     if constexpr (Lay::flat) {
       p = base + s.col;
     } else {
@@ -196,7 +204,8 @@ template <class T, class Lay, class V>
 struct evaluator<constant<T>, Lay, V> {
   V value;
   explicit evaluator(const constant<T>& c) : value(simd::scalar_t<V>(c.value)) {}
-  SOLDER_INLINE void seek(const segment&, pass_context&) {}
+  template <class Ctx>
+  SOLDER_INLINE void seek(const segment&, Ctx&) {}
   SOLDER_INLINE V load(std::size_t) const { return value; }
   SOLDER_INLINE V load_partial(std::size_t, std::size_t) const { return value; }
   template <std::size_t Bytes>
@@ -219,7 +228,8 @@ struct evaluator<dropout_mask<L>, Lay, V> {
   std::uint32_t row_bits = 0;           // the row's one draw (a mask broadcast along rows)
 
   explicit evaluator(const dropout_mask<L>& m) : mask(m) {}
-  SOLDER_INLINE void seek(const segment& s, pass_context& ctx) {
+  template <class Ctx>
+  SOLDER_INLINE void seek(const segment& s, Ctx& ctx) {
     const std::size_t first = Lay::flat ? s.col : map::row_offset(s.row) + (map::inner ? s.col : 0);
     bits = ctx.bits16(mask.rng.seed, mask.rng.offset, first, contiguous ? s.len : 1);
     if constexpr (!contiguous) row_bits = bits[0];
@@ -244,7 +254,8 @@ struct evaluator<map_node<Op, Args...>, Lay, V> {
   explicit evaluator(const map_node<Op, Args...>& n)
       : op(n.op), args(std::apply([](const Args&... a) { return std::tuple<evaluator<Args, Lay, V>...>(evaluator<Args, Lay, V>(a)...); }, n.args)) {}
 
-  SOLDER_INLINE void seek(const segment& s, pass_context& ctx) {
+  template <class Ctx>
+  SOLDER_INLINE void seek(const segment& s, Ctx& ctx) {
     std::apply([&](auto&... a) { (a.seek(s, ctx), ...); }, args);
   }
   SOLDER_INLINE auto load(std::size_t j) const {
@@ -258,6 +269,18 @@ struct evaluator<map_node<Op, Args...>, Lay, V> {
     std::apply([&](const auto&... a) { (a.template prefetch<Bytes>(j), ...); }, args);
   }
 };
+
+/// Number of dropout-mask leaves in E: the slots a pass over E needs in its pass_context.
+template <class E>
+inline constexpr std::size_t mask_leaves = 0;
+template <class L>
+inline constexpr std::size_t mask_leaves<dropout_mask<L>> = 1;
+template <class Op, class... Args>
+inline constexpr std::size_t mask_leaves<map_node<Op, Args...>> = (mask_leaves<Args> + ... + 0);
+template <class Ev>
+inline constexpr std::size_t mask_slots = 0;
+template <class E, class Lay, class V>
+inline constexpr std::size_t mask_slots<evaluator<E, Lay, V>> = mask_leaves<E>;
 
 /// True when every tensor operand of E has exactly the output's shape, so the loop nest can
 /// walk the output as one flat run (constants and masks of the output's shape fit too).

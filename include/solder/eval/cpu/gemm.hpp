@@ -29,12 +29,15 @@ namespace solder::cpu {
 // Blocking
 // ---------------------------------------------------------------------------------------------
 
-/// How C = A' B' is cut for static N and K on solder's arch (docs/gemm.md explains each choice).
+/// How C = A' B' is cut for static N and K on solder's arch (docs/gemm.md explains each choice
+/// and the measurements behind it). GotoBLAS's loops with the roles of A and B exchanged,
+/// because the micro-kernel's vectors run along N:
 ///   mr x nr   the register tile (gemm_tile), nr = nv * W columns
-///   kc        K block: an mr x kc panel of A stays in L1 while B panels stream past it
-///   nc        N block in panels of nr: a kc x nc block of B stays in L2 while A panels pass
-///   mc        M block in tiles of mr: rows of A packed together, the partial sums of an
-///             mc x nc block of C kept between K blocks
+///   kc        K block: an mr x kc panel of A stays in L1 while the B panels stream past it
+///   nc        N block, in panels of nr: a kc x nc block of B stays in L2 while every tile of
+///             the M block passes over it
+///   mc_max    M block, in tiles of mr: the rows of A packed at once (over all of K); B is read
+///             from memory once per M block, so it is as large as its memory budget allows
 template <std::size_t N, std::size_t K>
 struct gemm_blocking {
   static_assert(N >= 1 && K >= 1, "solder::cpu::gemm: N and K must be at least 1");
@@ -45,23 +48,23 @@ struct gemm_blocking {
   static constexpr std::size_t nr = nv * lanes;
 
   /// Longest K block: 14 x 256 floats of A (14 KiB) leave most of the 48 KiB L1 to the B
-  /// stream (measured: 192 to 384 within noise of each other, docs/gemm.md).
+  /// stream (AVX2: 6 x 256, 6 KiB of 32 KiB or more).
   static constexpr std::size_t kc_max = 256;
   static constexpr std::size_t k_blocks = (K + kc_max - 1) / kc_max;
   /// K blocks of equal length (the last one shorter by less than k_blocks).
   static constexpr std::size_t kc = (K + k_blocks - 1) / k_blocks;
 
-  /// Bytes of B one N block may take in L2 (2 MiB per core here): half of it, leaving room
-  /// for the A block, the partial sums and the next B block arriving.
-  static constexpr std::size_t l2_b_bytes = std::size_t{1} << 20;
+  /// Bytes of B one N block may take in L2 (2 MiB per core here): a quarter of it, leaving
+  /// room for the A panels and partial sums passing through (measured: 256 KiB to 512 KiB
+  /// are best, 1 MiB loses 3-10%).
+  static constexpr std::size_t l2_b_bytes = std::size_t{512} << 10;
   static constexpr std::size_t panels = (N + nr - 1) / nr;
-  static constexpr std::size_t nc_max = std::max<std::size_t>(1, l2_b_bytes / (kc * nr * sizeof(float)));
-  static constexpr std::size_t n_blocks = (panels + nc_max - 1) / nc_max;
-  static constexpr std::size_t nc = (panels + n_blocks - 1) / n_blocks;  // in panels
+  static constexpr std::size_t nc = std::max<std::size_t>(1, l2_b_bytes / (kc * nr * sizeof(float)));  // panels
 
-  /// Longest M block, in tiles: each B block is read from L2 once per tile of the block, and
-  /// from memory once per M block.
-  static constexpr std::size_t mc_max = 8;
+  /// Bytes of packed A one M block may take: 16 MiB (1024 rows of K = 4096). It is read once
+  /// per N block, from memory; B is read from memory once per M block.
+  static constexpr std::size_t a_block_bytes = std::size_t{16} << 20;
+  static constexpr std::size_t mc_max = std::max<std::size_t>(1, a_block_bytes / (mr * K * sizeof(float)));  // tiles
 };
 
 namespace gemm_detail {
@@ -83,33 +86,6 @@ struct b_layout {
   static constexpr std::size_t size = (panels - 1) * K * nr + K * edge_width;  // floats
   static constexpr std::size_t width(std::size_t p) { return p + 1 == panels ? edge_width : nr; }
 };
-
-/// Packs panels [p0, p1) of B' into `dst` (b_layout<N, K>).
-///   TransB = false: B stored [K, N], B'[k][n] = B[k * ldb + n] (rows of a panel are copies)
-///   TransB = true:  B stored [N, K], B'[k][n] = B[n * ldb + k] (a transpose, done in 8 x 8
-///                   blocks so both sides stay in L1)
-template <std::size_t N, std::size_t K, bool TransB>
-void pack_b_panels(const float* B, std::size_t ldb, float* dst, std::size_t p0, std::size_t p1) {
-  using L = b_layout<N, K>;
-  for (std::size_t p = p0; p < p1; ++p) {
-    const std::size_t n0 = p * L::nr;
-    const std::size_t width = L::width(p);
-    const std::size_t cols = std::min(width, N - n0);
-    float* out = dst + p * K * L::nr;
-    if constexpr (!TransB) {
-      for (std::size_t k = 0; k < K; ++k) {
-        std::memcpy(out + k * width, B + k * ldb + n0, cols * sizeof(float));
-        std::fill(out + k * width + cols, out + (k + 1) * width, 0.0f);
-      }
-    } else {
-      for (std::size_t k0 = 0; k0 < K; k0 += 8)
-        for (std::size_t j0 = 0; j0 < width; j0 += 8)
-          for (std::size_t j = j0; j < j0 + 8; ++j)
-            for (std::size_t k = k0; k < std::min(K, k0 + 8); ++k)
-              out[k * width + j] = j < cols ? B[(n0 + j) * ldb + k] : 0.0f;
-    }
-  }
-}
 
 #if defined(__AVX512F__)
 /// The lane indices of one transpose stage: with h = 8, 4, 2, 1 in turn, row i (bit h clear)
@@ -141,35 +117,39 @@ SOLDER_INLINE void transpose16(__m512 (&r)[16]) {
 }
 #endif
 
-/// Packs one tile of A' (r_end <= MR rows from row m0, all K) into out[k * MR + r], for
-/// A stored [M, K] (not transposed): a transpose.
-template <std::size_t K, std::size_t MR>
-void pack_a_tile_rows(const float* A, std::size_t lda, std::size_t m0, std::size_t r_end, float* out) {
+/// out[k * Stride + r] = src[r * ld + k] for k < K, r < Rows: `rows` (<= Rows) rows of a
+/// row-major matrix, transposed into panel layout. Lanes r in [rows, Rows) are written as 0
+/// when ZeroFill, else left alone.
+template <std::size_t K, std::size_t Rows, std::size_t Stride, bool ZeroFill>
+void pack_transposed(const float* src, std::size_t ld, std::size_t rows, float* out) {
+  static_assert(Rows <= Stride, "solder::cpu::pack_transposed: Rows must fit in Stride");
 #if defined(__AVX512F__)
-  if constexpr (std::is_base_of_v<xsimd::avx512f, arch> && MR <= 16) {
-    // 16 k at a time: load up to MR row segments, transpose 16 x 16 in registers, store the
-    // first MR lanes of each column.
-    constexpr __mmask16 row_mask = __mmask16((1u << MR) - 1u);
+  if constexpr (std::is_base_of_v<xsimd::avx512f, arch> && Rows <= 16) {
+    // 16 k at a time: load the row segments, transpose 16 x 16 in registers, store Rows
+    // lanes of each column.
+    constexpr __mmask16 lane_mask = __mmask16((1u << Rows) - 1u);
     for (std::size_t k0 = 0; k0 < K; k0 += 16) {
       const std::size_t kn = std::min<std::size_t>(16, K - k0);
       const __mmask16 k_mask = __mmask16((1u << kn) - 1u);
       __m512 r[16];
       for (std::size_t i = 0; i < 16; ++i)
-        r[i] = i < r_end ? _mm512_maskz_loadu_ps(k_mask, A + (m0 + i) * lda + k0) : _mm512_setzero_ps();
+        r[i] = i < rows ? _mm512_maskz_loadu_ps(k_mask, src + i * ld + k0) : _mm512_setzero_ps();
       transpose16(r);
-      for (std::size_t j = 0; j < kn; ++j) _mm512_mask_storeu_ps(out + (k0 + j) * MR, row_mask, r[j]);
+      const __mmask16 store_mask = ZeroFill ? lane_mask : __mmask16(lane_mask & ((1u << rows) - 1u));
+      for (std::size_t j = 0; j < kn; ++j) _mm512_mask_storeu_ps(out + (k0 + j) * Stride, store_mask, r[j]);
     }
     return;
   }
 #endif
-  // Chunks of 64 k: the MR source rows and the MR x 64 destination stay in L1.
+  // Chunks of 64 k: the source rows and the destination block stay in L1.
   constexpr std::size_t chunk = 64;
   for (std::size_t k0 = 0; k0 < K; k0 += chunk) {
     const std::size_t k1 = std::min(K, k0 + chunk);
-    for (std::size_t r = 0; r < r_end; ++r) {
-      const float* src = A + (m0 + r) * lda;
-      for (std::size_t k = k0; k < k1; ++k) out[k * MR + r] = src[k];
-    }
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t k = k0; k < k1; ++k) out[k * Stride + r] = src[r * ld + k];
+    if constexpr (ZeroFill)
+      for (std::size_t r = rows; r < Rows; ++r)
+        for (std::size_t k = k0; k < k1; ++k) out[k * Stride + r] = 0.0f;
   }
 }
 
@@ -187,7 +167,38 @@ void pack_a(const float* A, std::size_t lda, std::size_t m, std::size_t rows, fl
     if constexpr (TransA) {
       for (std::size_t k = 0; k < K; ++k) std::memcpy(out + k * MR, A + k * lda + m0, r_end * sizeof(float));
     } else {
-      pack_a_tile_rows<K, MR>(A, lda, m0, r_end, out);
+      pack_transposed<K, MR, MR, false>(A + m0 * lda, lda, r_end, out);
+    }
+  }
+}
+
+/// Packs panels [p0, p1) of B' into `dst` (b_layout<N, K>), zero-padded to the panel width.
+///   TransB = false: B stored [K, N], B'[k][n] = B[k * ldb + n] (rows of a panel are copies)
+///   TransB = true:  B stored [N, K], B'[k][n] = B[n * ldb + k] (a transpose, 16 columns at
+///                   a time)
+template <std::size_t N, std::size_t K, bool TransB>
+void pack_b_panels(const float* B, std::size_t ldb, float* dst, std::size_t p0, std::size_t p1) {
+  using L = b_layout<N, K>;
+  constexpr std::size_t W = L::blocking::lanes;
+  for (std::size_t p = p0; p < p1; ++p) {
+    const std::size_t n0 = p * L::nr;
+    const std::size_t width = L::width(p);
+    const std::size_t cols = std::min(width, N - n0);
+    float* out = dst + p * K * L::nr;
+    if constexpr (!TransB) {
+      for (std::size_t k = 0; k < K; ++k) {
+        std::memcpy(out + k * width, B + k * ldb + n0, cols * sizeof(float));
+        std::fill(out + k * width + cols, out + (k + 1) * width, 0.0f);
+      }
+    } else {
+      // One vector's worth of columns at a time (16 with AVX-512, 8 with AVX2).
+      for (std::size_t j = 0; j < width; j += W) {
+        const std::size_t n = j < cols ? std::min(W, cols - j) : 0;
+        if (width == L::nr)
+          pack_transposed<K, W, L::nr, true>(B + (n0 + j) * ldb, ldb, n, out + j);
+        else
+          pack_transposed<K, W, L::edge_width, true>(B + (n0 + j) * ldb, ldb, n, out + j);
+      }
     }
   }
 }
@@ -227,55 +238,45 @@ struct gemm_part {
   std::size_t t0, t1, p0, p1;
 };
 
-/// Walks the cache lines of one block of packed B (panels [p, p + np), K range [k0, k0 + kc))
-/// and prefetches them into L2 a few at a time, so the next block arrives from memory while
-/// the current one is computed, instead of stalling the first tile that reads it.
+/// Which lines of the next block of packed B (panels [p, p + np), K range [k0, k0 + kc)) each
+/// micro-kernel call of the current block prefetches into L2. Every tile of a block reads the
+/// whole block, so without this the first tile would fetch it all from memory at once, faster
+/// than one core's memory bandwidth; spread over all the calls of the previous block, the
+/// fetch asks for a few lines per 100 cycles.
 template <std::size_t N, std::size_t K>
-class b_block_prefetcher {
- public:
+struct l2_prefetch_plan {
   using L = b_layout<N, K>;
-  static constexpr std::size_t line = 64;
+  const float* packed_b = nullptr;
+  std::size_t p = 0, np = 0, k0 = 0, kc = 0;  // the next block; np = 0: none
+  std::size_t parts = 1, part_lines = 0;      // calls per panel, lines per call
 
-  b_block_prefetcher() = default;
-  b_block_prefetcher(const float* packed_b, std::size_t p, std::size_t np, std::size_t k0, std::size_t kc)
-      : packed_b_(packed_b), p_(p), p_end_(p + np), k0_(k0), kc_(kc) {
-    if (p_ < p_end_) start_panel();
+  /// Plans the fetch of the next block over `calls` calls of `kc_now` steps each.
+  void plan(std::size_t calls, std::size_t kc_now) {
+    if (np == 0) return;
+    parts = std::max<std::size_t>(1, calls / np);
+    const std::size_t lines = ceil_div(kc * L::nr * sizeof(float), 64);
+    part_lines = std::min(ceil_div(lines, parts), ceil_div(kc_now, 2));
   }
-  /// Lines of the whole block.
-  std::size_t lines() const {
-    std::size_t n = 0;
-    for (std::size_t p = p_; p < p_end_; ++p) n += ceil_div(kc_ * L::width(p) * sizeof(float), line);
-    return n;
+  /// The lines call `c` of the current block prefetches.
+  void assign(std::size_t c, tile_job& job) const {
+    job.l2_next = nullptr;
+    job.l2_lines = 0;
+    const std::size_t q = c / parts, part = c % parts;
+    if (q >= np) return;
+    const std::size_t panel = p + q;
+    const std::size_t lines = ceil_div(kc * L::width(panel) * sizeof(float), 64);
+    const std::size_t first = part * part_lines;
+    if (first >= lines) return;
+    job.l2_next = reinterpret_cast<const char*>(packed_b + panel * K * L::nr + k0 * L::width(panel)) + first * 64;
+    job.l2_lines = std::min(part_lines, lines - first);
   }
-  /// Prefetches the next `count` lines (fewer at the end of the block).
-  void step(std::size_t count) {
-    for (; count > 0 && p_ < p_end_; --count) {
-      __builtin_prefetch(cur_, 0, 2);  // locality 2: prefetcht1, into L2
-      cur_ += line;
-      if (cur_ >= end_) {
-        ++p_;
-        if (p_ < p_end_) start_panel();
-      }
-    }
-  }
-
- private:
-  void start_panel() {
-    const std::size_t w = L::width(p_);
-    cur_ = reinterpret_cast<const char*>(packed_b_ + p_ * K * L::nr + k0_ * w);
-    end_ = cur_ + kc_ * w * sizeof(float);
-  }
-  const float* packed_b_ = nullptr;
-  std::size_t p_ = 0, p_end_ = 0, k0_ = 0, kc_ = 0;
-  const char* cur_ = nullptr;
-  const char* end_ = nullptr;
 };
 
 /// Computes one thread's part of C with the cache blocking `Blocking` (gemm_blocking<N, K> or
 /// a test's smaller one): for each M block, A is packed once over all of K; for each N block,
 /// each K block runs over every tile of the M block, each tile over every panel of the N block
 /// (so a kc x mr panel of A stays in L1 across the panels, and the kc x nc block of B in L2
-/// across the tiles). While one block of B is in use, the next one is prefetched into L2.
+/// across the tiles). Meanwhile the next block of B is prefetched into L2 (l2_prefetch_plan).
 template <std::size_t N, std::size_t K, bool TransA, class Blocking, class Epi>
 void gemm_part_run(const gemm_part& part, std::size_t M, const float* A, std::size_t lda, const float* packed_b,
                    Epi& epi) {
@@ -309,44 +310,44 @@ void gemm_part_run(const gemm_part& part, std::size_t M, const float* A, std::si
     for (std::size_t pj = part.p0; pj < part.p1; pj += nc) {
       const std::size_t np = std::min(nc, part.p1 - pj);
       for (std::size_t kb = 0; kb < k_blocks; ++kb) {
+        tile_job job{};
+        job.first = kb == 0;
+        job.last = kb + 1 == k_blocks;
         const std::size_t k0 = kb * KC;
-        const std::size_t kc = std::min(KC, K - k0);
-        const bool first = kb == 0, last = kb + 1 == k_blocks;
+        job.kc = std::min(KC, K - k0);
 
-        // The block of B this thread uses next: the next K block, else the next N block,
-        // else the first block again for the next M block.
-        b_block_prefetcher<N, K> next;
-        if (kb + 1 < k_blocks) {
-          next = {packed_b, pj, np, k0 + KC, std::min(KC, K - k0 - KC)};
-        } else if (pj + nc < part.p1) {
-          next = {packed_b, pj + nc, std::min(nc, part.p1 - pj - nc), 0, std::min(KC, K)};
-        } else if (ti + mc < part.t1) {
-          next = {packed_b, part.p0, std::min(nc, part.p1 - part.p0), 0, std::min(KC, K)};
-        }
-        const std::size_t per_call = ceil_div(next.lines(), mt * np);
+        // The block this thread reads next: the next K block, else the first K block of the
+        // next N block, else that of the first N block for the next M block.
+        l2_prefetch_plan<N, K> next{packed_b};
+        if (!job.last)
+          next.p = pj, next.np = np, next.k0 = k0 + KC, next.kc = std::min(KC, K - k0 - KC);
+        else if (pj + nc < part.p1)
+          next.p = pj + nc, next.np = std::min(nc, part.p1 - pj - nc), next.kc = std::min(KC, K);
+        else if (ti + mc < part.t1)
+          next.p = part.p0, next.np = std::min(nc, panels), next.kc = std::min(KC, K);
+        next.plan(mt * np, job.kc);
 
         for (std::size_t i = 0; i < mt; ++i) {
-          const std::size_t m0 = row0 + i * MR;
-          const std::size_t r = std::min(MR, M - m0);
-          const float* a = packed_a + i * K * MR + k0 * MR;
+          job.m0 = row0 + i * MR;
+          const std::size_t r = std::min(MR, M - job.m0);
+          job.a = packed_a + i * K * MR + k0 * MR;
           for (std::size_t j = 0; j < np; ++j) {
             const std::size_t p = pj + j;
-            const std::size_t n0 = p * NR;
             const std::size_t width = L::width(p);
-            const float* b = packed_b + p * K * NR + k0 * width;
-            float* slot = partial ? partial + (i * np + j) * MR * NR : nullptr;  // in call order
-            const std::size_t nr = std::min(NR, N - n0);
-            next.step(per_call);
-            // The partial sums the next call starts from (the following slot), on their way
-            // to L1 while this call runs.
-            if (!first && slot != nullptr)
+            job.n0 = p * NR;
+            job.nr = std::min(NR, N - job.n0);
+            job.b = packed_b + p * K * NR + k0 * width;
+            job.partial = partial ? partial + (i * np + j) * MR * NR : nullptr;  // slots in call order
+            next.assign(i * np + j, job);
+            // The partial sums the next call starts from, on their way to L1 meanwhile.
+            if (!job.first && partial != nullptr)
               for (std::size_t line = 0; line < MR * NR * sizeof(float); line += 64)
-                __builtin_prefetch(reinterpret_cast<const char*>(slot + MR * NR) + line, 0, 3);
+                __builtin_prefetch(reinterpret_cast<const char*>(job.partial + MR * NR) + line, 0, 3);
             if (width == NR) {
-              if (r == MR) micro_kernel<MR, NV, MR, Epi>(kc, a, b, slot, first, last, epi, m0, n0, nr);
-              else full[r - 1](kc, a, b, slot, first, last, epi, m0, n0, nr);
+              if (r == MR) micro_kernel<MR, NV, MR, Epi>(job, epi);
+              else full[r - 1](job, epi);
             } else {
-              edge[r - 1](kc, a, b, slot, first, last, epi, m0, n0, nr);
+              edge[r - 1](job, epi);
             }
           }
         }

@@ -25,11 +25,10 @@ struct gemm_tile {
   static constexpr std::size_t nv = 2;
 };
 
-/// 32 vector registers (AVX-512): 14 x 2 = 28 accumulators and 2 B vectors; the broadcasts are
-/// folded into the FMAs as memory operands ({1to16}), so no register holds them. 16 loads per
-/// 28 FMAs leave the load ports idle a third of the time and the B panel streams from L2 at
-/// 128 bytes per 14 cycles. Wider tiles (6 x 4, 8 x 3) load more of B per FMA; taller ones do
-/// not fit.
+/// 32 vector registers (AVX-512): 14 x 2 = 28 accumulators, 2 B vectors and 1 broadcast = 31
+/// registers. 16 loads (2 vectors, 14 broadcasts) per 28 FMAs, and the B panel streams from L2
+/// at 128 bytes per 14 cycles. Wider tiles (6 x 4, 8 x 3) load twice as much of B per FMA;
+/// taller ones do not fit.
 template <class A>
   requires std::is_base_of_v<xsimd::avx512f, A>
 struct gemm_tile<A> {
@@ -57,27 +56,36 @@ SOLDER_INLINE void fma_step(vec<float> (&acc)[R][NV], const float* a, const floa
 /// Bytes ahead of the B stream that the micro-kernel prefetches into L1 (B comes from L2).
 inline constexpr std::size_t b_prefetch_bytes = 1024;
 
-/// The micro-kernel: C tile (R rows from m0, NV vectors from n0) over one K block of kc steps.
-///   a       packed A panel of this K block: a[k * AStride + r], r < R (AStride >= R)
-///   b       packed B panel of this K block: b[k * NV * W + j], 64-byte aligned
-///   partial this tile's slot in the partial-sum scratch ([R][NV * W]); read unless `first`,
-///           written unless `last`
-///   first   the first K block: the accumulators start at 0, not at the stored partial sum
-///   last    the last K block: the accumulators hold the whole K sum and go to the epilogue,
-///           epi.template tile<R, NV>(acc, m0, n0, R, nr); nothing is stored here
+/// One call of the micro-kernel: which tile, which K block, where its operands are.
+struct tile_job {
+  std::size_t kc;           // steps of this K block
+  const float* a;           // packed A panel of this K block: a[k * AStride + r]
+  const float* b;           // packed B panel of this K block: b[k * NV * W + j], 64-byte aligned
+  float* partial;           // this tile's slot in the partial-sum scratch ([R][NV * W])
+  bool first, last;         // first / last K block
+  std::size_t m0, n0, nr;   // the tile's place in C and its valid columns (R rows are valid)
+  const char* l2_next;      // lines to prefetch into L2 for a later call (the next block of B)
+  std::size_t l2_lines;     //   how many, one every other k step (at most kc / 2)
+};
+
+/// The micro-kernel: the C tile of R rows from m0 and NV vectors from n0 over one K block.
+///   first  the accumulators start at 0, else at the partial sums stored in `partial`
+///   last   the accumulators hold the whole K sum and go to the epilogue,
+///          epi.template tile<R, NV>(acc, m0, n0, R, nr); otherwise they are stored to `partial`
 /// Every element is one chain of FMAs in increasing k, whatever R and NV: the tile a row or a
 /// column lands in never changes its value (so thread counts and edge tiles give equal bits).
 template <std::size_t R, std::size_t NV, std::size_t AStride, class Epilogue>
-void micro_kernel(std::size_t kc, const float* __restrict a, const float* __restrict b,
-                  float* __restrict partial, bool first, bool last, Epilogue& epi, std::size_t m0,
-                  std::size_t n0, std::size_t nr) {
+void micro_kernel(const tile_job& job, Epilogue& epi) {
   using V = vec<float>;
   constexpr std::size_t W = V::size;
   constexpr std::size_t BS = NV * W;  // floats of B per k step
   static_assert(R >= 1 && R <= AStride, "solder::cpu::micro_kernel: R must be in [1, AStride]");
+  const float* __restrict a = job.a;
+  const float* __restrict b = job.b;
+  float* __restrict partial = job.partial;
 
   V acc[R][NV];
-  if (first) {
+  if (job.first) {
 #pragma GCC unroll 16
     for (std::size_t r = 0; r < R; ++r)
 #pragma GCC unroll 8
@@ -89,16 +97,26 @@ void micro_kernel(std::size_t kc, const float* __restrict a, const float* __rest
       for (std::size_t v = 0; v < NV; ++v) acc[r][v] = V::load_aligned(partial + r * BS + v * W);
   }
 
-  for (std::size_t k = 0; k < kc; ++k) {
-    __builtin_prefetch(reinterpret_cast<const char*>(b) + b_prefetch_bytes, 0, 3);
-    __builtin_prefetch(reinterpret_cast<const char*>(b) + b_prefetch_bytes + 64, 0, 3);
+  const char* l2_next = job.l2_next;
+  std::size_t l2_left = job.l2_lines;
+  for (std::size_t k = 0; k < job.kc; ++k) {
+    // One prefetch per cache line of B this step reads.
+#pragma GCC unroll 8
+    for (std::size_t line = 0; line < BS * sizeof(float); line += 64)
+      __builtin_prefetch(reinterpret_cast<const char*>(b) + b_prefetch_bytes + line, 0, 3);
+    // A few lines of the next B block: spread out, so only a few memory reads are in flight.
+    if ((k & 1) == 0 && l2_left != 0) {
+      __builtin_prefetch(l2_next, 0, 2);  // prefetcht1: into L2
+      l2_next += 64;
+      --l2_left;
+    }
     fma_step<R, NV>(acc, a, b);
     a += AStride;
     b += BS;
   }
 
-  if (last) {
-    epi.template tile<R, NV>(acc, m0, n0, R, nr);
+  if (job.last) {
+    epi.template tile<R, NV>(acc, job.m0, job.n0, R, job.nr);
   } else {
 #pragma GCC unroll 16
     for (std::size_t r = 0; r < R; ++r)
@@ -109,8 +127,7 @@ void micro_kernel(std::size_t kc, const float* __restrict a, const float* __rest
 
 /// The micro-kernel's signature, for the tables below.
 template <class Epilogue>
-using micro_kernel_fn = void (*)(std::size_t, const float*, const float*, float*, bool, bool, Epilogue&,
-                                 std::size_t, std::size_t, std::size_t);
+using micro_kernel_fn = void (*)(const tile_job&, Epilogue&);
 
 template <std::size_t NV, std::size_t AStride, class Epilogue, std::size_t... R>
 constexpr std::array<micro_kernel_fn<Epilogue>, sizeof...(R)> make_kernel_table(std::index_sequence<R...>) {
