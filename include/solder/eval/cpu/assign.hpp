@@ -164,30 +164,33 @@ T* scratch(std::size_t n) {
 
 /// How a pass is cut: segments of at most segment_elements along rows, grouped into chunks.
 struct partition {
-  std::size_t rows, row_len, seg_per_row, segments, seg_per_chunk, chunks;
+  std::size_t rows, row_len, seg_len, seg_per_row, segments, seg_per_chunk, chunks;
 
-  partition(std::size_t elements, std::size_t row_length) {
+  /// `segment_length`: segment_elements for passes that draw random bits, else
+  /// long_segment_elements.
+  partition(std::size_t elements, std::size_t row_length, std::size_t segment_length) {
     row_len = row_length;
+    seg_len = segment_length;
     rows = elements / row_len;
-    seg_per_row = (row_len + segment_elements - 1) / segment_elements;
+    seg_per_row = (row_len + seg_len - 1) / seg_len;
     segments = rows * seg_per_row;
-    const std::size_t seg_len = std::min(row_len, segment_elements);
-    const std::size_t min_segs = (parallel_min_elements / 4 + seg_len - 1) / seg_len;  // >= 16K elements a chunk
+    const std::size_t typical = std::min(row_len, seg_len);
+    const std::size_t min_segs = (parallel_min_elements / 4 + typical - 1) / typical;  // >= 16K elements a chunk
     seg_per_chunk = std::max((segments + max_chunks - 1) / max_chunks, std::max<std::size_t>(min_segs, 1));
     chunks = (segments + seg_per_chunk - 1) / seg_per_chunk;
   }
   segment at(std::size_t s) const {
-    const std::size_t r = s / seg_per_row, c = (s % seg_per_row) * segment_elements;
-    return {r, c, std::min(segment_elements, row_len - c)};
+    const std::size_t r = s / seg_per_row, c = (s % seg_per_row) * seg_len;
+    return {r, c, std::min(seg_len, row_len - c)};
   }
   /// The segment after `s`.
   void step(segment& s) const {
-    s.col += segment_elements;
+    s.col += seg_len;
     if (s.col >= row_len) {
       s.col = 0;
       ++s.row;
     }
-    s.len = std::min(segment_elements, row_len - s.col);
+    s.len = std::min(seg_len, row_len - s.col);
   }
 };
 
@@ -385,7 +388,10 @@ void assign_all(const W0& w0, const Ws&... ws) {
   constexpr bool flat = Iter::rank >= 1 && cpu::write_traits<W0>::template flat<Iter> &&
                         (cpu::write_traits<Ws>::template flat<Iter> && ...);
   using Lay = cpu::layout<Iter, flat>;
-  const cpu::partition part(elements, flat ? elements : Iter::last);
+  constexpr bool draws = (cpu::mask_slots<decltype(cpu::make_eval<Lay, V>(w0))> + ... +
+                         cpu::mask_slots<decltype(cpu::make_eval<Lay, V>(ws))>) > 0;
+  const cpu::partition part(elements, flat ? elements : Iter::last,
+                            draws ? cpu::segment_elements : cpu::long_segment_elements);
 
   // Streaming stores need every store aligned to a vector: flat runs (segments are multiples
   // of the vector) or rows that are, over outputs that are too big for the cache.

@@ -29,12 +29,15 @@ struct segment {
   std::size_t row = 0, col = 0, len = 0;
 };
 
-/// Largest segment the loop nest hands out (elements). Short, so that generating a segment's
-/// random bits (pure ALU work) and streaming its operands (memory work) interleave in the
+/// Largest segment (elements) of a pass that draws random bits. Short, so that generating a
+/// segment's bits (pure ALU work) and streaming its operands (memory work) interleave in the
 /// core's out-of-order window: measured at 256x4096 with dropout, 2048 gave 20.4 GB/s, 512
 /// 21.7, 256 23.3, 128 20.5 (seek() overhead starts to show). A multiple of 128 (one Philox
 /// group) and of every vector width, so flat segments start on group and cache-line boundaries.
 inline constexpr std::size_t segment_elements = 256;
+/// Largest segment of any other pass: long, so the loop's exit and the per-segment seek() are
+/// rare (at 64 MiB, relu(x + b) ran at 18.9 GB/s with 256-element segments).
+inline constexpr std::size_t long_segment_elements = 4096;
 
 /// Per-thread state of one pass, shared by all its evaluators: the random bits of the current
 /// segment, so a mask read in several places of a fused pass (the forward value inside a
