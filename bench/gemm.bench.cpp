@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -158,7 +159,7 @@ void bias_relu_rows(problem& pb, std::size_t r0, std::size_t r1) {
   }
 }
 
-void bias_relu_pass(problem& pb, int threads) {
+[[maybe_unused]] void bias_relu_pass(problem& pb, int threads) {
   parallel_blocks(threads, std::int64_t(pb.M), [&](std::int64_t r0, std::int64_t r1) {
     bias_relu_rows(pb, std::size_t(r0), std::size_t(r1));
   });
@@ -192,10 +193,12 @@ std::string check(const problem& pb) {
 // ---------------------------------------------------------------------------------------------
 
 /// One implementation: `prepare` packs weights and builds what the runs reuse (not timed);
-/// `run` computes y on `threads` threads.
+/// `run` computes y on `threads` threads; `settle`, if set, runs after the timed loop (not
+/// timed) so the implementation leaves the machine idle for the next case.
 struct impl {
   std::string name;
   std::function<void(problem&, int threads)> prepare, run;
+  std::function<void(int threads)> settle = nullptr;
 };
 
 // solder: W packed once into the micro-kernel's panels; bias + ReLU applied to each register
@@ -229,6 +232,13 @@ void solder_call(problem& pb, int threads, bool prepare) {
 #if SOLDER_BENCH_HAS_OPENBLAS
 // OpenBLAS: sgemm with W transposed (it packs W inside every call; it has no pre-packed sgemm),
 // then bias + ReLU as a second pass over y.
+//
+// Debian's OpenBLAS (pthreads) keeps its worker spinning for about 100 ms after a
+// multi-threaded call (measured: a full core), which would slow whichever case the random
+// interleaving runs next; openblas_settle waits that out, outside any timing.
+void openblas_settle(int threads) {
+  if (threads > 1) std::this_thread::sleep_for(std::chrono::milliseconds(150));
+}
 void openblas_run(problem& pb, int threads) {
   openblas_set_num_threads(threads);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(pb.M), int(pb.N), int(pb.K), 1.0f, pb.x.data(), int(pb.K),
@@ -305,7 +315,7 @@ std::vector<impl> impls() {
   list.push_back({"solder", [](problem& pb, int t) { solder_call(pb, t, true); },
                   [](problem& pb, int t) { solder_call(pb, t, false); }});
 #if SOLDER_BENCH_HAS_OPENBLAS
-  list.push_back({"openblas_then_epilogue", [](problem&, int) {}, openblas_run});
+  list.push_back({"openblas_then_epilogue", [](problem&, int) {}, openblas_run, openblas_settle});
 #endif
 #if SOLDER_BENCH_HAS_DNNL
   list.push_back({"onednn_postops", onednn_prepare, onednn_run});
@@ -333,6 +343,7 @@ void linear_case(benchmark::State& state, const impl& im, shape s) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   set_flop_counters(state, s.flops(), seconds, s.threads);
+  if (im.settle) im.settle(s.threads);
 }
 
 /// Peak first (it is also the calibration), then per shape and thread count every

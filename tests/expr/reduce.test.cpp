@@ -203,7 +203,7 @@ TEST_CASE("reduce: rank 1", "[reduce]") {
   run(tensor<float, shape<1>>());
   run(tensor<float, shape<37>>());
   run(tensor<float, shape<257>>());
-  run(tensor<float, shape<5000>>());  // several of the loop's segments
+  run(tensor<float, shape<9000>>());  // several of the loop's segments (256 or 4096 elements)
 }
 
 TEST_CASE("reduce: rank 3, every axis", "[reduce]") {
@@ -240,13 +240,12 @@ TEST_CASE("reduce: rank 3, every axis", "[reduce]") {
 }
 
 TEST_CASE("reduce: rows longer than one segment of the loop", "[reduce]") {
-  constexpr std::size_t B = 3, N = 5000;
-  STATIC_REQUIRE(N > 2 * solder::cpu::segment_elements);
+  constexpr std::size_t B = 3, N = 9000;  // segments are 256 or 4096 elements long
   const data d = GENERATE(data::integers, data::reals);
   tensor<float, shape<B, N>> x;
   fill(x, d, 525);
   const std::array<std::size_t, 2> ext{B, N};
-  const std::string at = std::string("[3, 5000] (") + name_of(d) + ")";
+  const std::string at = std::string("[3, 9000] (") + name_of(d) + ")";
   tensor<float, shape<N>> cols;
   tensor<float, shape<B>> rows;
   cols = solder::sum<0>(x);

@@ -270,16 +270,16 @@ struct l2_prefetch_plan {
   }
   /// The lines call `c` of the current block prefetches.
   void assign(std::size_t c, tile_job& job) const {
-    job.l2_next = nullptr;
-    job.l2_lines = 0;
+    job.b_next = nullptr;
+    job.b_next_lines = 0;
     const std::size_t q = c / parts, part = c % parts;
     if (q >= np) return;
     const std::size_t panel = p + q;
     const std::size_t lines = ceil_div(kc * L::width(panel) * sizeof(float), 64);
     const std::size_t first = part * part_lines;
     if (first >= lines) return;
-    job.l2_next = reinterpret_cast<const char*>(packed_b + panel * K * L::nr + k0 * L::width(panel)) + first * 64;
-    job.l2_lines = std::min(part_lines, lines - first);
+    job.b_next = reinterpret_cast<const char*>(packed_b + panel * K * L::nr + k0 * L::width(panel)) + first * 64;
+    job.b_next_lines = std::min(part_lines, lines - first);
   }
 };
 
@@ -287,7 +287,8 @@ struct l2_prefetch_plan {
 /// a test's smaller one): for each M block, A is packed once over all of K; for each N block,
 /// each K block runs over every tile of the M block, each tile over every panel of the N block
 /// (so a kc x mr panel of A stays in L1 across the panels, and the kc x nc block of B in L2
-/// across the tiles). Meanwhile the next block of B is prefetched into L2 (l2_prefetch_plan).
+/// across the tiles). Meanwhile the next block of B (l2_prefetch_plan) and the next panel of
+/// A are prefetched into L2.
 template <std::size_t N, std::size_t K, bool TransA, class Blocking, class Epi>
 void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const float* A, std::size_t lda,
                    const float* packed_b, Epi& epi) {
@@ -340,6 +341,19 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const float* 
           job.m0 = tiling.begin(ti + i);
           const std::size_t r = tiling.rows(ti + i);
           job.a = packed_a + i * K * MR + k0 * MR;
+          // The A panel used after this tile's calls: the next tile's, else the first tile's in
+          // the next K block or N block. Packed A is read from memory once per N block, and
+          // the hardware prefetcher stops at every 4 KiB page of a panel.
+          const float* a_next = nullptr;
+          std::size_t a_next_kc = 0;
+          if (i + 1 < mt)
+            a_next = job.a + K * MR, a_next_kc = job.kc;
+          else if (!job.last)
+            a_next = packed_a + (k0 + KC) * MR, a_next_kc = std::min(KC, K - k0 - KC);
+          else if (pj + nc < part.p1)
+            a_next = packed_a, a_next_kc = std::min(KC, K);
+          const std::size_t a_lines = ceil_div(a_next_kc * MR * sizeof(float), 64);
+          const std::size_t a_per_call = std::min(ceil_div(a_lines, np), ceil_div(job.kc, 2));
           for (std::size_t j = 0; j < np; ++j) {
             const std::size_t p = pj + j;
             const std::size_t width = L::width(p);
@@ -348,6 +362,9 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const float* 
             job.b = packed_b + p * K * NR + k0 * width;
             job.partial = partial ? partial + (i * np + j) * MR * NR : nullptr;  // slots in call order
             next.assign(i * np + j, job);
+            const std::size_t a_first = j * a_per_call;
+            job.a_next = a_first < a_lines ? reinterpret_cast<const char*>(a_next) + a_first * 64 : nullptr;
+            job.a_next_lines = a_first < a_lines ? std::min(a_per_call, a_lines - a_first) : 0;
             // The partial sums the next call starts from, on their way to L1 meanwhile.
             if (!job.first && partial != nullptr)
               for (std::size_t line = 0; line < MR * NR * sizeof(float); line += 64)

@@ -64,8 +64,10 @@ struct tile_job {
   float* partial;           // this tile's slot in the partial-sum scratch ([R][NV * W])
   bool first, last;         // first / last K block
   std::size_t m0, n0, nr;   // the tile's place in C and its valid columns (R rows are valid)
-  const char* l2_next;      // lines to prefetch into L2 for a later call (the next block of B)
-  std::size_t l2_lines;     //   how many, one every other k step (at most kc / 2)
+  const char* b_next;       // lines of the next block of B to prefetch into L2 (at even steps)
+  std::size_t b_next_lines; //   how many (at most kc / 2)
+  const char* a_next;       // lines of the next panel of A to prefetch into L2 (at odd steps)
+  std::size_t a_next_lines; //   how many (at most kc / 2)
 };
 
 /// The micro-kernel: the C tile of R rows from m0 and NV vectors from n0 over one K block.
@@ -97,18 +99,20 @@ void micro_kernel(const tile_job& job, Epilogue& epi) {
       for (std::size_t v = 0; v < NV; ++v) acc[r][v] = V::load_aligned(partial + r * BS + v * W);
   }
 
-  const char* l2_next = job.l2_next;
-  std::size_t l2_left = job.l2_lines;
+  // Lines for later calls, fetched from memory into L2 one per k step (prefetcht1), so only
+  // a few memory reads are in flight at once: the next block of B on even steps, the next
+  // panel of A on odd ones.
+  const char* next[2] = {job.b_next, job.a_next};
+  std::size_t next_left[2] = {job.b_next_lines, job.a_next_lines};
   for (std::size_t k = 0; k < job.kc; ++k) {
     // One prefetch per cache line of B this step reads.
 #pragma GCC unroll 8
     for (std::size_t line = 0; line < BS * sizeof(float); line += 64)
       __builtin_prefetch(reinterpret_cast<const char*>(b) + b_prefetch_bytes + line, 0, 3);
-    // A few lines of the next B block: spread out, so only a few memory reads are in flight.
-    if ((k & 1) == 0 && l2_left != 0) {
-      __builtin_prefetch(l2_next, 0, 2);  // prefetcht1: into L2
-      l2_next += 64;
-      --l2_left;
+    if (const std::size_t stream = k & 1; next_left[stream] != 0) {
+      __builtin_prefetch(next[stream], 0, 2);
+      next[stream] += 64;
+      --next_left[stream];
     }
     fma_step<R, NV>(acc, a, b);
     a += AStride;
