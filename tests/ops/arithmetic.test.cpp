@@ -11,6 +11,7 @@
 
 #include "solder/eval/cpu/batch.hpp"
 #include "solder/ops/arithmetic.hpp"
+#include "support/op_check.hpp"
 #include "support/reference.hpp"
 
 namespace {
@@ -20,16 +21,10 @@ using Catch::Matchers::WithinAbs;
 using Catch::Matchers::WithinRel;
 using Catch::Matchers::WithinULP;
 using vecf = cpu::vec<float>;
+using namespace solder::test;  // tolerance, same, check_near, on_lanes, near_any
 
 constexpr float inf = std::numeric_limits<float>::infinity();
 constexpr float qnan = std::numeric_limits<float>::quiet_NaN();
-
-/// How close a float result must be to its reference: within `ulps` of the correctly rounded
-/// value, or within `abs` of it (near a zero of the function, where ulps mean nothing).
-struct tolerance {
-  std::uint64_t ulps;
-  double abs;
-};
 
 /// +, -, *, / and sqrt are correctly rounded in IEEE float on every backend, and the double
 /// reference rounded to float is the same value (53 >= 2 * 24 + 2 bits: double rounding is
@@ -55,21 +50,6 @@ constexpr double flushed = 1e-37;
 // The helpers are noinline: inlined into every TEST_CASE they double the compile time (more
 // under the sanitizers) and gain nothing at run time.
 
-bool same(float got, float want) {
-  if (std::isnan(want)) return std::isnan(got);
-  return got == want && std::signbit(got) == std::signbit(want);
-}
-
-[[gnu::noinline]] void check_near(float got, double want, tolerance t) {
-  const float w = static_cast<float>(want);
-  if (std::isnan(w))
-    CHECK(std::isnan(got));
-  else if (std::isinf(w) || t.ulps == 0)
-    CHECK(same(got, w));
-  else
-    CHECK_THAT(got, WithinULP(w, t.ulps) || WithinAbs(want, t.abs));
-}
-
 /// Two float results that each meet t against the truth: NaN together, else within 2 t, or
 /// both below what a batch exp may flush to 0.
 [[gnu::noinline]] void check_lane(float lane, float scalar, tolerance t) {
@@ -77,30 +57,6 @@ bool same(float got, float want) {
     CHECK(same(lane, scalar));
   else
     check_near(lane, scalar, {2 * t.ulps, std::max(2 * t.abs, flushed)});
-}
-
-/// f on batches loaded from the inputs, lane by lane; the last batch is a tail padded with 1.
-template <class F, class... In>
-[[gnu::noinline]] std::vector<float> on_lanes(F f, const In&... in) {
-  const std::size_t n = std::get<0>(std::tie(in...)).size();
-  std::vector<float> out(n);
-  for (std::size_t i = 0; i < n; i += vecf::size) {
-    const std::size_t m = std::min<std::size_t>(vecf::size, n - i);
-    const auto load = [&](const std::vector<float>& v) {
-      alignas(solder::alignment) float buf[vecf::size];
-      std::fill_n(buf, vecf::size, 1.0f);
-      std::copy_n(v.begin() + i, m, buf);
-      return vecf::load_aligned(buf);
-    };
-    alignas(solder::alignment) float res[vecf::size];
-    f(load(in)...).store_aligned(res);
-    std::copy_n(res, m, out.begin() + i);
-  }
-  return out;
-}
-
-bool near_any(double x, std::initializer_list<double> points, double gap) {
-  return std::any_of(points.begin(), points.end(), [&](double p) { return std::abs(x - p) < gap; });
 }
 
 // ---- unary ops ----

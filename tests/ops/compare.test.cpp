@@ -11,6 +11,7 @@
 
 #include "solder/eval/cpu/batch.hpp"
 #include "solder/ops/compare.hpp"
+#include "support/op_check.hpp"
 #include "support/reference.hpp"
 
 namespace {
@@ -19,6 +20,7 @@ using namespace solder;
 using Catch::Matchers::WithinAbs;
 using Catch::Matchers::WithinRel;
 using vecf = cpu::vec<float>;
+using namespace solder::test;  // tolerance, same, check_near, on_lanes, near_any
 
 constexpr float inf = std::numeric_limits<float>::infinity();
 constexpr float qnan = std::numeric_limits<float>::quiet_NaN();
@@ -33,35 +35,6 @@ constexpr double fd_abs = 1e-12;
 
 // The helpers are noinline: inlined into every TEST_CASE they double the compile time (more
 // under the sanitizers) and gain nothing at run time.
-
-bool same(float got, float want) {
-  if (std::isnan(want)) return std::isnan(got);
-  return got == want && std::signbit(got) == std::signbit(want);
-}
-
-/// f on batches loaded from the inputs, lane by lane; the last batch is a tail padded with 1.
-template <class F, class... In>
-[[gnu::noinline]] std::vector<float> on_lanes(F f, const In&... in) {
-  const std::size_t n = std::get<0>(std::tie(in...)).size();
-  std::vector<float> out(n);
-  for (std::size_t i = 0; i < n; i += vecf::size) {
-    const std::size_t m = std::min<std::size_t>(vecf::size, n - i);
-    const auto load = [&](const std::vector<float>& v) {
-      alignas(solder::alignment) float buf[vecf::size];
-      std::fill_n(buf, vecf::size, 1.0f);
-      std::copy_n(v.begin() + i, m, buf);
-      return vecf::load_aligned(buf);
-    };
-    alignas(solder::alignment) float res[vecf::size];
-    f(load(in)...).store_aligned(res);
-    std::copy_n(res, m, out.begin() + i);
-  }
-  return out;
-}
-
-bool near_any(double x, std::initializer_list<double> points, double gap) {
-  return std::any_of(points.begin(), points.end(), [&](double p) { return std::abs(x - p) < gap; });
-}
 
 /// Pairs that hit every case: random, equal (ties), and every pair of special values.
 struct pairs {
