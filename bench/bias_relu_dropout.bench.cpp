@@ -40,8 +40,7 @@ struct problem {
   std::int64_t rows, cols;                     // B, N
   aligned_buffer<float> x, b, y;               // forward: x [B, N], b [N] -> y [B, N]
   aligned_buffer<std::uint8_t> keep;           // [B, N] precomputed dropout keep mask, 1 = kept
-  aligned_buffer<float> pre, out;              // [B, N] saved for backward: x + b, and the forward
-                                               //   output under `keep` (y > 0 iff kept and pre > 0)
+  aligned_buffer<float> pre;                   // [B, N] saved for backward: x + b
   aligned_buffer<float> dy, dx, db;            // backward: dy [B, N] -> dx [B, N], db [N]
   std::vector<aligned_buffer<float>> db_part;  // [max_threads][N] per-thread partial db
 
@@ -53,7 +52,7 @@ struct problem {
   } xt;
 
   problem(std::int64_t B, std::int64_t N)
-      : rows(B), cols(N), x(B * N), b(N), y(B * N), keep(B * N), pre(B * N), out(B * N), dy(B * N), dx(B * N), db(N) {
+      : rows(B), cols(N), x(B * N), b(N), y(B * N), keep(B * N), pre(B * N), dy(B * N), dx(B * N), db(N) {
     fill_uniform(x.span(), seed_x);
     fill_uniform(b.span(), seed_b, -0.5f, 0.5f);
     fill_keep_mask(keep.span(), seed_keep, drop_p);
@@ -62,7 +61,6 @@ struct problem {
       for (std::int64_t c = 0; c < N; ++c) {
         const std::int64_t i = r * N + c;
         pre[i] = x[i] + b[c];
-        out[i] = keep[i] != 0 && pre[i] > 0.0f ? pre[i] * keep_scale : 0.0f;
       }
     for (int t = 0; t < max_threads; ++t) db_part.emplace_back(N);
     xt.x = to_xtensor(x);
@@ -245,8 +243,8 @@ void eigen_bwd(problem& pb, int threads) {
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// solder: the fused layer (one pass each way), solder run op by op (unfused), and the backward
-// read from the saved output instead of the input (no random bits needed)
+// solder: the fused layer (one pass each way; the backward reads the saved output), the backward
+// from the input (mask regenerated), and solder run op by op (unfused)
 // ---------------------------------------------------------------------------------------------
 
 /// solder's passes for one static shape; the bench's runtime shapes dispatch to these.
@@ -275,9 +273,26 @@ struct solder_impl {
     solder::set_num_threads(threads);
     layer(pb).forward(in(pb.x.data()), out(pb.y.data()));
   }
+  /// The layer's backward as a chain runs it: from the saved output y of its own forward (which
+  /// the next layer keeps as its input anyway), one pass over y and dy, no random bits.
   static void fused_bwd(problem& pb, int threads) {
     solder::set_num_threads(threads);
+    layer(pb).backward_from_output(saved_output(pb), in(pb.dy.data()), out(pb.dx.data()));
+  }
+  /// The backward from the input x: the dropout mask regenerated from its counter (16 Philox bits
+  /// per element), for a layer whose output is not kept.
+  static void from_input_bwd(problem& pb, int threads) {
+    solder::set_num_threads(threads);
     layer(pb).backward(in(pb.x.data()), in(pb.dy.data()), out(pb.dx.data()));
+  }
+  /// y of one training forward of the layer, made on first use (outside any timing).
+  static solder::tensor_ref<const float, S> saved_output(const problem& pb) {
+    static const solder::tensor<float, S> y = [&] {
+      solder::tensor<float, S> made;
+      layer(pb).forward(in(pb.x.data()), made.ref());
+      return made;
+    }();
+    return y.ref();
   }
   static void fused_export(problem& pb, direction dir) {
     if (dir == direction::bwd) {
@@ -309,14 +324,6 @@ struct solder_impl {
     solder::tensor_ref<float, solder::shape<N>>(pb.db.data()) = solder::sum<0>(dx);
   }
 
-  /// dx = dy * scale where the saved output y > 0 (kept and pre > 0), db its column sums: one
-  /// pass over dy and y, no random bits. Uses the bench's precomputed mask through problem::out.
-  static void from_output_bwd(problem& pb, int threads) {
-    solder::set_num_threads(threads);
-    auto g = where(in(pb.out.data()) > 0.0f, in(pb.dy.data()) * keep_scale, 0.0f);
-    solder::assign_all(solder::write(out(pb.dx.data()), g),
-                       solder::write(solder::tensor_ref<float, solder::shape<N>>(pb.db.data()), solder::sum<0>(g)));
-  }
 };
 
 /// Runs F for the problem's static shape.
@@ -335,7 +342,7 @@ void solder_bwd(problem& pb, int t) { dispatch<solder_impl>(pb, [&](auto i) { i.
 void solder_export(problem& pb, direction d) { dispatch<solder_impl>(pb, [&](auto i) { i.fused_export(pb, d); }); }
 void unfused_fwd(problem& pb, int t) { dispatch<solder_impl>(pb, [&](auto i) { i.unfused_fwd(pb, t); }); }
 void unfused_bwd(problem& pb, int t) { dispatch<solder_impl>(pb, [&](auto i) { i.unfused_bwd(pb, t); }); }
-void from_output_bwd(problem& pb, int t) { dispatch<solder_impl>(pb, [&](auto i) { i.from_output_bwd(pb, t); }); }
+void from_input_bwd(problem& pb, int t) { dispatch<solder_impl>(pb, [&](auto i) { i.from_input_bwd(pb, t); }); }
 
 // ---------------------------------------------------------------------------------------------
 // Checks, run before each case's timing: a wrong implementation is reported, not timed
@@ -493,14 +500,13 @@ void register_cases() {
 //   register_impl("name", name_fwd, name_bwd, mask_source::own_rng);
 //
 // mask_source::own_rng for one that draws its mask (Philox) instead of reading problem::keep (its
-// backward must then regenerate the same mask). problem::out is the forward output under
-// problem::keep, for a backward that reads the saved output instead of problem::pre.
+// backward must then regenerate the same mask, or read its own forward's output).
 // =============================================================================================
 const bool registered = [] {
   register_floor("memcpy", memcpy_fwd, memcpy_bwd);
   register_floor("copy_nt", copy_nt_fwd, copy_nt_bwd);
   register_impl("solder", solder_fwd, solder_bwd, mask_source::own_rng, solder_export);
-  register_impl("solder_from_output", nullptr, from_output_bwd, mask_source::precomputed);
+  register_impl("solder_from_input", nullptr, from_input_bwd, mask_source::own_rng, solder_export);
   register_impl("unfused", unfused_fwd, unfused_bwd, mask_source::own_rng);
   register_impl("xtensor", xtensor_fwd, xtensor_bwd, mask_source::precomputed, xtensor_export);
 #if SOLDER_BENCH_HAS_EIGEN

@@ -266,3 +266,77 @@ TEST_CASE("fuse: backward overwrites the bias gradient", "[nn]") {
   for (float v : first) nonzero += v != 0.0f;
   CHECK(nonzero > 0);
 }
+
+namespace {
+
+/// backward_from_output(y, dy) against backward(x, dy) after the same forward: dx bitwise
+/// (the same float product where kept), db bitwise (the same gated values summed in the same
+/// order by the same loop nest).
+template <class S, std::size_t N, class Layer>
+void check_output_backward(std::size_t batch, bool train) {
+  setup<S, N, Layer> s(batch, 861);
+  const std::string at = solder::to_string<S>(batch) + (train ? ", train" : ", eval");
+  if (train)
+    s.layer.train();
+  else
+    s.layer.eval();
+  s.layer.forward(s.x, s.y);
+  s.layer.backward(s.x, s.dy, s.dx);
+  const auto dx_from_input = s.dx;
+  const tensor<float, shape<N>> db_from_input = s.bias_grad();
+  s.dx.fill(-7.0f);
+  s.layer.backward_from_output(s.y, s.dy, s.dx);
+  INFO("from the output vs from the input on " << at);
+  CHECK(bit_differences(s.dx.data(), dx_from_input.data(), s.dx.size()) == 0);
+  CHECK(bit_differences(s.bias_grad().data(), db_from_input.data(), N) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("fuse: bias_relu_dropout's backward from the output equals the one from the input", "[nn]") {
+  using solder::nn::bias_relu_dropout;
+  static_assert(bias_relu_dropout<37, 0.1f>::output_backward);
+  for (bool train : {true, false}) {
+    check_output_backward<shape<3, 37>, 37, bias_relu_dropout<37, 0.1f>>(1, train);
+    check_output_backward<shape<17, 255>, 255, bias_relu_dropout<255, 0.5f>>(1, train);
+    check_output_backward<shape<dyn, 257>, 257, bias_relu_dropout<257, 0.1f>>(5, train);
+  }
+}
+
+TEST_CASE("fuse: which layer runs have a backward from the output", "[nn]") {
+  using namespace solder::nn;
+  static_assert(fuse<bias<8>>::output_backward);
+  static_assert(fuse<bias<8>, relu>::output_backward);
+  static_assert(fuse<bias<8>, sigmoid, dropout<0.1f>>::output_backward);
+  static_assert(fuse<bias<8>, solder::nn::tanh>::output_backward);
+  static_assert(!fuse<bias<8>, solder::nn::tanh, dropout<0.1f>>::output_backward);  // tanh(0) = 0 with slope 1
+  static_assert(!fuse<bias<8>, gelu>::output_backward);                 // gelu is not invertible
+  static_assert(!fuse<bias<8>, relu, relu>::output_backward);
+  static_assert(!fuse<relu, bias<8>>::output_backward);
+  SUCCEED();
+}
+
+TEST_CASE("fuse: sigmoid and tanh backward from the output agree with the mask-regenerating backward", "[nn]") {
+  // Different formulas (s(1 - s) from y against the op's derivative at x): equal within a few ulps
+  // of the larger of |dx| and |dy| (the derivative's rounding).
+  auto check = [](auto& layer, const char* what) {
+    constexpr std::size_t N = 37;
+    tensor<float, shape<9, N>> x, y, dy, dx_in, dx_out;
+    solder::test::fill_uniform(x, -4, 4, 871);
+    solder::test::fill_uniform(layer.template layer<0>().value, -1, 1, 872);
+    solder::test::fill_uniform(dy, -1, 1, 873);
+    layer.forward(x, y);
+    layer.backward(x, dy, dx_in);
+    const tensor<float, shape<N>> db_in = layer.template layer<0>().grad;
+    layer.backward_from_output(y, dy, dx_out);
+    INFO(what);
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) bad += std::fabs(dx_in[i] - dx_out[i]) > 4e-7 * (1 + std::fabs(dy[i]) * 2);
+    CHECK(bad == 0);
+    for (std::size_t j = 0; j < N; ++j) CHECK_THAT(layer.template layer<0>().grad[j], WithinAbs(db_in[j], 9 * 4e-6));
+  };
+  solder::nn::fuse<solder::nn::bias<37>, solder::nn::sigmoid, solder::nn::dropout<0.3f>> sig;
+  check(sig, "bias, sigmoid, dropout(0.3)");
+  solder::nn::fuse<solder::nn::bias<37>, solder::nn::tanh> th;
+  check(th, "bias, tanh");
+}

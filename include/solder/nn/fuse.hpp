@@ -13,9 +13,67 @@
 
 namespace solder::nn {
 
+namespace detail {
+template <class L>
+inline constexpr bool is_bias = false;
+template <std::size_t N>
+inline constexpr bool is_bias<bias<N>> = true;
+template <class L>
+inline constexpr bool is_dropout = false;
+template <float P>
+inline constexpr bool is_dropout<dropout<P>> = true;
+template <class L>
+struct activation_of {
+  using type = void;
+};
+template <class Op>
+struct activation_of<activation<Op>> {
+  using type = Op;
+};
+
+/// How many bias layers lead the list.
+template <class... Layers>
+constexpr std::size_t leading_biases() {
+  std::size_t n = 0;
+  bool leading = true;
+  ((leading = leading && is_bias<Layers>, n += leading), ...);
+  return n;
+}
+
+/// Whether the layers' backward follows from their output alone: biases, then at most one
+/// activation with an output_derivative, then at most one dropout if that derivative is zero
+/// wherever the activation's output is (relu, sigmoid).
+template <class... Layers>
+constexpr bool output_backward() {
+  using L = std::tuple<Layers...>;
+  constexpr std::size_t nb = leading_biases<Layers...>();
+  constexpr std::size_t rest = sizeof...(Layers) - nb;
+  if constexpr (rest == 0) {
+    return true;
+  } else if constexpr (rest > 2) {
+    return false;
+  } else {
+    using Op = typename activation_of<std::tuple_element_t<nb, L>>::type;
+    if constexpr (std::is_void_v<Op>) {
+      return false;
+    } else if constexpr (!output_derivative<Op>::exists) {
+      return false;
+    } else if constexpr (rest == 1) {
+      return true;
+    } else {
+      return is_dropout<std::tuple_element_t<nb + 1, L>> && output_derivative<Op>::zero_at_zero;
+    }
+  }
+}
+}  // namespace detail
+
 template <class... Layers>
 class fuse {
  public:
+  /// Whether backward_from_output is available: the gradient follows from the saved output y
+  /// alone (no x, no regenerated dropout mask). True for bias, relu/sigmoid, dropout chains.
+  static constexpr bool output_backward = detail::output_backward<Layers...>();
+
   std::tuple<Layers...> layers;
   mode current = mode::train;
 
@@ -54,6 +112,25 @@ class fuse {
   template <class S>
   void backward(const tensor<float, S>& x, const tensor<float, S>& dy, tensor<float, S>& dx) {
     backward(x.ref(), dy.ref(), dx.ref());
+  }
+
+  /// The same gradients as backward, read from y = forward(x) instead of x: one pass over y and
+  /// dy, no random bits drawn. A chain keeps y anyway (the next layer's input), so this form
+  /// needs no saved tensor of its own. (At a NaN input the two differ: y > 0 is false there.)
+  template <class S>
+  void backward_from_output(tensor_ref<const float, S> y, tensor_ref<const float, S> dy, tensor_ref<float, S> dx)
+    requires output_backward
+  {
+    if (current == mode::train)
+      backward_from_output_as<mode::train>(y, dy, dx);
+    else
+      backward_from_output_as<mode::eval>(y, dy, dx);
+  }
+  template <class S>
+  void backward_from_output(const tensor<float, S>& y, const tensor<float, S>& dy, tensor<float, S>& dx)
+    requires output_backward
+  {
+    backward_from_output(y.ref(), dy.ref(), dx.ref());
   }
 
   /// The fused expression of the layers applied to `x` with parameter leaves `params...`.
@@ -103,6 +180,25 @@ class fuse {
   template <mode M, class S>
   void forward_as(tensor_ref<const float, S> x, tensor_ref<float, S> y) {
     std::apply([&](auto&... p) { assign(y, expression<M>(x, p.ref()...)); }, all_params());
+  }
+
+  template <mode M, class S>
+  void backward_from_output_as(tensor_ref<const float, S> y, tensor_ref<const float, S> dy, tensor_ref<float, S> dx) {
+    constexpr std::size_t nb = detail::leading_biases<Layers...>();
+    auto write_all = [&](const auto& g) {
+      std::apply([&](auto&... db) { assign_all(write(dx, g), write(db, sum_to<typename std::remove_cvref_t<decltype(db)>::shape_type>(g))...); },
+                 all_grads());
+    };
+    if constexpr (nb == sizeof...(Layers)) {
+      write_all(as_expr(dy));
+    } else {
+      using Op = typename detail::activation_of<std::tuple_element_t<nb, std::tuple<Layers...>>>::type;
+      if constexpr (nb + 2 == sizeof...(Layers)) {
+        const auto& drop = std::get<nb + 1>(layers);
+        if (M == mode::train && drop.p > 0.0f) return write_all(output_derivative<Op>::template grad<true>(y, dy, drop.scale()));
+      }
+      write_all(output_derivative<Op>::template grad<false>(y, dy, 1.0f));
+    }
   }
 
   template <mode M, class S>
