@@ -1,378 +1,23 @@
-// eval/cpu/assign.hpp: the CPU loop nest. Assigning expressions runs ONE pass over the output:
-// every write's expression is loaded into registers, then stored or folded into a reduction,
-// vector by vector; tails go through the same vector code, so every element is computed the
-// same way whatever the segment or thread it falls in.
+// eval/cpu/assign.hpp: assignment. Assigning expressions runs ONE pass over the output (the
+// loop nest of loop.hpp), or, when the expressions hold a matrix product, one GEMM whose
+// epilogue evaluates them on each register tile (contract.hpp).
 #pragma once
 
-#include <immintrin.h>
-
-#include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <string>
-#include <tuple>
 #include <type_traits>
-#include <vector>
 
-#include "solder/eval/cpu/evaluator.hpp"
-#include "solder/eval/cpu/parallel.hpp"
-#include "solder/expr/reduce.hpp"
+#include "solder/eval/cpu/contract.hpp"
+#include "solder/eval/cpu/loop.hpp"
 
 namespace solder {
 
-/// One output of a fused pass: `out` receives `expr` (an elementwise expression, or a
-/// reduction of one). See assign_all.
-template <class T, class S, class E>
-struct write_target {
-  tensor_ref<T, S> out;
-  E expr;
-};
-
-/// Pairs an output with the expression to evaluate into it, for assign_all.
-template <class T, class S, class E>
-auto write(tensor_ref<T, S> out, const E& e) {
-  return write_target<T, S, leaf_t<E>>{out, as_expr(e)};
-}
-template <class T, class S, class E>
-auto write(tensor<T, S>& out, const E& e) {
-  return write(out.ref(), e);
-}
-
 namespace cpu {
 
-/// Outputs at least this large are written with non-temporal stores (when aligned): beyond the
-/// caches a streaming store saves the read-for-ownership of each line; below, it costs 2-6%.
-inline constexpr std::size_t stream_min_bytes = std::size_t(8) << 20;
-/// Below this many elements a pass runs on the calling thread alone.
-inline constexpr std::size_t parallel_min_elements = std::size_t(1) << 16;
-/// A pass is cut into at most this many chunks (each with its own partial reductions).
-inline constexpr std::size_t max_chunks = 32;
-
-template <class V>
-SOLDER_INLINE void stream_store(typename V::value_type* p, const V& v) {
-  using A = typename V::arch_type;
-  using T = typename V::value_type;
-#if defined(__AVX512F__)
-  if constexpr (std::is_base_of_v<xsimd::avx512f, A> && std::is_same_v<T, float>) {
-    _mm512_stream_ps(p, v);
-    return;
-  }
-#endif
-#if defined(__AVX__)
-  if constexpr (std::is_base_of_v<xsimd::avx, A> && !std::is_base_of_v<xsimd::avx512f, A> && std::is_same_v<T, float>) {
-    _mm256_stream_ps(p, v);
-    return;
-  }
-#endif
-  v.store_aligned(p);
-}
-
-/// A value as T: masks become 1 or 0 (as torch converts bool to float).
-template <class V, class X>
-SOLDER_INLINE V as_value(const X& x) {
-  if constexpr (std::is_same_v<X, V>)
-    return x;
-  else
-    return simd::select(x, V(1), V(0));
-}
-
-/// Stores a write's values into its output tensor.
-template <class T, class Lay, class V, bool Stream>
-struct store_sink {
-  static constexpr bool reduces = false;
-  T* base;
-  T* p = nullptr;
-  explicit store_sink(T* b) : base(b) {}
-  SOLDER_INLINE void begin_chunk(std::size_t) {}
-  SOLDER_INLINE void seek(const segment& s) {
-    p = base + (Lay::flat ? s.col : s.row * Lay::shape::last + s.col);
-  }
-  template <class X>
-  SOLDER_INLINE void put(std::size_t j, const X& x) {
-    if constexpr (Stream)
-      stream_store(p + j, as_value<V>(x));
-    else
-      as_value<V>(x).store_unaligned(p + j);
-  }
-  template <class X>
-  SOLDER_INLINE void put_partial(std::size_t j, std::size_t n, const X& x) {
-    alignas(alignment) T buf[V::size];
-    as_value<V>(x).store_aligned(buf);
-    std::memcpy(p + j, buf, n * sizeof(T));
-  }
-  SOLDER_INLINE void end_segment() {}
-};
-
-/// Folds a write's values into per-chunk partial results of shape Keep (see reduce_node).
-template <class T, class Keep, class Combine, class Lay, class V>
-struct reduce_sink {
-  static constexpr bool reduces = true;
-  using map = broadcast_map<Keep, typename Lay::shape>;
-  static constexpr bool inner = !Lay::flat && map::inner;
-
-  T* partials;            // max_chunks (or fewer) blocks of keep_size
-  std::size_t keep_size;  // elements of Keep for this batch
-  T* partial = nullptr;   // the current chunk's block
-  T* p = nullptr;
-  V acc{};
-
-  reduce_sink(T* parts, std::size_t ks) : partials(parts), keep_size(ks) {}
-  SOLDER_INLINE void begin_chunk(std::size_t c) {
-    partial = partials + c * keep_size;
-    std::fill(partial, partial + keep_size, Combine::template identity<T>());
-  }
-  SOLDER_INLINE void seek(const segment& s) {
-    p = partial + (Lay::flat ? 0 : map::row_offset(s.row)) + (inner ? s.col : 0);
-    if constexpr (!inner) acc = V(Combine::template identity<T>());
-  }
-  template <class X>
-  SOLDER_INLINE void put(std::size_t j, const X& x) {
-    if constexpr (inner)
-      Combine::combine(V::load_unaligned(p + j), as_value<V>(x)).store_unaligned(p + j);
-    else
-      acc = Combine::combine(acc, as_value<V>(x));
-  }
-  template <class X>
-  SOLDER_INLINE void put_partial(std::size_t j, std::size_t n, const X& x) {
-    alignas(alignment) T buf[V::size];
-    as_value<V>(x).store_aligned(buf);
-    for (std::size_t k = n; k < V::size; ++k) buf[k] = Combine::template identity<T>();
-    if constexpr (inner) {
-      for (std::size_t k = 0; k < n; ++k) p[j + k] = Combine::combine(p[j + k], buf[k]);
-    } else {
-      acc = Combine::combine(acc, V::load_aligned(buf));
-    }
-  }
-  SOLDER_INLINE void end_segment() {
-    if constexpr (!inner) {
-      alignas(alignment) T lanes[V::size];
-      acc.store_aligned(lanes);
-      T h = lanes[0];
-      for (std::size_t k = 1; k < V::size; ++k) h = Combine::combine(h, lanes[k]);
-      *p = Combine::combine(*p, h);
-    }
-  }
-};
-
-/// Scratch memory for partial reductions, reused across calls (no allocation per pass once warm).
-template <class T>
-T* scratch(std::size_t n) {
-  thread_local std::vector<T, xsimd::aligned_allocator<T, alignment>> buf;
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
-}
-
-/// How a pass is cut: segments of at most segment_elements along rows, grouped into chunks.
-struct partition {
-  std::size_t rows, row_len, seg_len, seg_per_row, segments, seg_per_chunk, chunks;
-
-  /// `segment_length`: segment_elements for passes that draw random bits, else
-  /// long_segment_elements.
-  partition(std::size_t elements, std::size_t row_length, std::size_t segment_length) {
-    row_len = row_length;
-    seg_len = segment_length;
-    rows = elements / row_len;
-    seg_per_row = (row_len + seg_len - 1) / seg_len;
-    segments = rows * seg_per_row;
-    const std::size_t typical = std::min(row_len, seg_len);
-    const std::size_t min_segs = (parallel_min_elements / 4 + typical - 1) / typical;  // >= 16K elements a chunk
-    seg_per_chunk = std::max((segments + max_chunks - 1) / max_chunks, std::max<std::size_t>(min_segs, 1));
-    chunks = (segments + seg_per_chunk - 1) / seg_per_chunk;
-  }
-  segment at(std::size_t s) const {
-    const std::size_t r = s / seg_per_row, c = (s % seg_per_row) * seg_len;
-    return {r, c, std::min(seg_len, row_len - c)};
-  }
-  /// The segment after `s`.
-  void step(segment& s) const {
-    s.col += seg_len;
-    if (s.col >= row_len) {
-      s.col = 0;
-      ++s.row;
-    }
-    s.len = std::min(seg_len, row_len - s.col);
-  }
-};
-
-/// One chunk of a pass: for every segment, every evaluator is sought, then each vector of
-/// every expression is loaded (all loads before any store, so common subexpressions of several
-/// writes can be merged by the compiler) and handed to its sink. Evaluators and sinks are
-/// copied into locals first: the vector stores may alias anything, and state reached through a
-/// reference would be reloaded from memory after every store.
-template <class V, bool Stream, class Evals, class Sinks, std::size_t... I>
-void run_chunk(const partition& part, std::size_t c, const Evals& evals, const Sinks& sinks,
-               std::index_sequence<I...>) {
-  constexpr std::size_t W = V::size;
-  constexpr std::size_t ahead = Stream ? prefetch_bytes_streaming : prefetch_bytes_cached;
-  Evals ev = evals;
-  Sinks sk = sinks;
-  pass_context<(mask_slots<std::tuple_element_t<I, Evals>> + ... + 0)> ctx;
-  (std::get<I>(sk).begin_chunk(c), ...);
-  const std::size_t s_begin = c * part.seg_per_chunk;
-  const std::size_t s_end = std::min(part.segments, s_begin + part.seg_per_chunk);
-  segment seg = part.at(s_begin);  // then stepped without divisions
-  for (std::size_t s = s_begin; s < s_end; ++s, part.step(seg)) {
-    ctx.next_segment();
-    (std::get<I>(ev).seek(seg, ctx), ...);
-    (std::get<I>(sk).seek(seg), ...);
-    std::size_t j = 0;
-    for (; j + W <= seg.len; j += W) {
-      (std::get<I>(ev).template prefetch<ahead>(j), ...);
-      auto values = std::make_tuple(std::get<I>(ev).load(j)...);
-      (std::get<I>(sk).put(j, std::get<I>(values)), ...);
-    }
-    if (j < seg.len) {
-      const std::size_t n = seg.len - j;
-      auto values = std::make_tuple(std::get<I>(ev).load_partial(j, n)...);
-      (std::get<I>(sk).put_partial(j, n, std::get<I>(values)), ...);
-    }
-    (std::get<I>(sk).end_segment(), ...);
-  }
-}
-
-/// Runs the pass over all chunks, spread over the threads when it is large enough.
-template <class V, bool Stream, class Evals, class Sinks>
-void run_pass(const partition& part, const Evals& evals, const Sinks& sinks, int threads) {
-  constexpr auto writes = std::make_index_sequence<std::tuple_size_v<Evals>>{};
-  const bool parallel = threads > 1 && part.chunks > 1 && part.rows * part.row_len >= parallel_min_elements;
-  parallel_for(part.chunks, parallel ? threads : 1,
-               [&](std::size_t c) { run_chunk<V, Stream>(part, c, evals, sinks, writes); });
-}
-
-template <class W>
-struct write_traits;
-
-/// A store: iterates over the output's shape.
-template <class T, class S, class E>
-struct write_traits<write_target<T, S, E>> {
-  static constexpr bool reduces = false;
-  using iter_shape = S;
-  template <class Out>
-  static constexpr bool flat = flat_ok<E, Out>::value;
-  static constexpr bool checked = check_broadcasts_to<shape_of<E>, S>();
-  static std::size_t batch(const write_target<T, S, E>& w) {
-    if constexpr (S::dynamic && shape_of<E>::dynamic) {
-      if (w.out.batch() != w.expr.batch())
-        solder::detail::fail("solder::assign: the output's batch size (" + std::to_string(w.out.batch()) +
-                     ") differs from the expression's (" + std::to_string(w.expr.batch()) + ")");
-    }
-    return w.out.batch();
-  }
-};
-
-/// A reduction: iterates over its operand's shape.
-template <class T, class S, class C, class K, class R, class E>
-struct write_traits<write_target<T, S, reduce_node<C, K, R, E>>> {
-  static constexpr bool reduces = true;
-  using iter_shape = shape_of<E>;
-  template <class Out>
-  static constexpr bool flat = flat_ok<E, Out>::value && K::size == 1 && !K::dynamic;
-  static constexpr bool checked = [] {
-    if constexpr (std::is_same_v<S, R>) {
-      return true;
-    } else {
-      constexpr fixed_string m = [] {
-        fixed_string s("solder: cannot assign a reduction of shape ");
-        solder::detail::append_shape<R>(s);
-        s.append(" to a tensor of shape ");
-        solder::detail::append_shape<S>(s);
-        return s;
-      }();
-      return diagnostic<m>::reported;
-    }
-  }();
-  static std::size_t batch(const write_target<T, S, reduce_node<C, K, R, E>>& w) {
-    if constexpr (S::dynamic) {
-      if (w.out.batch() != w.expr.operand.batch())
-        solder::detail::fail("solder::assign: the output's batch size (" + std::to_string(w.out.batch()) +
-                     ") differs from the reduction's (" + std::to_string(w.expr.operand.batch()) + ")");
-    }
-    return w.expr.operand.batch();
-  }
-};
-
-template <class... Ws>
-constexpr bool check_same_iteration() {
-  using First = typename write_traits<std::tuple_element_t<0, std::tuple<Ws...>>>::iter_shape;
-  if constexpr ((std::is_same_v<typename write_traits<Ws>::iter_shape, First> && ...)) {
-    return true;
-  } else {
-    return diagnostic<"solder::assign_all: every write must run over the same shape (a reduction runs over its "
-                      "operand's shape); split the writes into separate passes",
-                      typename write_traits<Ws>::iter_shape...>::reported;
-  }
-}
-
-template <class Lay, class V, class Wt>
-auto make_eval(const Wt& w) {
-  if constexpr (write_traits<Wt>::reduces)
-    return evaluator<typename std::remove_cvref_t<decltype(w.expr)>::operand_type, Lay, V>(w.expr.operand);
-  else
-    return evaluator<std::remove_cvref_t<decltype(w.expr)>, Lay, V>(w.expr);
-}
-
-template <class Lay, class V, bool Stream, class T, class S, class E>
-auto make_sink(const write_target<T, S, E>& w, T*&, std::size_t, std::size_t) {
-  return store_sink<T, Lay, V, Stream>(w.out.data());
-}
-template <class Lay, class V, bool Stream, class T, class S, class C, class K, class R, class E>
-auto make_sink(const write_target<T, S, reduce_node<C, K, R, E>>&, T*& scratch_cursor, std::size_t chunks,
-               std::size_t batch) {
-  const std::size_t keep = K::elements(batch);
-  T* parts = scratch_cursor;
-  scratch_cursor += chunks * keep;
-  return reduce_sink<T, K, C, Lay, V>(parts, keep);
-}
-
-template <class W>
-std::size_t scratch_size(const W&, std::size_t chunks, std::size_t batch) {
-  if constexpr (write_traits<W>::reduces)
-    return chunks * std::remove_cvref_t<decltype(std::declval<W>().expr)>::keep_shape::elements(batch);
-  else
-    return 0;
-}
-
-/// After the pass: a reduction's chunk partials are combined in chunk order (the same order
-/// for any thread count) and scaled into the output.
-template <class Sink, class W>
-void finish_write(const Sink& sink, const W& w, std::size_t chunks) {
-  if constexpr (Sink::reduces) {
-    using C = typename std::remove_cvref_t<decltype(w.expr)>::combine_type;
-    for (std::size_t k = 0; k < sink.keep_size; ++k) {
-      auto acc = sink.partials[k];
-      for (std::size_t c = 1; c < chunks; ++c) acc = C::combine(acc, sink.partials[c * sink.keep_size + k]);
-      w.out.data()[k] = acc * w.expr.scale;
-    }
-  }
-}
-
-template <class Lay, class V, bool Stream, class... Ws>
-void run_writes(const partition& part, std::size_t batch, const Ws&... ws) {
-  using T = typename V::value_type;
-  const std::size_t scratch_total = (scratch_size(ws, part.chunks, batch) + ... + 0);
-  T* cursor = scratch_total ? scratch<T>(scratch_total) : nullptr;
-  auto evals = std::make_tuple(make_eval<Lay, V>(ws)...);
-  auto sinks = std::make_tuple(make_sink<Lay, V, Stream>(ws, cursor, part.chunks, batch)...);
-  run_pass<V, Stream>(part, evals, sinks, num_threads());
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    (finish_write(std::get<I>(sinks), ws, part.chunks), ...);
-  }(std::index_sequence_for<Ws...>{});
-}
-
-template <class W>
-using write_value_t = std::remove_const_t<typename std::remove_cvref_t<decltype(std::declval<W>().out)>::element_type>;
-
-}  // namespace cpu
-
-/// Evaluates several writes in ONE pass over their common shape, e.g. a gradient and its
-/// bias reduction: assign_all(write(dx, g), write(db, sum<0>(g))).
+/// The elementwise pass of assign_all.
 template <class W0, class... Ws>
-void assign_all(const W0& w0, const Ws&... ws) {
-  static_assert(cpu::write_traits<W0>::checked && (cpu::write_traits<Ws>::checked && ...));
-  static_assert(cpu::check_same_iteration<W0, Ws...>());
+void assign_elementwise(const W0& w0, const Ws&... ws) {
   using T = cpu::write_value_t<W0>;
-  static_assert((std::is_same_v<cpu::write_value_t<Ws>, T> && ...),
-                "solder::assign_all: every output of one pass must have the same element type");
   using Iter = typename cpu::write_traits<W0>::iter_shape;
   using V = cpu::vec<T>;
   constexpr std::size_t W = V::size;
@@ -409,6 +54,23 @@ void assign_all(const W0& w0, const Ws&... ws) {
     }
   }
   cpu::run_writes<Lay, V, false>(part, batch, w0, ws...);
+}
+
+}  // namespace cpu
+
+/// Evaluates several writes in ONE pass over their common shape, e.g. a gradient and its
+/// bias reduction: assign_all(write(dx, g), write(db, sum<0>(g))). Writes holding a matrix
+/// product (matmul) run as that product with the writes as its epilogue.
+template <class W0, class... Ws>
+void assign_all(const W0& w0, const Ws&... ws) {
+  static_assert(cpu::write_traits<W0>::checked && (cpu::write_traits<Ws>::checked && ...));
+  static_assert(cpu::check_same_iteration<W0, Ws...>());
+  static_assert((std::is_same_v<cpu::write_value_t<Ws>, cpu::write_value_t<W0>> && ...),
+                "solder::assign_all: every output of one pass must have the same element type");
+  if constexpr (cpu::has_contract<W0, Ws...>)
+    cpu::assign_contract(w0, ws...);
+  else
+    cpu::assign_elementwise(w0, ws...);
 }
 
 /// out = e in one pass (e elementwise, broadcast to out's shape, or a reduction).

@@ -1,0 +1,276 @@
+// eval/cpu/contract.hpp: writes that hold a matrix product run as ONE GEMM whose epilogue is
+// the rest of their expressions. The product node is replaced by a tile leaf that reads the
+// accumulator tile; every other leaf (a bias row, a residual, a dropout mask) is read by its
+// usual evaluator at the tile's output coordinates, so a dropout mask inside the epilogue is
+// bit for bit the mask an elementwise pass over the same output draws.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "solder/eval/cpu/gemm.hpp"
+#include "solder/eval/cpu/loop.hpp"
+#include "solder/expr/contract.hpp"
+
+namespace solder::cpu {
+
+// ---------------------------------------------------------------------------------------------
+// Finding and replacing the product in an expression tree
+// ---------------------------------------------------------------------------------------------
+
+/// The first of Ts that is not void (void if all are).
+template <class... Ts>
+struct first_non_void {
+  using type = void;
+};
+template <class T, class... Ts>
+struct first_non_void<T, Ts...> {
+  using type = std::conditional_t<std::is_void_v<T>, typename first_non_void<Ts...>::type, T>;
+};
+
+/// How many product nodes E holds, and the first one's type (void if none).
+template <class E>
+struct find_contract {
+  static constexpr std::size_t count = 0;
+  using type = void;
+};
+template <class A, class B>
+struct find_contract<contract_node<A, B>> {
+  static constexpr std::size_t count = 1;
+  using type = contract_node<A, B>;
+};
+template <class Op, class... Args>
+struct find_contract<map_node<Op, Args...>> {
+  static constexpr std::size_t count = (find_contract<Args>::count + ... + 0);
+  using type = typename first_non_void<typename find_contract<Args>::type...>::type;
+};
+template <class C, class K, class R, class E>
+struct find_contract<reduce_node<C, K, R, E>> : find_contract<E> {};
+
+template <class W>
+using write_expr_t = std::remove_cvref_t<decltype(std::declval<W>().expr)>;
+template <class W>
+inline constexpr std::size_t contracts_in = find_contract<write_expr_t<W>>::count;
+
+/// True when some write of a pass holds a product: assign_all then runs assign_contract.
+template <class... Ws>
+inline constexpr bool has_contract = ((contracts_in<Ws> + ...) > 0);
+
+/// The product node inside e (e holds exactly one).
+template <class E>
+const auto& contract_of(const E& e) {
+  if constexpr (requires { typename E::a_traits; }) {
+    return e;
+  } else {
+    constexpr std::size_t i = []<class... Args>(std::type_identity<std::tuple<Args...>>) {
+      std::size_t k = 0;
+      ((find_contract<Args>::count ? false : (++k, true)) && ...);
+      return k;
+    }(std::type_identity<decltype(e.args)>{});
+    return contract_of(std::get<i>(e.args));
+  }
+}
+
+/// Stands for the product inside an epilogue: reads the accumulator tile of the current call.
+template <class S>
+struct tile_leaf {
+  using expression_tag = solder::expression_tag;
+  using value_type = float;
+  using shape_type = S;
+  std::size_t batch_ = 1;
+  std::size_t batch() const { return batch_; }
+};
+
+/// e with its product replaced by a tile leaf.
+template <class E>
+auto with_tile(const E& e) {
+  if constexpr (requires { typename E::a_traits; }) {
+    return tile_leaf<typename E::shape_type>{e.batch()};
+  } else if constexpr (find_contract<E>::count == 0) {
+    return e;
+  } else {
+    return std::apply([&](const auto&... a) { return map_node<decltype(e.op), decltype(with_tile(a))...>(e.op, with_tile(a)...); },
+                      e.args);
+  }
+}
+
+/// The pass context of an epilogue call: the random-bit slots, and where the tile is.
+template <std::size_t Slots>
+struct tile_context : pass_context<Slots> {
+  const float* tile = nullptr;  // row r of the tile at tile + r * ld
+  std::size_t m0 = 0, n0 = 0, ld = 0;
+};
+
+template <class S, class Lay, class V>
+struct evaluator<tile_leaf<S>, Lay, V> {
+  const float* p = nullptr;
+  explicit evaluator(const tile_leaf<S>&) {}
+  template <class Ctx>
+  SOLDER_INLINE void seek(const segment& s, Ctx& ctx) {
+    p = ctx.tile + (s.row - ctx.m0) * ctx.ld + (s.col - ctx.n0);
+  }
+  SOLDER_INLINE V load(std::size_t j) const { return V::load_unaligned(p + j); }
+  // The tile is always NV whole vectors wide: the lanes past the valid columns are loaded and
+  // never stored.
+  SOLDER_INLINE V load_partial(std::size_t j, std::size_t) const { return V::load_unaligned(p + j); }
+  template <std::size_t Bytes>
+  SOLDER_INLINE void prefetch(std::size_t) const {}
+};
+
+// ---------------------------------------------------------------------------------------------
+// The epilogue
+// ---------------------------------------------------------------------------------------------
+
+/// Runs the writes' expressions over one register tile: the tile goes to an L1 buffer, then
+/// each of its rows is one segment of the loop nest (loop.hpp), read at the output's
+/// coordinates (row m, columns n0 .. n0 + nr) and stored once.
+template <class V, class Evals, class Sinks>
+struct expression_epilogue {
+  static constexpr std::size_t slots = [] {
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return (mask_slots<std::tuple_element_t<I, Evals>> + ... + 0);
+    }(std::make_index_sequence<std::tuple_size_v<Evals>>{});
+  }();
+  Evals evals;
+  Sinks sinks;
+
+  template <std::size_t MR, std::size_t NV>
+  SOLDER_INLINE void tile(const vec<float> (&acc)[MR][NV], std::size_t m0, std::size_t n0, std::size_t mr,
+                          std::size_t nr) const {
+    constexpr std::size_t W = V::size;
+    constexpr std::size_t ld = NV * W;
+    alignas(alignment) float buf[MR * ld];
+#pragma GCC unroll 16
+    for (std::size_t r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+      for (std::size_t v = 0; v < NV; ++v) acc[r][v].store_aligned(buf + r * ld + v * W);
+    tile_context<slots> ctx;
+    ctx.tile = buf;
+    ctx.m0 = m0;
+    ctx.n0 = n0;
+    ctx.ld = ld;
+    Evals ev = evals;  // locals: the stores may alias anything reached through `this`
+    Sinks sk = sinks;
+    constexpr auto writes = std::make_index_sequence<std::tuple_size_v<Evals>>{};
+    for (std::size_t r = 0; r < mr; ++r) run_segment<V, 0>(segment{m0 + r, n0, nr}, ctx, ev, sk, writes);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The pass
+// ---------------------------------------------------------------------------------------------
+
+namespace contract_detail {
+
+/// The GEMM's view of one operand: pointer, leading dimension, transposition.
+template <class X>
+struct operand_view;
+template <class S>
+struct operand_view<tensor_ref<const float, S>> {
+  static constexpr bool trans = false;
+  static const float* data(const tensor_ref<const float, S>& t) { return t.data(); }
+  static std::size_t ld() { return S::last; }
+  static std::size_t bytes(const tensor_ref<const float, S>& t) { return S::elements(t.batch()) * sizeof(float); }
+};
+template <class S>
+struct operand_view<transposed<S>> {
+  static constexpr bool trans = true;
+  static const float* data(const transposed<S>& t) { return t.ref.data(); }
+  static std::size_t ld() { return S::last; }
+  static std::size_t bytes(const transposed<S>&) { return S::size * sizeof(float); }
+};
+
+/// True when [p, p + n) and [q, q + m) overlap.
+inline bool overlaps(const void* p, std::size_t n, const void* q, std::size_t m) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(q);
+  return a < b + m && b < a + n;
+}
+
+template <class C>
+bool same_product(const C& x, const C& y) {
+  auto ptr = [](const auto& o) -> const void* {
+    if constexpr (requires { o.packed; })
+      return o.packed;
+    else if constexpr (requires { o.ref; })
+      return o.ref.data();
+    else
+      return o.data();
+  };
+  return ptr(x.a) == ptr(y.a) && ptr(x.b) == ptr(y.b) && x.rows() == y.rows();
+}
+
+}  // namespace contract_detail
+
+/// assign_all for writes holding a product: one GEMM (cpu::gemm) whose epilogue evaluates every
+/// write on each tile. Every write holding a product must hold the same one; the outputs may
+/// not overlap the product's operands (tiles are stored while other threads still read them).
+template <class W0, class... Ws>
+void assign_contract(const W0& w0, const Ws&... ws) {
+  static_assert(((contracts_in<W0> <= 1) && ... && (contracts_in<Ws> <= 1)),
+                "solder::assign: an expression may hold one matrix product; assign the others to tensors first");
+  static_assert(!write_traits<W0>::reduces && (!write_traits<Ws>::reduces && ...),
+                "solder::assign_all: a reduction of a matrix product is not fused into the product; assign the "
+                "product to a tensor first, then reduce it");
+  using C = typename first_non_void<typename find_contract<write_expr_t<W0>>::type,
+                                    typename find_contract<write_expr_t<Ws>>::type...>::type;
+  using Iter = typename write_traits<W0>::iter_shape;
+  static_assert(std::is_same_v<Iter, typename C::shape_type>,
+                "solder::assign: an output holding a matrix product must have the product's shape");
+  static_assert(std::is_same_v<write_value_t<W0>, float>, "solder::assign: products are implemented for float");
+  using V = vec<float>;
+  using Lay = layout<Iter, false>;
+
+  // The product, checked to be the same in every write that holds one.
+  const C* product = nullptr;
+  auto take = [&](const auto& w) {
+    if constexpr (contracts_in<std::remove_cvref_t<decltype(w)>> == 1) {
+      const C& c = contract_of(w.expr);
+      if (product && !contract_detail::same_product(*product, c))
+        solder::detail::fail("solder::assign_all: the writes hold different matrix products; one pass evaluates one product");
+      product = &c;
+    }
+  };
+  take(w0);
+  (take(ws), ...);
+  const C& c = *product;
+  const std::size_t batch = write_traits<W0>::batch(w0);
+  ((Iter::dynamic && write_traits<Ws>::batch(ws) != batch
+        ? solder::detail::fail("solder::assign_all: the writes' batch sizes differ: " + std::to_string(batch) + " vs " +
+                               std::to_string(write_traits<Ws>::batch(ws)))
+        : void()),
+   ...);
+  const std::size_t M = c.rows();
+  if (M == 0) return;
+
+  using AV = contract_detail::operand_view<std::remove_cvref_t<decltype(c.a)>>;
+  auto check_alias = [&](const auto& w) {
+    const std::size_t out_bytes = Iter::elements(batch) * sizeof(float);
+    bool alias = contract_detail::overlaps(w.out.data(), out_bytes, AV::data(c.a), AV::bytes(c.a));
+    if constexpr (!C::b_traits::packed) {
+      using BV = contract_detail::operand_view<std::remove_cvref_t<decltype(c.b)>>;
+      alias = alias || contract_detail::overlaps(w.out.data(), out_bytes, BV::data(c.b), BV::bytes(c.b));
+    }
+    if (alias) solder::detail::fail("solder::assign: the output of a matrix product overlaps one of its operands");
+  };
+  check_alias(w0);
+  (check_alias(ws), ...);
+
+  auto evals = std::make_tuple(evaluator<decltype(with_tile(w0.expr)), Lay, V>(with_tile(w0.expr)),
+                               evaluator<decltype(with_tile(ws.expr)), Lay, V>(with_tile(ws.expr))...);
+  auto sinks = std::make_tuple(store_sink<float, Lay, V, false>(w0.out.data()), store_sink<float, Lay, V, false>(ws.out.data())...);
+  expression_epilogue<V, decltype(evals), decltype(sinks)> epi{evals, sinks};
+
+  constexpr std::size_t N = C::N, K = C::K;
+  constexpr bool TA = C::a_traits::trans;
+  if constexpr (C::b_traits::packed) {
+    gemm<N, K, TA, C::b_traits::trans>(M, AV::data(c.a), AV::ld(), *c.b.packed, epi);
+  } else {
+    using BV = contract_detail::operand_view<std::remove_cvref_t<decltype(c.b)>>;
+    gemm<N, K, TA, BV::trans>(M, AV::data(c.a), AV::ld(), BV::data(c.b), BV::ld(), epi);
+  }
+}
+
+}  // namespace solder::cpu
