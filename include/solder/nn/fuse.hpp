@@ -89,7 +89,7 @@ class fuse {
   template <class S>
   void forward(tensor_ref<const float, S> x, tensor_ref<float, S> y) {
     if (current == mode::train) {
-      std::apply([](auto&... l) { (advance(l), ...); }, layers);
+      advance();
       forward_as<mode::train>(x, y);
     } else {
       forward_as<mode::eval>(x, y);
@@ -131,6 +131,35 @@ class fuse {
     requires output_backward
   {
     backward_from_output(y.ref(), dy.ref(), dx.ref());
+  }
+
+  /// dL/dx as an expression of the saved output y and dy (see backward_from_output): the
+  /// gradient every bias of the run receives too. For a layer that fuses this run into the
+  /// epilogue of its product (nn::dense).
+  template <mode M, class Y, class G>
+  auto gate_from_output(const Y& y, const G& dy) const
+    requires output_backward
+  {
+    constexpr std::size_t nb = detail::leading_biases<Layers...>();
+    if constexpr (nb == sizeof...(Layers)) {
+      return as_expr(dy);
+    } else {
+      using Op = typename detail::activation_of<std::tuple_element_t<nb, std::tuple<Layers...>>>::type;
+      if constexpr (nb + 2 == sizeof...(Layers)) {
+        using D = std::tuple_element_t<nb + 1, std::tuple<Layers...>>;
+        if constexpr (M == mode::train && D::p > 0.0f)
+          return output_derivative<Op>::template grad<true>(y, dy, std::get<nb + 1>(layers).scale());
+        else
+          return output_derivative<Op>::template grad<false>(y, dy, 1.0f);
+      } else {
+        return output_derivative<Op>::template grad<false>(y, dy, 1.0f);
+      }
+    }
+  }
+
+  /// Moves every dropout of the run to a fresh mask (what a training forward does first).
+  void advance() {
+    std::apply([](auto&... l) { (advance(l), ...); }, layers);
   }
 
   /// The fused expression of the layers applied to `x` with parameter leaves `params...`.
@@ -184,21 +213,9 @@ class fuse {
 
   template <mode M, class S>
   void backward_from_output_as(tensor_ref<const float, S> y, tensor_ref<const float, S> dy, tensor_ref<float, S> dx) {
-    constexpr std::size_t nb = detail::leading_biases<Layers...>();
-    auto write_all = [&](const auto& g) {
-      std::apply([&](auto&... db) { assign_all(write(dx, g), write(db, sum_to<typename std::remove_cvref_t<decltype(db)>::shape_type>(g))...); },
-                 all_grads());
-    };
-    if constexpr (nb == sizeof...(Layers)) {
-      write_all(as_expr(dy));
-    } else {
-      using Op = typename detail::activation_of<std::tuple_element_t<nb, std::tuple<Layers...>>>::type;
-      if constexpr (nb + 2 == sizeof...(Layers)) {
-        const auto& drop = std::get<nb + 1>(layers);
-        if (M == mode::train && drop.p > 0.0f) return write_all(output_derivative<Op>::template grad<true>(y, dy, drop.scale()));
-      }
-      write_all(output_derivative<Op>::template grad<false>(y, dy, 1.0f));
-    }
+    const auto g = gate_from_output<M>(y, dy);
+    std::apply([&](auto&... db) { assign_all(write(dx, g), write(db, sum_to<typename std::remove_cvref_t<decltype(db)>::shape_type>(g))...); },
+               all_grads());
   }
 
   template <mode M, class S>

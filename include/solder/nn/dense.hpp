@@ -1,0 +1,217 @@
+// nn/dense.hpp: a linear layer and the elementwise layers after it as ONE kernel forward
+// (the GEMM with the activation and dropout in its epilogue) and a fused backward (one
+// elementwise pass for the gate and the bias gradient, then dW = g^T x and dx = g W as GEMMs).
+//
+//   nn::dense<nn::linear<64, 128>, nn::relu, nn::dropout<0.1f>> layer;
+//   layer.forward(x, y);           // y = dropout(relu(x W^T + b)): one GEMM
+//   layer.backward(x, y, dy, dx);  // dW, db and dx
+//
+// What backward needs from forward: x and y, which a network keeps anyway (x is the previous
+// layer's output, y the next one's input). When the activation's derivative does not follow
+// from y (gelu, silu, tanh before dropout), the layer also keeps the pre-activation z = x W^T + b,
+// Out floats per sample, written by the same GEMM epilogue as y.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+
+#include "solder/autodiff/vjp.hpp"
+#include "solder/eval/cpu/assign.hpp"
+#include "solder/eval/cpu/gemm.hpp"
+#include "solder/nn/fuse.hpp"
+#include "solder/nn/linear.hpp"
+
+namespace solder::nn {
+
+namespace detail {
+template <class L>
+inline constexpr bool is_linear = false;
+template <std::size_t In, std::size_t Out, bool B>
+inline constexpr bool is_linear<linear<In, Out, B>> = true;
+}  // namespace detail
+
+template <class Linear, class... Tail>
+class dense {
+  static_assert(detail::is_linear<Linear>, "solder::nn::dense: the first layer must be an nn::linear");
+  static_assert((std::tuple_size_v<decltype(std::declval<Tail&>().params())> + ... + 0) == 0,
+                "solder::nn::dense: the layers after the linear one must have no parameters (activations, dropout)");
+
+ public:
+  static constexpr std::size_t in_features = Linear::in_features;
+  static constexpr std::size_t out_features = Linear::out_features;
+  using tail_type = fuse<Tail...>;
+  /// Whether the layer keeps z = x W^T + b for backward (else it needs only x and y).
+  static constexpr bool keeps_preactivation = !tail_type::output_backward;
+
+  Linear linear;
+  tail_type tail;
+
+  explicit dense(std::uint64_t seed = 0) : linear(seed) {}
+
+  void train() {
+    current = mode::train;
+    tail.train();
+  }
+  void eval() {
+    current = mode::eval;
+    tail.eval();
+  }
+  mode current_mode() const { return current; }
+
+  /// Packs W once into the GEMM's layout; every forward then reads the packed copy (no packing
+  /// per call) until the weights change. Call it again after changing `linear.weight` (an
+  /// optimizer step); weights_changed() returns to packing per call.
+  void pack_weights() {
+    if (!packed) packed = std::make_unique<cpu::packed_b<out_features, in_features, true>>();
+    packed->pack(linear.weight.data(), in_features);
+    packed_current = true;
+  }
+  void weights_changed() { packed_current = false; }
+
+  /// y = tail(x W^T + b) for x [batch, In], y [batch, Out]: one GEMM. In training mode each
+  /// call draws fresh dropout masks, and keeps z when keeps_preactivation.
+  template <class SX, class SY>
+  void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+    static_assert(check_shapes<SX, SY>());
+    if (current == mode::train) {
+      tail.advance();
+      forward_as<mode::train>(x, y);
+    } else {
+      forward_as<mode::eval>(x, y);
+    }
+  }
+  template <class SX, class SY>
+  void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
+    forward(x.ref(), y.ref());
+  }
+
+  /// Gradients of the last forward: linear.weight_grad, linear.bias_grad (overwritten) and
+  /// dx = dL/dx. x and y are that forward's input and output.
+  template <class SX, class SY>
+  void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
+                tensor_ref<float, SX> dx) {
+    backward_params(x, y, dy);
+    assign(dx, matmul(gate_view<SY>(dy.batch()), linear.weight));
+  }
+  template <class SX, class SY>
+  void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy, tensor<float, SX>& dx) {
+    backward(x.ref(), y.ref(), dy.ref(), dx.ref());
+  }
+
+  /// backward without dx (the first layer of a network: its input needs no gradient).
+  template <class SX, class SY>
+  void backward_params(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy) {
+    static_assert(check_shapes<SX, SY>());
+    const std::size_t batch = dy.batch();
+    if (x.batch() != batch || y.batch() != batch)
+      solder::detail::fail("solder::nn::dense::backward: the batch sizes of x (" + std::to_string(x.batch()) + "), y (" +
+                           std::to_string(y.batch()) + ") and dy (" + std::to_string(batch) + ") differ");
+    if (current == mode::train)
+      gate_as<mode::train>(y, dy);
+    else
+      gate_as<mode::eval>(y, dy);
+    // dW [Out, In] = g^T x: K is the batch, a runtime value.
+    cpu::gemm_dyn_k<in_features, true, false>(out_features, SX::elements(batch) / in_features, gate.data(), out_features,
+                                              x.data(), in_features, cpu::store_epilogue{linear.weight_grad.data(), in_features});
+  }
+
+  /// The expression forward evaluates, for x: tail(x W^T + b).
+  template <mode M, class X>
+  auto expression(const X& x) const {
+    return tail.template expression<M>(linear.expression(x));
+  }
+
+ private:
+  mode current = mode::train;
+  std::unique_ptr<cpu::packed_b<out_features, in_features, true>> packed;
+  bool packed_current = false;
+  tensor<float, shape<dyn, out_features>> gate{1};  // g = dL/dz, grown to the batch, reused
+  tensor<float, shape<dyn, out_features>> pre{1};   // z of the last training forward (keeps_preactivation)
+  std::size_t pre_batch = 0;                        // its batch; 0: none
+
+  template <class SX, class SY>
+  static constexpr bool check_shapes() {
+    static_assert(Linear::template check_input<SX>());
+    using want = shape<SX::extents[0], out_features>;
+    if constexpr (std::is_same_v<SY, want>) {
+      return true;
+    } else {
+      constexpr fixed_string m = [] {
+        fixed_string s("solder::nn::dense: the output of a layer with input ");
+        solder::detail::append_shape<SX>(s);
+        s.append(" must have shape ");
+        solder::detail::append_shape<want>(s);
+        s.append(", not ");
+        solder::detail::append_shape<SY>(s);
+        return s;
+      }();
+      return diagnostic<m>::reported;
+    }
+  }
+
+  /// x W^T + b with the packed weights (pack_weights).
+  template <class X>
+  auto packed_product(const X& x) const {
+    if constexpr (Linear::has_bias)
+      return matmul(x, *packed) + linear.bias;
+    else
+      return matmul(x, *packed);
+  }
+
+  /// A [batch, Out] view of a workspace, grown (never shrunk) to the batch.
+  template <class SY>
+  tensor_ref<float, SY> workspace(tensor<float, shape<dyn, out_features>>& t, std::size_t batch) {
+    const std::size_t rows = SY::elements(batch) / out_features;
+    if (t.batch() < rows) t = tensor<float, shape<dyn, out_features>>(rows);
+    return tensor_ref<float, SY>(t.data(), batch);
+  }
+  template <class SY>
+  tensor_ref<const float, SY> gate_view(std::size_t batch) const {
+    return tensor_ref<const float, SY>(gate.data(), batch);
+  }
+
+  template <mode M, class SX, class SY>
+  void forward_as(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+    auto run = [&](const auto& z) {
+      if constexpr (keeps_preactivation && M == mode::train) {
+        auto saved = workspace<SY>(pre, y.batch());
+        assign_all(write(y, tail.template expression<M>(z)), write(saved, z));
+        pre_batch = y.batch();
+      } else {
+        assign(y, tail.template expression<M>(z));
+      }
+    };
+    if (packed_current)
+      run(packed_product(x));
+    else
+      run(linear.expression(x));
+  }
+
+  /// g = dL/dz into `gate`, and db = its column sums, in one pass.
+  template <mode M, class SY>
+  void gate_as(tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy) {
+    const std::size_t batch = dy.batch();
+    auto g = workspace<SY>(gate, batch);
+    auto finish = [&](const auto& ge) {
+      if constexpr (Linear::has_bias)
+        assign_all(write(g, ge), write(linear.bias_grad, sum_to<shape<out_features>>(ge)));
+      else
+        assign(g, ge);
+    };
+    if constexpr (!keeps_preactivation) {
+      finish(tail.template gate_from_output<M>(y, dy));
+    } else {
+      if (M == mode::eval || pre_batch != batch)
+        solder::detail::fail("solder::nn::dense::backward: this layer's backward needs the pre-activation of a training-mode "
+                             "forward on the same batch (" + std::to_string(batch) + " rows)");
+      const tensor_ref<const float, SY> z(pre.data(), batch);
+      const auto grads = vjp([&](const auto& zv) { return tail.template expression<M>(zv); }, dy, z);
+      finish(std::get<0>(grads));
+    }
+  }
+};
+
+}  // namespace solder::nn

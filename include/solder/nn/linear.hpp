@@ -1,0 +1,104 @@
+// nn/linear.hpp: y = x W^T + b, PyTorch's nn.Linear: weight [Out, In], bias [Out], and its
+// default initialization, drawn from Philox so a seed gives the same weights on every machine.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+
+#include "solder/expr/contract.hpp"
+#include "solder/expr/operators.hpp"
+#include "solder/nn/elementwise.hpp"
+#include "solder/random/philox.hpp"
+#include "solder/tensor.hpp"
+
+namespace solder::nn {
+
+namespace detail {
+
+/// Fills [p, p + n) with values uniform in [-bound, bound): element i takes 24 bits of
+/// Philox4x32-10 block i / 4 of stream (seed, offset), so the values depend on nothing else.
+inline void fill_uniform_philox(float* p, std::size_t n, float bound, std::uint64_t seed, std::uint64_t offset) {
+  const random::philox_key key{{std::uint32_t(seed), std::uint32_t(seed >> 32)}};
+  for (std::size_t i = 0; i < n; i += 4) {
+    const std::uint64_t block = i / 4;
+    const random::philox_ctr r = random::philox4x32_10(
+        {{std::uint32_t(block), std::uint32_t(block >> 32), std::uint32_t(offset), std::uint32_t(offset >> 32)}}, key);
+    for (std::size_t k = 0; k < 4 && i + k < n; ++k) {
+      const double u = double(r.v[k] >> 8) * 0x1p-24;  // [0, 1)
+      p[i + k] = float((2.0 * u - 1.0) * double(bound));
+    }
+  }
+}
+
+}  // namespace detail
+
+/// y = x W^T (+ b). W [Out, In] and b [Out] as PyTorch stores them, so a state_dict loads as is;
+/// initialized as PyTorch does (kaiming_uniform with a = sqrt(5), i.e. W and b uniform in
+/// [-1/sqrt(In), 1/sqrt(In))), from `seed`. On its own it is one GEMM; nn::dense fuses the
+/// activation and dropout after it into the GEMM's epilogue.
+template <std::size_t In, std::size_t Out, bool Bias = true>
+struct linear {
+  static_assert(In >= 1 && Out >= 1, "solder::nn::linear: feature counts must be at least 1");
+  static constexpr std::size_t in_features = In;
+  static constexpr std::size_t out_features = Out;
+  static constexpr bool has_bias = Bias;
+  static constexpr const char* name = "linear";
+
+  tensor<float, shape<Out, In>> weight;       // W
+  tensor<float, shape<Out, In>> weight_grad;  // dL/dW, written by backward
+  [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Out>>, std::tuple<>> bias{};
+  [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Out>>, std::tuple<>> bias_grad{};
+
+  explicit linear(std::uint64_t seed = 0) { reset_parameters(seed); }
+
+  /// PyTorch's nn.Linear.reset_parameters, drawn from Philox stream (seed, 0) for W and
+  /// (seed, 1) for b.
+  void reset_parameters(std::uint64_t seed) {
+    const float bound = float(1.0 / std::sqrt(double(In)));
+    detail::fill_uniform_philox(weight.data(), weight.size(), bound, seed, 0);
+    if constexpr (Bias) detail::fill_uniform_philox(bias.data(), bias.size(), bound, seed, 1);
+  }
+
+  auto params() {
+    if constexpr (Bias)
+      return std::tie(weight, bias);
+    else
+      return std::tie(weight);
+  }
+  auto grads() {
+    if constexpr (Bias)
+      return std::tie(weight_grad, bias_grad);
+    else
+      return std::tie(weight_grad);
+  }
+
+  /// The layer as an expression of x [..., In]: matmul(x, transpose(W)) (+ b).
+  template <class X>
+  auto expression(const X& x) const {
+    static_assert(check_input<shape_of<X>>());
+    if constexpr (Bias)
+      return matmul(x, transpose(weight)) + bias;
+    else
+      return matmul(x, transpose(weight));
+  }
+
+  template <class S>
+  static constexpr bool check_input() {
+    if constexpr (S::rank == 2 && S::last == In) {
+      return true;
+    } else {
+      constexpr fixed_string m = [] {
+        fixed_string s("solder::nn::linear: a layer of ");
+        s.append(In).append(" inputs cannot take an input of shape ");
+        solder::detail::append_shape<S>(s);
+        s.append("; it needs [batch, ").append(In).append("]");
+        return s;
+      }();
+      return diagnostic<m>::reported;
+    }
+  }
+};
+
+}  // namespace solder::nn
