@@ -279,4 +279,10 @@ inline void set_memory_counters(benchmark::State& state, double bytes_per_iterat
   state.counters["roofline"] = gbps / floor;
 }
 
+/// The FMA peak in GFLOP/s on `threads` threads, measured once per process (gemm.bench.cpp):
+/// the denominator of every `roofline` counter of the GEMM benchmarks.
+double peak_gflops(int threads);
+/// GFLOPs = flops per iteration x iterations / wall seconds; roofline = GFLOPs / peak_gflops.
+void set_flop_counters(benchmark::State& state, double flops_per_iteration, double seconds, int threads);
+
 }  // namespace solder_bench

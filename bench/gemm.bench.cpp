@@ -19,6 +19,7 @@
 
 #include "common.hpp"
 #include "solder/eval/cpu/gemm.hpp"
+#include "solder/nn/dense.hpp"
 
 #if SOLDER_BENCH_HAS_OPENBLAS
 #include <cblas.h>
@@ -75,6 +76,11 @@ void fma_round(int threads) {
   benchmark::DoNotOptimize(sink);
 }
 
+}  // namespace
+
+// Shared with the other GEMM benchmarks (declared in common.hpp).
+namespace solder_bench {
+
 /// The FMA peak in GFLOP/s on `threads` threads, measured once per process (median of 15
 /// rounds after 2 warm-up rounds) and cached: the denominator of every `roofline` counter.
 double peak_gflops(int threads) {
@@ -100,6 +106,10 @@ void set_flop_counters(benchmark::State& state, double flops_per_iteration, doub
   state.counters["GFLOPs"] = gflops;
   state.counters["roofline"] = gflops / peak_gflops(threads);
 }
+
+}  // namespace solder_bench
+
+namespace {
 
 void peak_case(benchmark::State& state, int threads) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -133,7 +143,7 @@ constexpr std::size_t shape_list[][3] = {{64, 1024, 1024}, {256, 1024, 2048}, {1
 struct problem {
   std::size_t M, N, K;
   aligned_buffer<float> x, w, b, y;  // x [M, K], W [N, K] (PyTorch's layout), b [N], y [M, N]
-  std::shared_ptr<void> solder_weights;
+  std::shared_ptr<void> solder_weights, solder_layer;
   std::map<int, std::shared_ptr<void>> onednn;  // per thread count: the primitive and its weights
 
   problem(std::size_t m, std::size_t n, std::size_t k) : M(m), N(n), K(k), x(m * k), w(n * k), b(n), y(m * n) {
@@ -201,17 +211,41 @@ struct impl {
   std::function<void(int threads)> settle = nullptr;
 };
 
-// solder: W packed once into the micro-kernel's panels; bias + ReLU applied to each register
-// tile before it is stored. N and K are template arguments, so one instantiation per shape.
+// solder: the layer as a user writes it, nn::dense<nn::linear<K, N>, nn::relu> in eval mode
+// with its weights packed once (pack_weights): one GEMM whose epilogue is the expression
+// relu(tile + b), evaluated on each register tile before its single store.
+template <std::size_t N, std::size_t K>
+using solder_layer = solder::nn::dense<solder::nn::linear<K, N>, solder::nn::relu>;
+
+template <std::size_t N, std::size_t K>
+void solder_prepare(problem& pb, int) {
+  if (pb.solder_layer) return;
+  auto layer = std::make_shared<solder_layer<N, K>>();
+  std::copy(pb.w.data(), pb.w.data() + N * K, layer->linear.weight.data());
+  std::copy(pb.b.data(), pb.b.data() + N, layer->linear.bias.data());
+  layer->eval();
+  layer->pack_weights();
+  pb.solder_layer = layer;
+}
+template <std::size_t N, std::size_t K>
+void solder_run(problem& pb, int threads) {
+  auto& layer = *static_cast<solder_layer<N, K>*>(pb.solder_layer.get());
+  solder::set_num_threads(threads);
+  layer.forward(solder::tensor_ref<const float, solder::shape<solder::dyn, K>>(pb.x.data(), pb.M),
+                solder::tensor_ref<float, solder::shape<solder::dyn, N>>(pb.y.data(), pb.M));
+}
+
+// solder_kernel: the GEMM called directly with its hand-written bias + ReLU epilogue
+// (cpu::bias_relu_epilogue), W packed once: what the generic epilogue above is measured against.
 template <std::size_t N, std::size_t K>
 using solder_weights = solder::cpu::packed_b<N, K, /*TransB=*/true>;
 
 template <std::size_t N, std::size_t K>
-void solder_prepare(problem& pb, int) {
+void kernel_prepare(problem& pb, int) {
   if (!pb.solder_weights) pb.solder_weights = std::make_shared<solder_weights<N, K>>(pb.w.data(), K);
 }
 template <std::size_t N, std::size_t K>
-void solder_run(problem& pb, int threads) {
+void kernel_run(problem& pb, int threads) {
   const auto& w = *static_cast<const solder_weights<N, K>*>(pb.solder_weights.get());
   solder::cpu::gemm<N, K, false, true>(pb.M, pb.x.data(), K, w, solder::cpu::bias_relu_epilogue{pb.b.data(), pb.y.data(), N},
                                        threads);
@@ -219,14 +253,17 @@ void solder_run(problem& pb, int threads) {
 
 /// Dispatches a shape to the solder instantiation for its (N, K).
 template <std::size_t N, std::size_t K>
-bool solder_dispatch(problem& pb, int threads, bool prepare) {
+bool solder_dispatch(problem& pb, int threads, bool prepare, bool kernel) {
   if (pb.N != N || pb.K != K) return false;
-  prepare ? solder_prepare<N, K>(pb, threads) : solder_run<N, K>(pb, threads);
+  if (kernel)
+    prepare ? kernel_prepare<N, K>(pb, threads) : kernel_run<N, K>(pb, threads);
+  else
+    prepare ? solder_prepare<N, K>(pb, threads) : solder_run<N, K>(pb, threads);
   return true;
 }
-void solder_call(problem& pb, int threads, bool prepare) {
-  (void)(solder_dispatch<1024, 1024>(pb, threads, prepare) || solder_dispatch<1024, 2048>(pb, threads, prepare) ||
-         solder_dispatch<4096, 4096>(pb, threads, prepare));
+void solder_call(problem& pb, int threads, bool prepare, bool kernel) {
+  (void)(solder_dispatch<1024, 1024>(pb, threads, prepare, kernel) || solder_dispatch<1024, 2048>(pb, threads, prepare, kernel) ||
+         solder_dispatch<4096, 4096>(pb, threads, prepare, kernel));
 }
 
 #if SOLDER_BENCH_HAS_OPENBLAS
@@ -312,8 +349,10 @@ void eigen_run(problem& pb, int threads) {
 
 std::vector<impl> impls() {
   std::vector<impl> list;
-  list.push_back({"solder", [](problem& pb, int t) { solder_call(pb, t, true); },
-                  [](problem& pb, int t) { solder_call(pb, t, false); }});
+  list.push_back({"solder", [](problem& pb, int t) { solder_call(pb, t, true, false); },
+                  [](problem& pb, int t) { solder_call(pb, t, false, false); }});
+  list.push_back({"solder_kernel", [](problem& pb, int t) { solder_call(pb, t, true, true); },
+                  [](problem& pb, int t) { solder_call(pb, t, false, true); }});
 #if SOLDER_BENCH_HAS_OPENBLAS
   list.push_back({"openblas_then_epilogue", [](problem&, int) {}, openblas_run, openblas_settle});
 #endif

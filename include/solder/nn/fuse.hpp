@@ -84,6 +84,10 @@ class fuse {
   auto& layer() {
     return std::get<I>(layers);
   }
+  template <std::size_t I>
+  const auto& layer() const {
+    return std::get<I>(layers);
+  }
 
   /// y = layers(x), one pass. In training mode each call draws fresh dropout masks.
   template <class S>
