@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/demo.sh: set up, configure the release preset, build the flagship example and run it.
 set -euo pipefail
-demo_target=bias_relu_dropout_demo     # examples/<demo_target>.cpp
+demo_target=digits_mlp     # examples/<demo_target>.cpp: trains the digits MLP
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
