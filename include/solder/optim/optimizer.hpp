@@ -1,0 +1,235 @@
+// optim/optimizer.hpp: what every optimizer shares: the parameter view (`param`), zero_grad,
+// gradient-norm clipping, gradient accumulation over micro-batches, and the parallel
+// elementwise loop the fused updates run in.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstring>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "solder/config.hpp"
+#include "solder/eval/cpu/batch.hpp"
+#include "solder/eval/cpu/parallel.hpp"
+#include "solder/shape.hpp"
+#include "solder/tensor.hpp"
+
+namespace solder::optim {
+
+/// A trainable tensor as an optimizer sees it: flat views of its values and of its gradient
+/// (the same number of elements), and a name for messages.
+struct param {
+  std::string name;
+  tensor_ref<float, shape<dyn>> value;
+  tensor_ref<float, shape<dyn>> grad;
+};
+
+/// A param viewing a tensor (or writable view) and its gradient, of any shape, flattened.
+template <class V, class G>
+  requires requires(V& v, G& g) {
+    { v.data() } -> std::same_as<float*>;
+    { g.data() } -> std::same_as<float*>;
+    { v.size() } -> std::convertible_to<std::size_t>;
+    { g.size() } -> std::convertible_to<std::size_t>;
+  }
+param make_param(std::string name, V& value, G& grad) {
+  if (value.size() != grad.size())
+    solder::detail::fail("solder::optim::make_param: '" + name + "' has " + std::to_string(value.size()) +
+                         " values but " + std::to_string(grad.size()) + " gradients");
+  return {std::move(name), tensor_ref<float, shape<dyn>>(value.data(), value.size()),
+          tensor_ref<float, shape<dyn>>(grad.data(), grad.size())};
+}
+
+namespace detail {
+
+/// Every param non-empty, with as many gradients as values; `who` names the caller.
+inline void check_params(const char* who, std::span<const param> params) {
+  if (params.empty()) solder::detail::fail(std::string(who) + ": got an empty parameter list");
+  for (const param& p : params) {
+    if (!p.value.data() || !p.grad.data())
+      solder::detail::fail(std::string(who) + ": parameter '" + p.name + "' has no value or no gradient tensor");
+    if (p.value.size() != p.grad.size())
+      solder::detail::fail(std::string(who) + ": parameter '" + p.name + "' has " + std::to_string(p.value.size()) +
+                           " values but " + std::to_string(p.grad.size()) + " gradients");
+  }
+}
+
+/// One flat state buffer (momentum, m, v) per param, zero-filled, allocated once.
+inline std::vector<tensor<float, shape<dyn>>> make_state(std::span<const param> params) {
+  std::vector<tensor<float, shape<dyn>>> state;
+  state.reserve(params.size());
+  for (const param& p : params) state.emplace_back(p.value.size());
+  return state;
+}
+
+/// Loads and stores that read the same for a float (the tail) and an xsimd batch (the body),
+/// so an update is written once as a template over its value type.
+template <class V>
+SOLDER_INLINE V load(const float* p) {
+  if constexpr (std::is_same_v<V, float>)
+    return *p;
+  else
+    return V::load_unaligned(p);
+}
+SOLDER_INLINE void store(float* p, float v) { *p = v; }
+template <class V>
+SOLDER_INLINE void store(float* p, const V& v) {
+  v.store_unaligned(p);
+}
+
+/// Elements per task of the elementwise loop; a multiple of every vector width.
+inline constexpr std::size_t block_elements = std::size_t(1) << 14;
+/// Below this many elements the loop runs on the calling thread.
+inline constexpr std::size_t parallel_min_elements = std::size_t(1) << 16;
+
+/// Runs f.template operator()<V>(i) for every element index i of [0, n): xsimd batches over
+/// the body, V = float on the tail. Elementwise, so the thread count never changes a result.
+template <class F>
+void for_each_element(std::size_t n, const F& f) {
+  using V = cpu::vec<float>;
+  const std::size_t blocks = (n + block_elements - 1) / block_elements;
+  const int threads = n >= parallel_min_elements ? num_threads() : 1;
+  cpu::parallel_for(blocks, threads, [&](std::size_t b) {
+    const F body = f;  // a local copy: the stores cannot alias its captured pointers and scalars
+    const std::size_t end = std::min(n, (b + 1) * block_elements);
+    std::size_t i = b * block_elements;
+    for (; i + V::size <= end; i += V::size) body.template operator()<V>(i);
+    for (; i < end; ++i) body.template operator()<float>(i);
+  });
+}
+
+/// sum x_i^2 of n floats in double, in a fixed order (blocks in order, each with 4
+/// interleaved accumulators); blocks may run on several threads without changing the sum.
+inline double sum_of_squares(const float* x, std::size_t n) {
+  constexpr std::size_t max_blocks = 64;
+  const std::size_t per_block = std::max(block_elements, (n + max_blocks - 1) / max_blocks);
+  const std::size_t blocks = (n + per_block - 1) / per_block;
+  double partial[max_blocks];
+  const int threads = n >= parallel_min_elements ? num_threads() : 1;
+  cpu::parallel_for(blocks, threads, [&](std::size_t b) {
+    const std::size_t begin = b * per_block, end = std::min(n, begin + per_block);
+    double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    std::size_t i = begin;
+    for (; i + 4 <= end; i += 4) {
+      a0 += double(x[i]) * x[i];
+      a1 += double(x[i + 1]) * x[i + 1];
+      a2 += double(x[i + 2]) * x[i + 2];
+      a3 += double(x[i + 3]) * x[i + 3];
+    }
+    for (; i < end; ++i) a0 += double(x[i]) * x[i];
+    partial[b] = (a0 + a1) + (a2 + a3);
+  });
+  double total = 0;
+  for (std::size_t b = 0; b < blocks; ++b) total += partial[b];
+  return total;
+}
+
+}  // namespace detail
+
+/// Sets every gradient to 0 (for callers that accumulate into grads; solder's layers
+/// overwrite theirs).
+inline void zero_grad(std::span<const param> params) {
+  for (const param& p : params) p.grad.fill(0.0f);
+}
+
+/// Scales all gradients together so that their global 2-norm is at most max_norm, as
+/// torch.nn.utils.clip_grad_norm_(params, max_norm):
+///   norm = sqrt(sum over params of sum g^2)   (in double, in a fixed order)
+///   scale = max_norm / (norm + 1e-6), applied to every gradient when < 1.
+/// Returns the norm before clipping. A NaN or infinite norm is a solder::error naming the
+/// first parameter whose gradient is not finite, unless error_if_nonfinite is false; then,
+/// as in PyTorch, the gradients are scaled by the NaN (or 0) that the formula gives.
+inline float clip_grad_norm(std::span<const param> params, float max_norm, bool error_if_nonfinite = true) {
+  constexpr const char* who = "solder::optim::clip_grad_norm";
+  if (!(max_norm >= 0.0f))
+    solder::detail::fail(std::string(who) + ": max_norm must be >= 0, got " + std::to_string(max_norm));
+  detail::check_params(who, params);
+  double total = 0;
+  const param* culprit = nullptr;
+  for (const param& p : params) {
+    const double s = detail::sum_of_squares(p.grad.data(), p.grad.size());
+    if (!std::isfinite(s) && !culprit) culprit = &p;
+    total += s;
+  }
+  const double norm = std::sqrt(total);
+  if (culprit && error_if_nonfinite)
+    solder::detail::fail(std::string(who) + ": the gradient norm is " + (std::isnan(norm) ? "NaN" : "infinite") +
+                         "; parameter '" + culprit->name +
+                         "' has a non-finite gradient (pass error_if_nonfinite = false to clip anyway)");
+  const double coef = double(max_norm) / (norm + 1e-6);
+  if (!(coef >= 1.0)) {  // NaN scales too, as torch's clamp(coef, max=1) passes it on
+    const float scale = float(coef);
+    for (const param& p : params) {
+      float* g = p.grad.data();
+      detail::for_each_element(p.grad.size(), [=]<class V>(std::size_t i) {
+        detail::store(g + i, detail::load<V>(g + i) * V(scale));
+      });
+    }
+  }
+  return float(norm);
+}
+
+/// Gradient accumulation over N micro-batches: the layers' backward passes write (overwrite)
+/// each micro-batch's gradient, then accumulate() folds it into a running sum. The N-th call
+/// writes grad = (g_1 + ... + g_N) / N, the gradient of the mean loss over the N equal
+/// micro-batches, and returns true: time to clip and step.
+///
+///   for (k = 0; ; ++k) { forward; loss; backward;  if (acc.accumulate()) opt.step(); }
+///
+/// Holds one sum buffer per param (none when N = 1), allocated once; a call is one pass.
+class grad_accumulator {
+ public:
+  grad_accumulator(std::vector<param> params, int micro_batches)
+      : params_(std::move(params)), micro_batches_(micro_batches) {
+    detail::check_params("solder::optim::grad_accumulator", params_);
+    if (micro_batches < 1)
+      solder::detail::fail("solder::optim::grad_accumulator: micro_batches must be >= 1, got " +
+                           std::to_string(micro_batches));
+    if (micro_batches > 1) sums_ = detail::make_state(params_);
+  }
+
+  /// Folds the gradients just written into this round; on its last micro-batch writes the
+  /// mean gradient into each param's grad, starts a new round and returns true.
+  bool accumulate() {
+    const bool last = pending_ + 1 == micro_batches_;
+    if (micro_batches_ > 1) {
+      const bool first = pending_ == 0;
+      const float n = float(micro_batches_);
+      for (std::size_t k = 0; k < params_.size(); ++k) {
+        float* g = params_[k].grad.data();
+        float* s = sums_[k].data();
+        detail::for_each_element(params_[k].grad.size(), [=]<class V>(std::size_t i) {
+          const V gi = detail::load<V>(g + i);
+          if (first)
+            detail::store(s + i, gi);
+          else if (!last)
+            detail::store(s + i, detail::load<V>(s + i) + gi);
+          else
+            detail::store(g + i, (detail::load<V>(s + i) + gi) / V(n));
+        });
+      }
+    }
+    pending_ = last ? 0 : pending_ + 1;
+    return last;
+  }
+
+  /// Drops a partly accumulated round.
+  void reset() { pending_ = 0; }
+  /// Micro-batches per step, N.
+  int micro_batches() const { return micro_batches_; }
+  /// Micro-batches accumulated in the current round so far (0 after a completed round).
+  int pending() const { return pending_; }
+
+ private:
+  std::vector<param> params_;
+  std::vector<tensor<float, shape<dyn>>> sums_;
+  int micro_batches_;
+  int pending_ = 0;
+};
+
+}  // namespace solder::optim

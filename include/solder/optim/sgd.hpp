@@ -1,0 +1,103 @@
+// optim/sgd.hpp: stochastic gradient descent with momentum, dampening, Nesterov momentum and
+// L2 weight decay, with torch.optim.SGD's semantics; one fused pass per parameter tensor.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "solder/optim/optimizer.hpp"
+
+namespace solder::optim {
+
+/// torch.optim.SGD. Per element, with g the gradient and b the momentum buffer:
+///   g = g + weight_decay w
+///   b = g on the first step, else momentum b + (1 - dampening) g     (when momentum != 0)
+///   g = nesterov ? g + momentum b : b                                 (when momentum != 0)
+///   w = w - lr g
+class sgd {
+ public:
+  /// The hyperparameters, with PyTorch's names and defaults (lr has none).
+  struct options {
+    float lr;
+    float momentum = 0.0f;
+    float dampening = 0.0f;
+    float weight_decay = 0.0f;
+    bool nesterov = false;
+  };
+
+  /// Allocates the momentum buffers (when momentum != 0), once; checks the options as
+  /// PyTorch does (Nesterov needs momentum > 0 and zero dampening).
+  sgd(std::vector<param> params, options opt) : params_(std::move(params)), opt_(opt) {
+    constexpr const char* who = "solder::optim::sgd";
+    detail::check_params(who, params_);
+    check_lr(opt_.lr);
+    if (!(opt_.momentum >= 0.0f))
+      solder::detail::fail(std::string(who) + ": momentum must be >= 0, got " + std::to_string(opt_.momentum));
+    if (!(opt_.weight_decay >= 0.0f))
+      solder::detail::fail(std::string(who) + ": weight_decay must be >= 0, got " + std::to_string(opt_.weight_decay));
+    if (!(opt_.dampening == opt_.dampening))
+      solder::detail::fail(std::string(who) + ": dampening is NaN");
+    if (opt_.nesterov && (opt_.momentum <= 0.0f || opt_.dampening != 0.0f))
+      solder::detail::fail(std::string(who) + ": Nesterov momentum requires momentum > 0 and dampening = 0");
+    if (opt_.momentum != 0.0f) momentum_ = detail::make_state(params_);
+  }
+
+  /// One update of every parameter from its gradient.
+  void step() {
+    const bool first = steps_ == 0;
+    const float lr = opt_.lr, mu = opt_.momentum, damp = 1.0f - opt_.dampening, wd = opt_.weight_decay;
+    const bool nesterov = opt_.nesterov, has_momentum = mu != 0.0f, has_decay = wd != 0.0f;
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      float* w = params_[k].value.data();
+      const float* gp = params_[k].grad.data();
+      float* b = has_momentum ? momentum_[k].data() : nullptr;
+      detail::for_each_element(params_[k].value.size(), [=]<class V>(std::size_t i) {
+        const V wi = detail::load<V>(w + i);
+        V g = detail::load<V>(gp + i);
+        if (has_decay) g = g + V(wd) * wi;
+        if (has_momentum) {
+          const V bi = first ? g : V(mu) * detail::load<V>(b + i) + V(damp) * g;
+          detail::store(b + i, bi);
+          g = nesterov ? g + V(mu) * bi : bi;
+        }
+        detail::store(w + i, wi - V(lr) * g);
+      });
+    }
+    ++steps_;
+  }
+
+  /// Sets every gradient to 0.
+  void zero_grad() { optim::zero_grad(params_); }
+
+  float lr() const { return opt_.lr; }
+  /// Sets the learning rate of later steps (what a schedule calls; see optim/schedule.hpp).
+  void set_lr(float lr) {
+    check_lr(lr);
+    opt_.lr = lr;
+  }
+  const options& hyperparameters() const { return opt_; }
+  /// Steps taken so far.
+  std::int64_t steps() const { return steps_; }
+  std::span<const param> params() const { return params_; }
+  /// Parameter k's momentum buffer (PyTorch's state['momentum_buffer']); needs momentum != 0.
+  tensor_ref<const float, shape<dyn>> momentum_buffer(std::size_t k) const {
+    SOLDER_ASSERT(!momentum_.empty(), "solder::optim::sgd: no momentum buffer: momentum is 0");
+    SOLDER_ASSERT(k < momentum_.size(), "solder::optim::sgd: momentum_buffer index out of range");
+    return momentum_[k].ref();
+  }
+
+ private:
+  static void check_lr(float lr) {
+    if (!(lr >= 0.0f)) solder::detail::fail("solder::optim::sgd: lr must be >= 0, got " + std::to_string(lr));
+  }
+
+  std::vector<param> params_;
+  options opt_;
+  std::vector<tensor<float, shape<dyn>>> momentum_;
+  std::int64_t steps_ = 0;
+};
+
+}  // namespace solder::optim
