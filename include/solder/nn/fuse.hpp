@@ -118,6 +118,17 @@ class fuse {
     backward(x.ref(), dy.ref(), dx.ref());
   }
 
+  /// The gradients of the last forward from whichever of its input x and output y the layers
+  /// need (y when output_backward): the form a network calls, keeping both anyway.
+  template <class S>
+  void backward(tensor_ref<const float, S> x, tensor_ref<const float, S> y, tensor_ref<const float, S> dy,
+                tensor_ref<float, S> dx) {
+    if constexpr (output_backward)
+      backward_from_output(y, dy, dx);
+    else
+      backward(x, dy, dx);
+  }
+
   /// The same gradients as backward, read from y = forward(x) instead of x: one pass over y and
   /// dy, no random bits drawn. A chain keeps y anyway (the next layer's input), so this form
   /// needs no saved tensor of its own. (At a NaN input the two differ: y > 0 is false there.)

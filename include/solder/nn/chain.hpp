@@ -1,0 +1,376 @@
+// nn/chain.hpp: a model as a type.
+//
+//   using mlp = nn::chain<nn::linear<64, 256>, nn::relu, nn::dropout<0.1f>,
+//                         nn::linear<256, 10>>;
+//   mlp model(/*seed=*/1);
+//   auto logits = model.forward(x);               // x [batch, 64] -> [batch, 10]
+//   model.backward(dlogits);                      // every parameter's gradient
+//   optim::adamw opt(model.params());
+//   float loss = model.train_step(x, labels, opt);  // forward, loss, backward, update
+//
+// The layer list is planned into kernels at compile time (nn/plan.hpp): here one GEMM with
+// relu and dropout in its epilogue, then one GEMM. Neighbours that do not fit are a compile
+// error naming both layers and widths. The chain owns its parameters, gradients and every
+// activation; buffers are sized to the largest batch seen and reused, so a training step
+// allocates nothing after the first.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <iomanip>
+#include <ostream>
+#include <span>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "solder/nn/loss.hpp"
+#include "solder/nn/plan.hpp"
+#include "solder/optim/optimizer.hpp"
+
+namespace solder::nn {
+
+/// Per-kernel timings of a chain's forward and backward (chain::profile()).
+struct profile_entry {
+  std::string name;
+  double forward_seconds = 0, backward_seconds = 0;
+  std::size_t forward_calls = 0, backward_calls = 0;
+  double forward_flops = 0, backward_flops = 0;  // accumulated over the timed calls
+};
+
+template <bool Fused, class... Layers>
+class basic_chain {
+  static_assert(sizeof...(Layers) >= 1, "solder::chain: a chain needs at least one layer");
+  static_assert(check_chain<Layers...>());
+
+ public:
+  using widths = chain_widths<Layers...>;
+  using groups = typename plan_groups<Fused, Layers...>::type;
+  using blocks_type = typename blocks_of<groups>::type;
+  static constexpr std::size_t kernels = std::tuple_size_v<groups>;
+  static constexpr std::size_t in_features = widths::input;
+  static constexpr std::size_t out_features = widths::output;
+  static constexpr bool fused = Fused;
+  using input_ref = tensor_ref<const float, shape<dyn, in_features>>;
+  using output_ref = tensor_ref<const float, shape<dyn, out_features>>;
+
+  blocks_type blocks;
+
+  /// Parameters drawn as PyTorch initializes them, layer i from Philox stream (seed, i); each
+  /// dropout draws its masks from its own stream.
+  explicit basic_chain(std::uint64_t seed = 0) { reseed(seed); }
+
+  void reseed(std::uint64_t seed) {
+    for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
+      if constexpr (G::kind == layer_kind::product) {
+        b.linear.reset_parameters(mix(seed, G::first));
+        b.weights_changed();
+        seed_dropouts<G::first + 1>(b.tail.layers, seed);
+      } else if constexpr (G::kind == layer_kind::elementwise) {
+        seed_dropouts<G::first>(b.layers, seed);
+      }
+    });
+  }
+
+  void train() {
+    current = mode::train;
+    for_each_block([](auto& b, auto) {
+      if constexpr (requires { b.train(); }) b.train();
+      if constexpr (requires { b.weights_changed(); }) b.weights_changed();
+    });
+  }
+  /// Evaluation mode: dropout off, and every weight packed once into the GEMM's layout for the
+  /// forward calls that follow (call pack_weights() again if weights change in this mode).
+  void eval() {
+    current = mode::eval;
+    for_each_block([](auto& b, auto) {
+      if constexpr (requires { b.eval(); }) b.eval();
+    });
+    pack_weights();
+  }
+  mode current_mode() const { return current; }
+  void pack_weights() {
+    for_each_block([](auto& b, auto) {
+      if constexpr (requires { b.pack_weights(); }) b.pack_weights();
+    });
+  }
+
+  /// The model's output for x [batch, In]; valid until the next forward. x must stay valid
+  /// until backward (it is dW's operand for the first layer).
+  output_ref forward(input_ref x) {
+    const std::size_t n = x.batch();
+    reserve(n);
+    input = x.data();
+    run_forward(n, std::make_index_sequence<kernels>{});
+    return output_view(n);
+  }
+  template <class S>
+    requires(S::rank == 2 && S::last == in_features)
+  output_ref forward(tensor_ref<const float, S> x) {
+    return forward(input_ref(x.data(), S::elements(x.batch()) / in_features));
+  }
+  template <class S>
+  output_ref forward(const tensor<float, S>& x) {
+    return forward(x.ref());
+  }
+
+  /// Gradients of every parameter (overwritten) for dL/d(output) = dy, [batch, Out], after the
+  /// forward of that batch.
+  void backward(output_ref dy) {
+    const std::size_t n = dy.batch();
+    if (n != batch)
+      solder::detail::fail("solder::chain::backward: dy has " + std::to_string(n) + " rows, the last forward had " +
+                           std::to_string(batch));
+    upstream = dy.data();
+    run_backward(n, std::make_index_sequence<kernels>{});
+  }
+
+  /// dL/d(output) buffer of the chain (the loss writes into it; train_step does).
+  tensor_ref<float, shape<dyn, out_features>> output_grad() { return tensor_ref<float, shape<dyn, out_features>>(dout.data(), batch); }
+
+  /// One training step with softmax cross-entropy on integer labels: forward, loss and its
+  /// gradient in one pass, backward, optimizer step. Returns the mean loss.
+  template <class Optimizer>
+  float train_step(input_ref x, std::span<const std::int32_t> labels, Optimizer& opt, float label_smoothing = 0.0f) {
+    const output_ref logits = forward(x);
+    const float loss = softmax_cross_entropy(logits, labels, output_grad(), label_smoothing);
+    backward(output_ref(dout.data(), batch));
+    opt.step();
+    return loss;
+  }
+
+  /// Every parameter with its gradient, named as PyTorch's nn.Sequential names them ("0.weight",
+  /// "0.bias", ... by layer position), for optimizers and parameter files.
+  std::vector<optim::param> params() {
+    std::vector<optim::param> out;
+    for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
+      const std::string at = std::to_string(G::first) + ".";
+      if constexpr (G::kind == layer_kind::product) {
+        out.push_back(optim::make_param(at + "weight", b.linear.weight, b.linear.weight_grad));
+        if constexpr (std::remove_cvref_t<decltype(b.linear)>::has_bias)
+          out.push_back(optim::make_param(at + "bias", b.linear.bias, b.linear.bias_grad));
+      } else if constexpr (G::kind == layer_kind::elementwise) {
+        add_bias_params<G::first>(b.layers, out);
+      } else if constexpr (requires { b.params(at); }) {
+        for (auto& p : b.params(at)) out.push_back(p);
+      }
+    });
+    return out;
+  }
+
+  // ---- profiling --------------------------------------------------------------------------
+  /// Times every kernel of forward and backward from now on (steady_clock around each call).
+  void enable_profiling(bool on = true) {
+    profiling = on;
+    if (on) reset_profile();
+  }
+  void reset_profile() {
+    timings.assign(kernels, {});
+    std::size_t k = 0;
+    for_each_block([&]<class G>(auto&, std::type_identity<G>) { timings[k++].name = kernel_name<G>(); });
+  }
+  const std::vector<profile_entry>& profile() const { return timings; }
+  /// The profile as a table: time per call, share of the total, GFLOP/s per kernel.
+  void print_profile(std::ostream& os) const;
+
+  /// The name of the kernel group G runs as, e.g. "linear+relu+dropout".
+  template <class G>
+  static std::string kernel_name() {
+    std::string s;
+    [&]<layer_kind K, std::size_t F, class... Ls>(std::type_identity<group<K, F, Ls...>>) {
+      ((s += (s.empty() ? "" : "+"), s += Ls::name), ...);
+    }(std::type_identity<G>{});
+    return s;
+  }
+
+ private:
+  mode current = mode::train;
+  std::size_t batch = 0, capacity = 0;
+  const float* input = nullptr;     // the last forward's x (views assign elements, so pointers)
+  const float* upstream = nullptr;  // the last backward's dy
+  bool profiling = false;
+  std::vector<profile_entry> timings;
+
+  template <class G>
+  using out_tensor = tensor<float, shape<dyn, chain_widths<Layers...>::after[G::first + G::size - 1]>>;
+  template <class G>
+  using in_width = std::integral_constant<std::size_t, G::first == 0 ? in_features : chain_widths<Layers...>::after[G::first - 1]>;
+  template <class Gs>
+  struct buffers_of;
+  template <class... Gs>
+  struct buffers_of<std::tuple<Gs...>> {
+    using type = std::tuple<out_tensor<Gs>...>;
+    static type make() { return type(out_tensor<Gs>(1)...); }
+  };
+  using buffers = buffers_of<groups>;
+  typename buffers::type acts = buffers::make(), grads = buffers::make();  // each block's output and dL/d(output)
+  tensor<float, shape<dyn, out_features>> dout{1};    // dL/d(model output), for train_step
+  tensor<float, shape<dyn, in_features>> dinput{1};   // dL/dx of a first block that must write one
+
+  static std::uint64_t mix(std::uint64_t seed, std::size_t layer) {
+    // splitmix64 of (seed, layer): distinct, well-spread streams per layer
+    std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * (layer + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+
+  template <std::size_t First, class Tuple>
+  static void seed_dropouts(Tuple& layers, std::uint64_t seed) {
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (
+          [&] {
+            if constexpr (detail::is_dropout<std::tuple_element_t<K, Tuple>>) std::get<K>(layers).rng = {mix(seed, First + K), 0};
+          }(),
+          ...);
+    }(std::make_index_sequence<std::tuple_size_v<Tuple>>{});
+  }
+
+  template <std::size_t First, class Tuple>
+  static void add_bias_params(Tuple& layers, std::vector<optim::param>& out) {
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (
+          [&] {
+            if constexpr (detail::is_bias<std::tuple_element_t<K, Tuple>>) {
+              auto& l = std::get<K>(layers);
+              out.push_back(optim::make_param(std::to_string(First + K) + ".bias", l.value, l.grad));
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<std::tuple_size_v<Tuple>>{});
+  }
+
+  /// f(block, type_identity<group>) for every block, in order.
+  template <class F>
+  void for_each_block(F&& f) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (f(std::get<I>(blocks), std::type_identity<std::tuple_element_t<I, groups>>{}), ...);
+    }(std::make_index_sequence<kernels>{});
+  }
+
+  void reserve(std::size_t n) {
+    if (n == 0) solder::detail::fail("solder::chain: a batch needs at least one sample");
+    batch = n;
+    if (n <= capacity) return;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((std::get<I>(acts) = std::tuple_element_t<I, decltype(acts)>(n), std::get<I>(grads) = std::tuple_element_t<I, decltype(grads)>(n)), ...);
+    }(std::make_index_sequence<kernels>{});
+    dout = tensor<float, shape<dyn, out_features>>(n);
+    dinput = tensor<float, shape<dyn, in_features>>(n);
+    capacity = n;
+  }
+
+  template <std::size_t I>
+  auto act_view(std::size_t n) {
+    using T = std::tuple_element_t<I, decltype(acts)>;
+    return tensor_ref<float, typename T::shape_type>(std::get<I>(acts).data(), n);
+  }
+  template <std::size_t I>
+  auto act_cview(std::size_t n) const {
+    using T = std::tuple_element_t<I, decltype(acts)>;
+    return tensor_ref<const float, typename T::shape_type>(std::get<I>(acts).data(), n);
+  }
+  template <std::size_t I>
+  auto grad_view(std::size_t n) {
+    using T = std::tuple_element_t<I, decltype(grads)>;
+    return tensor_ref<float, typename T::shape_type>(std::get<I>(grads).data(), n);
+  }
+  output_ref output_view(std::size_t n) const { return act_cview<kernels - 1>(n); }
+
+  /// The input of block I: the model input or the previous block's output.
+  template <std::size_t I>
+  auto block_input(std::size_t n) const {
+    if constexpr (I == 0)
+      return input_ref(input, n);
+    else
+      return act_cview<I - 1>(n);
+  }
+
+  template <class F>
+  void timed(std::size_t k, bool fwd, double flops, F&& f) {
+    if (!profiling) return f();
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto& e = timings[k];
+    (fwd ? e.forward_seconds : e.backward_seconds) += s;
+    (fwd ? e.forward_calls : e.backward_calls) += 1;
+    (fwd ? e.forward_flops : e.backward_flops) += flops;
+  }
+
+  template <class G>
+  static constexpr double group_flops(bool fwd) {
+    return [&]<layer_kind K, std::size_t F, class... Ls>(std::type_identity<group<K, F, Ls...>>) {
+      double f = 0;
+      std::size_t i = F;
+      ((f += fwd ? layer_info<Ls>::forward_flops(chain_widths<Layers...>::after[i]) : layer_info<Ls>::backward_flops(chain_widths<Layers...>::after[i]), ++i), ...);
+      return f;
+    }(std::type_identity<G>{});
+  }
+
+  template <std::size_t... I>
+  void run_forward(std::size_t n, std::index_sequence<I...>) {
+    (timed(I, true, group_flops<std::tuple_element_t<I, groups>>(true) * double(n),
+           [&] { std::get<I>(blocks).forward(block_input<I>(n), act_view<I>(n)); }),
+     ...);
+  }
+
+  template <std::size_t I>
+  void backward_block(std::size_t n) {
+    auto& b = std::get<I>(blocks);
+    const auto y = act_cview<I>(n);
+    using GT = std::tuple_element_t<I, decltype(grads)>;
+    const auto dy = [&] {
+      if constexpr (I + 1 == kernels)
+        return output_ref(upstream, n);
+      else
+        return tensor_ref<const float, typename GT::shape_type>(std::get<I>(grads).data(), n);
+    }();
+    if constexpr (I == 0) {
+      if constexpr (requires { b.backward_params(block_input<0>(n), y, dy); })
+        b.backward_params(block_input<0>(n), y, dy);
+      else
+        b.backward(block_input<0>(n), y, dy, tensor_ref<float, shape<dyn, in_features>>(dinput.data(), n));
+    } else {
+      b.backward(block_input<I>(n), y, dy, grad_view<I - 1>(n));
+    }
+  }
+
+  template <std::size_t... I>
+  void run_backward(std::size_t n, std::index_sequence<I...>) {
+    // Last block first.
+    constexpr std::size_t K = sizeof...(I);
+    (timed(K - 1 - I, false, group_flops<std::tuple_element_t<K - 1 - I, groups>>(false) * double(n),
+           [&] { backward_block<K - 1 - I>(n); }),
+     ...);
+  }
+};
+
+/// A model: its layers planned into fused kernels.
+template <class... Layers>
+using chain = basic_chain<true, Layers...>;
+/// The same model with one kernel per layer (what an eager framework runs), for comparisons.
+template <class... Layers>
+using unfused_chain = basic_chain<false, Layers...>;
+
+template <bool Fused, class... Layers>
+void basic_chain<Fused, Layers...>::print_profile(std::ostream& os) const {
+  double total = 0;
+  for (const auto& e : timings) total += e.forward_seconds + e.backward_seconds;
+  auto row = [&](const std::string& name, double s, std::size_t calls, double flops) {
+    if (calls == 0) return;
+    os << "  " << std::left << std::setw(34) << name << std::right << std::setw(11) << std::fixed << std::setprecision(2)
+       << 1e6 * s / double(calls) << " us" << std::setw(8) << std::setprecision(1) << (total > 0 ? 100.0 * s / total : 0.0)
+       << " %" << std::setw(10) << std::setprecision(2) << (s > 0 ? flops / s * 1e-9 : 0.0) << " GFLOP/s\n";
+  };
+  os << "  " << std::left << std::setw(34) << "kernel" << std::right << std::setw(14) << "time/call" << std::setw(10)
+     << "share" << std::setw(18) << "rate\n";
+  for (const auto& e : timings) row(e.name + " (fwd)", e.forward_seconds, e.forward_calls, e.forward_flops);
+  for (auto it = timings.rbegin(); it != timings.rend(); ++it)
+    row(it->name + " (bwd)", it->backward_seconds, it->backward_calls, it->backward_flops);
+  os.unsetf(std::ios::floatfield);
+}
+
+}  // namespace solder::nn
