@@ -91,6 +91,16 @@ class basic_chain {
     pack_weights();
   }
   mode current_mode() const { return current; }
+  /// Call after changing parameters outside train_step (loading them, editing them): the
+  /// packed weights of eval mode are made again.
+  void parameters_changed() {
+    if (current == mode::eval)
+      pack_weights();
+    else
+      for_each_block([](auto& b, auto) {
+        if constexpr (requires { b.weights_changed(); }) b.weights_changed();
+      });
+  }
   void pack_weights() {
     for_each_block([](auto& b, auto) {
       if constexpr (requires { b.pack_weights(); }) b.pack_weights();

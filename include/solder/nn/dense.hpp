@@ -201,7 +201,7 @@ class dense {
       else
         assign(g, ge);
     };
-    if constexpr (!keeps_preactivation) {
+    if constexpr (tail_type::template output_backward_in<M>) {
       finish(tail.template gate_from_output<M>(y, dy));
     } else {
       if (M == mode::eval || pre_batch != batch)

@@ -65,6 +65,12 @@ constexpr bool output_backward() {
     }
   }
 }
+/// output_backward of the layers without their dropouts (identities in evaluation mode).
+template <class... Layers>
+constexpr bool output_backward_eval() {
+  using kept = decltype(std::tuple_cat(std::conditional_t<is_dropout<Layers>, std::tuple<>, std::tuple<Layers>>{}...));
+  return []<class... K>(std::type_identity<std::tuple<K...>>) { return output_backward<K...>(); }(std::type_identity<kept>{});
+}
 }  // namespace detail
 
 template <class... Layers>
@@ -73,6 +79,10 @@ class fuse {
   /// Whether backward_from_output is available: the gradient follows from the saved output y
   /// alone (no x, no regenerated dropout mask). True for bias, relu/sigmoid, dropout chains.
   static constexpr bool output_backward = detail::output_backward<Layers...>();
+  /// The same in evaluation mode, where dropouts are identities (tanh then dropout qualifies).
+  static constexpr bool output_backward_eval = detail::output_backward_eval<Layers...>();
+  template <mode M>
+  static constexpr bool output_backward_in = M == mode::train ? output_backward : output_backward_eval;
 
   std::tuple<Layers...> layers;
   mode current = mode::train;
@@ -123,6 +133,9 @@ class fuse {
   template <class S>
   void backward(tensor_ref<const float, S> x, tensor_ref<const float, S> y, tensor_ref<const float, S> dy,
                 tensor_ref<float, S> dx) {
+    if (current == mode::eval && output_backward_eval) {
+      if constexpr (output_backward_eval) return write_gate(dx, gate_from_output<mode::eval>(y, dy));
+    }
     if constexpr (output_backward)
       backward_from_output(y, dy, dx);
     else
@@ -153,16 +166,24 @@ class fuse {
   /// epilogue of its product (nn::dense).
   template <mode M, class Y, class G>
   auto gate_from_output(const Y& y, const G& dy) const
-    requires output_backward
+    requires output_backward_in<M>
   {
     constexpr std::size_t nb = detail::leading_biases<Layers...>();
     if constexpr (nb == sizeof...(Layers)) {
       return as_expr(dy);
+    } else if constexpr (M == mode::eval) {
+      // The one activation among the dropouts (none: the gradient passes through).
+      using acts = decltype(std::tuple_cat(std::conditional_t<std::is_void_v<typename detail::activation_of<Layers>::type>, std::tuple<>,
+                                                              std::tuple<typename detail::activation_of<Layers>::type>>{}...));
+      if constexpr (std::tuple_size_v<acts> == 0)
+        return as_expr(dy);
+      else
+        return output_derivative<std::tuple_element_t<0, acts>>::template grad<false>(y, dy, 1.0f);
     } else {
       using Op = typename detail::activation_of<std::tuple_element_t<nb, std::tuple<Layers...>>>::type;
       if constexpr (nb + 2 == sizeof...(Layers)) {
         using D = std::tuple_element_t<nb + 1, std::tuple<Layers...>>;
-        if constexpr (M == mode::train && D::p > 0.0f)
+        if constexpr (D::p > 0.0f)
           return output_derivative<Op>::template grad<true>(y, dy, std::get<nb + 1>(layers).scale());
         else
           return output_derivative<Op>::template grad<false>(y, dy, 1.0f);
@@ -228,7 +249,11 @@ class fuse {
 
   template <mode M, class S>
   void backward_from_output_as(tensor_ref<const float, S> y, tensor_ref<const float, S> dy, tensor_ref<float, S> dx) {
-    const auto g = gate_from_output<M>(y, dy);
+    write_gate(dx, gate_from_output<M>(y, dy));
+  }
+  /// dx = g and every bias gradient (the column sums of g) in one pass.
+  template <class S, class G>
+  void write_gate(tensor_ref<float, S> dx, const G& g) {
     std::apply([&](auto&... db) { assign_all(write(dx, g), write(db, sum_to<typename std::remove_cvref_t<decltype(db)>::shape_type>(g))...); },
                all_grads());
   }

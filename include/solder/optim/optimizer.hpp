@@ -22,11 +22,13 @@
 namespace solder::optim {
 
 /// A trainable tensor as an optimizer sees it: flat views of its values and of its gradient
-/// (the same number of elements), and a name for messages.
+/// (the same number of elements), a name for messages and files, and its shape (for files:
+/// a linear weight is [Out, In]).
 struct param {
   std::string name;
   tensor_ref<float, shape<dyn>> value;
   tensor_ref<float, shape<dyn>> grad;
+  std::vector<std::size_t> dims{};
 };
 
 /// A param viewing a tensor (or writable view) and its gradient, of any shape, flattened.
@@ -41,8 +43,14 @@ param make_param(std::string name, V& value, G& grad) {
   if (value.size() != grad.size())
     solder::detail::fail("solder::optim::make_param: '" + name + "' has " + std::to_string(value.size()) +
                          " values but " + std::to_string(grad.size()) + " gradients");
+  std::vector<std::size_t> dims{value.size()};
+  if constexpr (requires { typename V::shape_type; }) {
+    using S = typename V::shape_type;
+    dims.assign(S::extents.begin(), S::extents.end());
+    if constexpr (S::dynamic) dims[0] = value.batch();
+  }
   return {std::move(name), tensor_ref<float, shape<dyn>>(value.data(), value.size()),
-          tensor_ref<float, shape<dyn>>(grad.data(), grad.size())};
+          tensor_ref<float, shape<dyn>>(grad.data(), grad.size()), std::move(dims)};
 }
 
 namespace detail {

@@ -1,0 +1,118 @@
+// nn/flatten.hpp: torch's nn.Flatten for a chain of [batch, features] activations: a sample of
+// extents [C, H, W] read as C*H*W features. The memory is the same, so it is a view or a copy.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "solder/config.hpp"
+#include "solder/diagnostic.hpp"
+#include "solder/optim/optimizer.hpp"
+#include "solder/shape.hpp"
+#include "solder/tensor.hpp"
+
+namespace solder::nn {
+
+/// y [batch, E0*E1*...] = x [batch, E0, E1, ...] (or x already [batch, E0*E1*...]) in the same
+/// row-major order: torch's nn.Flatten(). Forward copies x to y and backward dy to dx, unless
+/// they are the same memory; view() gives the flat view with no copy at all.
+template <std::size_t... Extents>
+struct flatten {
+  static_assert(sizeof...(Extents) >= 1 && ((Extents >= 1) && ...),
+                "solder::nn::flatten: give the extents of one sample, each at least 1 (e.g. flatten<3, 8, 8>)");
+
+  /// Features per sample: the product of the extents.
+  static constexpr std::size_t features = (Extents * ... * std::size_t(1));
+  static constexpr std::size_t in_features = features;
+  static constexpr std::size_t out_features = features;
+  static constexpr const char* name = "flatten";
+  static constexpr std::size_t parameter_count = 0;
+  static constexpr double forward_flops = 0;
+  static constexpr double backward_flops = 0;
+  static constexpr std::size_t saved_floats = 0;
+
+  /// No parameters.
+  std::vector<optim::param> params(const std::string& /*prefix*/ = "") { return {}; }
+
+  /// The [batch, features] view of x [batch, Extents...]: the same memory, nothing copied.
+  template <class T, std::size_t B>
+  static tensor_ref<T, shape<B, features>> view(tensor_ref<T, shape<B, Extents...>> x) {
+    return tensor_ref<T, shape<B, features>>(x.data(), x.batch());
+  }
+  template <class T, std::size_t B>
+  static tensor_ref<T, shape<B, features>> view(tensor<T, shape<B, Extents...>>& x) {
+    return view(x.ref());
+  }
+
+  /// y = x for x [batch, Extents...] or [batch, features] and y [batch, features].
+  template <class SX, class SY>
+  void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+    static_assert(check_shapes<SX, SY>());
+    if (x.batch() != y.batch())
+      solder::detail::fail("solder::nn::flatten::forward: the batch sizes of x (" + std::to_string(x.batch()) +
+                           ") and y (" + std::to_string(y.batch()) + ") differ");
+    copy(y.data(), x.data(), y.size());
+  }
+  template <class SX, class SY>
+  void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
+    forward(x.ref(), y.ref());
+  }
+
+  /// dx = dy, reshaped back to x's shape (x and y are not read).
+  template <class SX, class SY>
+  void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
+                tensor_ref<float, SX> dx) {
+    static_assert(check_shapes<SX, SY>());
+    const std::size_t batch = x.batch();
+    if (y.batch() != batch || dy.batch() != batch || dx.batch() != batch)
+      solder::detail::fail("solder::nn::flatten::backward: the batch sizes of x (" + std::to_string(batch) + "), y (" +
+                           std::to_string(y.batch()) + "), dy (" + std::to_string(dy.batch()) + ") and dx (" +
+                           std::to_string(dx.batch()) + ") differ");
+    copy(dx.data(), dy.data(), dx.size());
+  }
+  template <class SX, class SY>
+  void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy, tensor<float, SX>& dx) {
+    backward(x.ref(), y.ref(), dy.ref(), dx.ref());
+  }
+
+ private:
+  static void copy(float* to, const float* from, std::size_t n) {
+    if (to != from) std::memmove(to, from, n * sizeof(float));  // a chain may hand over the same buffer
+  }
+
+  template <class SX, class SY>
+  static constexpr bool check_shapes() {
+    constexpr bool ok = [] {
+      if constexpr (SX::rank < 2) {
+        return false;
+      } else {
+        using flat = shape<SX::extents[0], features>;
+        return (std::is_same_v<SX, shape<SX::extents[0], Extents...>> || std::is_same_v<SX, flat>) &&
+               std::is_same_v<SY, flat>;
+      }
+    }();
+    if constexpr (ok) {
+      return true;
+    } else {
+      constexpr fixed_string m = [] {
+        fixed_string s("solder::nn::flatten<");
+        std::size_t k = 0;
+        ((s.append(k++ ? ", " : "").append(Extents)), ...);
+        s.append(">: x must be [batch");
+        ((s.append(", ").append(Extents)), ...);
+        s.append("] or [batch, ").append(features).append("] and y [batch, ").append(features);
+        s.append("]; got x ");
+        solder::detail::append_shape<SX>(s);
+        s.append(" and y ");
+        solder::detail::append_shape<SY>(s);
+        return s;
+      }();
+      return diagnostic<m>::reported;
+    }
+  }
+};
+
+}  // namespace solder::nn

@@ -1,0 +1,252 @@
+// nn/softmax.hpp: softmax and log_softmax over the feature axis of [batch, N] activations, as
+// blocks of their own: one visit per row, stable (the row max is subtracted before exp), and a
+// backward pass that needs the output y alone.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "solder/config.hpp"
+#include "solder/diagnostic.hpp"
+#include "solder/eval/cpu/batch.hpp"
+#include "solder/eval/cpu/parallel.hpp"
+#include "solder/optim/optimizer.hpp"
+#include "solder/shape.hpp"
+#include "solder/tensor.hpp"
+
+// GCC 12.2 warns -W(maybe-)uninitialized inside its own AVX-512 intrinsics that xsimd's exp
+// calls (GCC bug 105593, fixed in 12.3); the warning names no solder code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace solder::nn {
+
+namespace detail {
+
+/// The row kernels of softmax<N> and log_softmax<N>: xsimd vectors along the row; the tail
+/// (N % lanes) runs the same vector code on a padded copy, so every column is computed alike.
+template <std::size_t N>
+struct softmax_row {
+  using V = cpu::vec<float>;
+  static constexpr std::size_t lanes = V::size, full = N / lanes * lanes, rest = N - full;
+  /// Elements a float vector accumulator sums before its total joins a double: 16 terms per
+  /// lane, so a row sum errs by about 20 u of its terms' magnitudes whatever N is.
+  static constexpr std::size_t block = 16 * lanes;
+  static constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+
+  /// A vector of p[0, lanes), or of p[0, rest) padded with `pad` on the tail.
+  template <class Tail>
+  static SOLDER_INLINE V load(const float* p, float pad = 0.0f) {
+    if constexpr (Tail::value) {
+      alignas(alignment) float buf[lanes];
+      std::fill_n(buf, lanes, pad);
+      std::memcpy(buf, p, rest * sizeof(float));
+      return V::load_aligned(buf);
+    } else {
+      return V::load_unaligned(p);
+    }
+  }
+  template <class Tail>
+  static SOLDER_INLINE void store(float* p, const V& v) {
+    if constexpr (Tail::value) {
+      alignas(alignment) float buf[lanes];
+      v.store_aligned(buf);
+      std::memcpy(p, buf, rest * sizeof(float));
+    } else {
+      v.store_unaligned(p);
+    }
+  }
+
+  /// f(j, std::false_type) for every whole vector at column j, then f(full, std::true_type).
+  template <class F>
+  static SOLDER_INLINE void each(const F& f) {
+    for (std::size_t j = 0; j < full; j += lanes) f(j, std::false_type{});
+    if constexpr (rest != 0) f(full, std::true_type{});
+  }
+
+  /// The sum over the row of f(j, tail) in a fixed order: float vectors per block, block
+  /// totals in double. Tail loads must pad so that f's padding lanes are 0.
+  template <class F>
+  static SOLDER_INLINE double sum(const F& f) {
+    double total = 0;
+    for (std::size_t b = 0; b < full; b += block) {
+      V acc(0.0f);
+      const std::size_t end = std::min(full, b + block);
+      for (std::size_t j = b; j < end; j += lanes) acc += f(j, std::false_type{});
+      total += double(xsimd::hadd(acc));
+    }
+    if constexpr (rest != 0) total += double(xsimd::hadd(f(full, std::true_type{})));
+    return total;
+  }
+
+  /// The row's max. A NaN need not win it: a NaN x_j makes exp(x_j - max), and so the row's
+  /// sum and every output, NaN anyway.
+  static SOLDER_INLINE float max(const float* x) {
+    V acc(neg_inf);
+    each([&]<class T>(std::size_t j, T) { acc = simd::max(acc, load<T>(x + j, neg_inf)); });
+    alignas(alignment) float buf[lanes];
+    acc.store_aligned(buf);
+    float m = buf[0];
+    for (std::size_t k = 1; k < lanes; ++k) m = simd::max(m, buf[k]);
+    return m;
+  }
+
+  /// y = exp(x - m) / s, s = sum exp(x - m), m = max x (e parked in y until s is known); or, Log,
+  /// y = (x - m) - log s. Padding with -inf adds exp(-inf) = 0 to s.
+  template <bool Log>
+  static SOLDER_INLINE void forward(const float* x, float* y) {
+    const V m(max(x));
+    if constexpr (Log) {
+      const double s = sum([&]<class T>(std::size_t j, T) { return simd::exp(load<T>(x + j, neg_inf) - m); });
+      const V ls(float(std::log(s)));
+      each([&]<class T>(std::size_t j, T) { store<T>(y + j, (load<T>(x + j) - m) - ls); });
+    } else {
+      const double s = sum([&]<class T>(std::size_t j, T) {
+        const V e = simd::exp(load<T>(x + j, neg_inf) - m);
+        store<T>(y + j, e);
+        return e;
+      });
+      const V r(float(1.0 / s));
+      each([&]<class T>(std::size_t j, T) { store<T>(y + j, load<T>(y + j) * r); });
+    }
+  }
+
+  /// softmax: dx = y (dy - sum(dy y)); Log: dx = dy - exp(y) sum(dy). Padding dy with 0
+  /// keeps the sums exact.
+  template <bool Log>
+  static SOLDER_INLINE void backward(const float* y, const float* dy, float* dx) {
+    if constexpr (Log) {
+      const V s(float(sum([&]<class T>(std::size_t j, T) { return load<T>(dy + j); })));
+      each([&]<class T>(std::size_t j, T) {
+        store<T>(dx + j, simd::fma(simd::neg(simd::exp(load<T>(y + j))), s, load<T>(dy + j)));
+      });
+    } else {
+      const V dot(float(sum([&]<class T>(std::size_t j, T) { return load<T>(dy + j) * load<T>(y + j); })));
+      each([&]<class T>(std::size_t j, T) { store<T>(dx + j, load<T>(y + j) * (load<T>(dy + j) - dot)); });
+    }
+  }
+};
+
+/// What softmax<N> and log_softmax<N> share; Log picks the function.
+template <std::size_t N, bool Log>
+class softmax_layer {
+  static_assert(N >= 1, "solder::nn::softmax: the feature count N must be at least 1");
+  using row = softmax_row<N>;
+  static constexpr const char* who = Log ? "solder::nn::log_softmax" : "solder::nn::softmax";
+
+ public:
+  static constexpr std::size_t in_features = N;
+  static constexpr std::size_t out_features = N;
+  static constexpr const char* name = Log ? "log_softmax" : "softmax";
+  static constexpr std::size_t parameter_count = 0;
+  /// Per sample, approximate: max, subtract, exp, sum, and a multiply (softmax) or two
+  /// subtractions (log_softmax), N each.
+  static constexpr double forward_flops = (Log ? 6.0 : 5.0) * N;
+  /// Per sample, approximate: a sum (N or 2N with its products) and the elementwise dx (2N or 3N).
+  static constexpr double backward_flops = 4.0 * N;
+  /// Backward reads y alone.
+  static constexpr std::size_t saved_floats = 0;
+
+  /// No parameters.
+  std::vector<optim::param> params(const std::string& /*prefix*/ = "") { return {}; }
+
+  /// y = softmax(x) (or log_softmax) along each row of x, y [batch, N]; y may be x (in place).
+  template <class SX, class SY>
+  void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+    static_assert(check_shapes<SX, SY>());
+    if (x.batch() != y.batch())
+      solder::detail::fail(std::string(who) + "::forward: the batch sizes of x (" + std::to_string(x.batch()) +
+                           ") and y (" + std::to_string(y.batch()) + ") differ");
+    const float* xp = x.data();
+    float* yp = y.data();
+    for_rows(SX::elements(x.batch()) / N, [=](std::size_t r) { row::template forward<Log>(xp + r * N, yp + r * N); });
+  }
+  template <class SX, class SY>
+  void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
+    forward(x.ref(), y.ref());
+  }
+
+  /// dx = dL/dx from the last forward's output y and dy = dL/dy (x is not read); dx may be dy.
+  template <class SX, class SY>
+  void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
+                tensor_ref<float, SX> dx) {
+    static_assert(check_shapes<SX, SY>());
+    const std::size_t batch = x.batch();
+    if (y.batch() != batch || dy.batch() != batch || dx.batch() != batch)
+      solder::detail::fail(std::string(who) + "::backward: the batch sizes of x (" + std::to_string(batch) + "), y (" +
+                           std::to_string(y.batch()) + "), dy (" + std::to_string(dy.batch()) + ") and dx (" +
+                           std::to_string(dx.batch()) + ") differ");
+    const float *yp = y.data(), *dyp = dy.data();
+    float* dxp = dx.data();
+    for_rows(SY::elements(batch) / N,
+             [=](std::size_t r) { row::template backward<Log>(yp + r * N, dyp + r * N, dxp + r * N); });
+  }
+  template <class SX, class SY>
+  void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy, tensor<float, SX>& dx) {
+    backward(x.ref(), y.ref(), dy.ref(), dx.ref());
+  }
+
+ private:
+  /// Below this many elements a pass runs on the calling thread.
+  static constexpr std::size_t parallel_min_elements = std::size_t(1) << 16;
+
+  /// f(r) for every row; rows are independent, so how they are split among threads cannot
+  /// change a result.
+  template <class F>
+  static void for_rows(std::size_t rows, const F& f) {
+    const int threads = rows * N >= parallel_min_elements ? num_threads() : 1;
+    const std::size_t per = (rows + std::size_t(threads) - 1) / std::size_t(threads);
+    cpu::parallel_for(std::size_t(threads), threads, [&](std::size_t t) {
+      for (std::size_t r = t * per; r < std::min(rows, (t + 1) * per); ++r) f(r);
+    });
+  }
+
+  template <class SX, class SY>
+  static constexpr bool check_shapes() {
+    if constexpr (SX::rank == 2 && SX::last == N && std::is_same_v<SX, SY>) {
+      return true;
+    } else {
+      constexpr fixed_string m = [] {
+        fixed_string s;
+        s.append(who).append(": a layer of ").append(N).append(" features needs x and y of one shape [batch, ").append(N);
+        s.append("]; got x ");
+        solder::detail::append_shape<SX>(s);
+        s.append(" and y ");
+        solder::detail::append_shape<SY>(s);
+        return s;
+      }();
+      return diagnostic<m>::reported;
+    }
+  }
+};
+
+}  // namespace detail
+
+/// y_j = exp(x_j - max x) / sum_k exp(x_k - max x) along each row of x [batch, N]: torch's
+/// softmax(x, dim=-1). Backward: dx = y (dy - sum(dy y)), from y alone. A NaN in a row, or a row
+/// of -inf, gives a row of NaN (as torch); +inf in a row gives NaN too. Results do not depend
+/// on the thread count.
+template <std::size_t N>
+struct softmax : detail::softmax_layer<N, false> {};
+
+/// y_j = x_j - max x - log sum_k exp(x_k - max x) along each row of x [batch, N]: torch's
+/// log_softmax(x, dim=-1). Backward: dx = dy - exp(y) sum(dy), from y alone. NaN and infinity
+/// as softmax.
+template <std::size_t N>
+struct log_softmax : detail::softmax_layer<N, true> {};
+
+}  // namespace solder::nn
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif

@@ -1,0 +1,235 @@
+// tests/nn/chain.test.cpp: chain<...> end to end. The plan (kernels, names, costs); the fused
+// chain against the same chain run one kernel per layer; whole-chain gradients against central
+// finite differences; training the digits MLP to the accuracy bar; bitwise-equal training on 1
+// and 2 threads; parameter files; run-time errors.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "solder/cost.hpp"
+#include "solder/data/csv.hpp"
+#include "solder/data/dataset.hpp"
+#include "solder/nn/chain.hpp"
+#include "solder/nn/state.hpp"
+#include "solder/optim/adam.hpp"
+#include "solder/optim/schedule.hpp"
+#include "support/data.hpp"
+
+namespace {
+
+using namespace solder;
+
+using mlp_layers = std::tuple<nn::linear<64, 256>, nn::relu, nn::dropout<0.1f>, nn::linear<256, 128>, nn::relu,
+                              nn::dropout<0.1f>, nn::linear<128, 10>>;
+template <template <class...> class C, class T>
+struct apply_layers;
+template <template <class...> class C, class... Ls>
+struct apply_layers<C, std::tuple<Ls...>> {
+  using type = C<Ls...>;
+};
+using mlp = apply_layers<nn::chain, mlp_layers>::type;
+using mlp_unfused = apply_layers<nn::unfused_chain, mlp_layers>::type;
+
+static_assert(mlp::kernels == 3);
+static_assert(mlp_unfused::kernels == 7);
+static_assert(mlp::in_features == 64 && mlp::out_features == 10);
+static_assert(cost<mlp>::params == 64 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
+static_assert(cost<mlp>::params == cost<mlp_unfused>::params);
+// Activations kept per sample: the three kernel outputs; the unfused chain stores every layer's.
+static_assert(cost<mlp>::activation_floats == 256 + 128 + 10);
+static_assert(cost<mlp_unfused>::activation_floats == 3 * 256 + 3 * 128 + 10);
+static_assert(cost<mlp>::forward_flops == cost<mlp_unfused>::forward_flops);
+
+std::size_t bit_differences(const float* a, const float* b, std::size_t n) {
+  std::size_t d = 0;
+  for (std::size_t i = 0; i < n; ++i) d += std::memcmp(a + i, b + i, sizeof(float)) != 0;
+  return d;
+}
+
+std::vector<std::int32_t> labels_for(std::size_t n, int classes) {
+  std::vector<std::int32_t> y(n);
+  for (std::size_t i = 0; i < n; ++i) y[i] = std::int32_t((i * 7 + 3) % std::size_t(classes));
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("chain: the plan names its kernels and prints", "[chain]") {
+  CHECK(mlp::kernel_name<std::tuple_element_t<0, mlp::groups>>() == "linear+relu+dropout");
+  CHECK(mlp::kernel_name<std::tuple_element_t<2, mlp::groups>>() == "linear");
+  std::ostringstream p, s;
+  p << plan<mlp>{};
+  s << summary<mlp>{};
+  CHECK(p.str().find("3 kernels") != std::string::npos);
+  CHECK(s.str().find("50826 parameters") != std::string::npos);
+  using odd = nn::chain<nn::relu, nn::linear<5, 7>, nn::bias<7>, nn::tanh, nn::linear<7, 2, false>>;
+  static_assert(odd::kernels == 4);  // relu alone; linear; bias+tanh (a bias has parameters); linear
+  static_assert(odd::in_features == 5);
+}
+
+TEST_CASE("chain: parameters carry PyTorch's names and shapes", "[chain]") {
+  mlp model(1);
+  const auto params = model.params();
+  REQUIRE(params.size() == 6);
+  CHECK(params[0].name == "0.weight");
+  CHECK(params[0].dims == std::vector<std::size_t>{256, 64});
+  CHECK(params[1].name == "0.bias");
+  CHECK(params[2].name == "3.weight");
+  CHECK(params[4].name == "6.weight");
+  CHECK(params[5].dims == std::vector<std::size_t>{10});
+}
+
+TEST_CASE("chain: fused and one-kernel-per-layer chains compute the same", "[chain]") {
+  mlp fused(7);
+  mlp_unfused unfused(7);  // the same seed: the same weights and dropout streams
+  tensor<float, shape<dyn, 64>> x(45);
+  solder::test::fill_uniform(x, 0, 1, 201);
+  const auto y = labels_for(45, 10);
+  for (int step = 0; step < 3; ++step) {
+    const auto a = fused.forward(x);
+    const auto b = unfused.forward(x);
+    INFO("step " << step);
+    CHECK(bit_differences(a.data(), b.data(), a.size()) == 0);
+    auto ga = fused.output_grad();
+    auto gb = unfused.output_grad();
+    nn::softmax_cross_entropy(a, y, ga);
+    nn::softmax_cross_entropy(b, y, gb);
+    fused.backward(ga);
+    unfused.backward(gb);
+    const auto pa = fused.params(), pb = unfused.params();
+    for (std::size_t k = 0; k < pa.size(); ++k) {
+      double worst = 0, scale = 0;
+      for (std::size_t i = 0; i < pa[k].grad.size(); ++i) {
+        worst = std::max(worst, double(std::fabs(pa[k].grad[i] - pb[k].grad[i])));
+        scale = std::max(scale, double(std::fabs(pb[k].grad[i])));
+      }
+      INFO(pa[k].name);
+      CHECK(worst <= 1e-6 * scale);
+    }
+  }
+}
+
+TEST_CASE("chain: whole-chain gradients against central finite differences", "[chain]") {
+  // Smooth activations (no kink for the differences to straddle); eval mode: no dropout.
+  nn::chain<nn::linear<6, 9>, nn::tanh, nn::dropout<0.2f>, nn::linear<9, 5>, nn::bias<5>, nn::sigmoid, nn::linear<5, 3>> model(3);
+  model.eval();
+  model.train();  // dropout drawn in training; the check below is in eval mode
+  model.eval();
+  tensor<float, shape<dyn, 6>> x(4);
+  tensor<float, shape<dyn, 3>> r(4);
+  solder::test::fill_uniform(x, -1, 1, 211);
+  solder::test::fill_uniform(r, -1, 1, 212);
+  auto loss = [&] {
+    const auto y = model.forward(x);
+    double L = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) L += double(r[i]) * double(y[i]);
+    return L;
+  };
+  loss();
+  model.backward(tensor_ref<const float, shape<dyn, 3>>(r.data(), 4));
+  std::vector<std::vector<float>> grads;
+  auto params = model.params();
+  for (auto& p : params) grads.emplace_back(p.grad.begin(), p.grad.end());
+  for (std::size_t k = 0; k < params.size(); ++k)
+    for (std::size_t i = 0; i < params[k].value.size(); i += 3) {
+      float& w = params[k].value[i];
+      const float w0 = w, h = 1e-2f;
+      w = w0 + h;
+      model.parameters_changed();
+      const double lp = loss();
+      w = w0 - h;
+      model.parameters_changed();
+      const double lm = loss();
+      w = w0;
+      model.parameters_changed();
+      const double fd = (lp - lm) / (2.0 * double(h));
+      INFO(params[k].name << "[" << i << "]");
+      CHECK(grads[k][i] == Approx(fd).margin(2e-4).epsilon(2e-3));
+    }
+}
+
+TEST_CASE("chain: training the digits MLP reaches 97% held-out accuracy", "[chain][slow]") {
+  data::labeled_dataset all = data::load_labeled_csv(SOLDER_DIGITS_CSV, 64, 64);
+  data::divide_features(all, 16.0f);
+  const auto [train, test] = data::train_test_split(all, 0.2, 2026);
+  mlp model(1);
+  optim::adamw opt(model.params(), {.lr = 2e-3f, .weight_decay = 1e-2f});
+  data::batch_loader loader(train, 32, data::last_batch::drop);
+  const int epochs = 30;
+  const std::int64_t total = epochs * std::int64_t(loader.size());
+  const auto schedule = optim::warmup_cosine_lr(2e-3, total / 20 + 1, total, 0.1);
+  std::int64_t t = 0;
+  double first = 0, last = 0;
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    loader.shuffle(2026, std::uint64_t(epoch));
+    double sum = 0;
+    for (const data::batch_view b : loader) {
+      opt.set_lr(schedule(t++));
+      sum += model.train_step(b.features_as<64>(), b.y, opt);
+    }
+    (epoch == 0 ? first : last) = sum / double(loader.size());
+  }
+  model.eval();
+  const double acc = nn::accuracy(model.forward(tensor_ref<const float, shape<dyn, 64>>(test.x.data(), test.size())), test.y);
+  INFO("loss " << first << " -> " << last << ", held-out accuracy " << acc);
+  CHECK(last < 0.1 * first);
+  CHECK(acc >= 0.97);
+}
+
+TEST_CASE("chain: training is bitwise the same on 1 and 2 threads", "[chain]") {
+  tensor<float, shape<dyn, 64>> x(300);
+  solder::test::fill_uniform(x, 0, 1, 221);
+  const auto y = labels_for(300, 10);
+  auto run = [&](int threads) {
+    const int before = solder::num_threads();
+    solder::set_num_threads(threads);
+    mlp model(11);
+    optim::adamw opt(model.params());
+    for (int step = 0; step < 3; ++step) model.train_step(x, y, opt);
+    solder::set_num_threads(before);
+    std::vector<float> w;
+    for (auto& p : model.params()) w.insert(w.end(), p.value.begin(), p.value.end());
+    return w;
+  };
+  const auto one = run(1), two = run(2);
+  REQUIRE(one.size() == two.size());
+  CHECK(bit_differences(one.data(), two.data(), one.size()) == 0);
+}
+
+TEST_CASE("chain: parameters round-trip through a file; a bad file leaves the model unchanged", "[chain]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("solder_chain_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto path = dir / "mlp.safetensors";
+  mlp a(1), b(2);
+  nn::save(a, path);
+  nn::load(b, path);
+  const auto pa = a.params(), pb = b.params();
+  for (std::size_t k = 0; k < pa.size(); ++k) CHECK(bit_differences(pa[k].value.data(), pb[k].value.data(), pa[k].value.size()) == 0);
+  // A file of another model: 3.weight has the wrong shape.
+  nn::chain<nn::linear<64, 256>, nn::relu, nn::dropout<0.1f>, nn::linear<256, 64>, nn::relu, nn::dropout<0.1f>, nn::linear<64, 10>> other(3);
+  nn::save(other, dir / "other.safetensors");
+  mlp c(4);
+  const std::vector<float> before(c.params()[0].value.begin(), c.params()[0].value.end());
+  CHECK_THROWS_WITH(nn::load(c, dir / "other.safetensors"), Catch::Contains("3.weight"));
+  CHECK(bit_differences(before.data(), c.params()[0].value.data(), before.size()) == 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("chain: run-time errors name the problem", "[chain]") {
+  mlp model(1);
+  tensor<float, shape<dyn, 64>> x(5);
+  model.forward(x);
+  tensor<float, shape<dyn, 10>> dy(4);
+  CHECK_THROWS_WITH(model.backward(dy.ref()), Catch::Contains("5"));
+  const auto y = labels_for(5, 12);  // labels past the 10 classes
+  optim::adamw opt(model.params());
+  CHECK_THROWS_AS(model.train_step(x, y, opt), solder::error);
+}
