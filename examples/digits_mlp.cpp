@@ -1,22 +1,23 @@
-// examples/digits_mlp.cpp: train a 64 -> 256 -> 128 -> 10 MLP (ReLU, dropout 0.1) on the digits
-// data set (examples/data/digits.csv: 1797 8x8 images, 10 classes) with AdamW and a warmup +
-// cosine learning-rate schedule, then report the held-out accuracy.
+// examples/digits_mlp.cpp: the flagship. A 64 -> 256 -> 128 -> 10 MLP (ReLU, dropout 0.1) as a
+// type, trained on the digits data set (examples/data/digits.csv: 1797 8x8 images, 10 classes)
+// with AdamW and a warmup + cosine learning rate; prints the model summary, the kernels it
+// compiles to, the training progress, the held-out accuracy, and the time of one training step
+// fused against the same model run one kernel per layer.
 //
-// Every layer is an nn::dense: its linear product, ReLU and dropout run as ONE GEMM forward; its
-// backward is one gate pass (from the saved output: no mask kept, none regenerated) and two
-// GEMMs. Usage: digits_mlp [path/to/digits.csv] [epochs]
+// Usage: digits_mlp [path/to/digits.csv] [epochs]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <iostream>
 #include <string>
 #include <vector>
 
+#include "solder/cost.hpp"
 #include "solder/data/csv.hpp"
 #include "solder/data/dataset.hpp"
-#include "solder/nn/dense.hpp"
-#include "solder/nn/loss.hpp"
+#include "solder/nn/chain.hpp"
 #include "solder/optim/adam.hpp"
 #include "solder/optim/schedule.hpp"
 
@@ -27,80 +28,45 @@
 namespace {
 
 using namespace solder;
-using X = shape<dyn, 64>;
 
-/// The model and the activations of one step, allocated once for the largest batch.
-struct mlp {
-  nn::dense<nn::linear<64, 256>, nn::relu, nn::dropout<0.1f>> l1{1};
-  nn::dense<nn::linear<256, 128>, nn::relu, nn::dropout<0.1f>> l2{2};
-  nn::dense<nn::linear<128, 10>> l3{3};
-  std::size_t capacity;
-  tensor<float, shape<dyn, 256>> h1, d1;
-  tensor<float, shape<dyn, 128>> h2, d2;
-  tensor<float, shape<dyn, 10>> logits, dlogits;
+template <template <class...> class Chain>
+using digits_mlp = Chain<nn::linear<64, 256>, nn::relu, nn::dropout<0.1f>,  //
+                         nn::linear<256, 128>, nn::relu, nn::dropout<0.1f>,  //
+                         nn::linear<128, 10>>;
+using model_type = digits_mlp<nn::chain>;
+using unfused_type = digits_mlp<nn::unfused_chain>;
+static_assert(cost<model_type>::params == 50826);
 
-  explicit mlp(std::size_t max_batch)
-      : capacity(max_batch), h1(max_batch), d1(max_batch), h2(max_batch), d2(max_batch), logits(max_batch), dlogits(max_batch) {
-    // Each dropout its own Philox stream: the same seed would give both layers the same draws.
-    l1.tail.layer<1>().rng.seed = 0xd1;
-    l2.tail.layer<1>().rng.seed = 0xd2;
-  }
+using X = tensor_ref<const float, shape<dyn, 64>>;
+X rows_of(const data::labeled_dataset& d) { return X(d.x.data(), d.size()); }
 
-  std::vector<optim::param> params() {
-    return {optim::make_param("0.weight", l1.linear.weight, l1.linear.weight_grad),
-            optim::make_param("0.bias", l1.linear.bias, l1.linear.bias_grad),
-            optim::make_param("3.weight", l2.linear.weight, l2.linear.weight_grad),
-            optim::make_param("3.bias", l2.linear.bias, l2.linear.bias_grad),
-            optim::make_param("6.weight", l3.linear.weight, l3.linear.weight_grad),
-            optim::make_param("6.bias", l3.linear.bias, l3.linear.bias_grad)};
-  }
-  void train() {
-    l1.train();
-    l2.train();
-    l3.train();
-  }
-  void eval() {
-    l1.eval();
-    l2.eval();
-    l3.eval();
-  }
-
-  template <std::size_t N>
-  static tensor_ref<float, shape<dyn, N>> rows(tensor<float, shape<dyn, N>>& t, std::size_t n) {
-    return tensor_ref<float, shape<dyn, N>>(t.data(), n);
-  }
-  template <std::size_t N>
-  static tensor_ref<const float, shape<dyn, N>> crows(const tensor<float, shape<dyn, N>>& t, std::size_t n) {
-    return tensor_ref<const float, shape<dyn, N>>(t.data(), n);
-  }
-
-  /// logits of x [n, 64].
-  tensor_ref<const float, shape<dyn, 10>> forward(tensor_ref<const float, X> x) {
-    const std::size_t n = x.batch();
-    l1.forward(x, rows(h1, n));
-    l2.forward(crows(h1, n), rows(h2, n));
-    l3.forward(crows(h2, n), rows(logits, n));
-    return crows(logits, n);
-  }
-
-  /// Forward, loss, backward; returns the mean loss. The optimizer step is the caller's.
-  float step(tensor_ref<const float, X> x, std::span<const std::int32_t> y) {
-    const std::size_t n = x.batch();
-    forward(x);
-    const float loss = nn::softmax_cross_entropy(crows(logits, n), y, rows(dlogits, n));
-    l3.backward(crows(h2, n), crows(logits, n), crows(dlogits, n), rows(d2, n));
-    l2.backward(crows(h1, n), crows(h2, n), crows(d2, n), rows(d1, n));
-    l1.backward_params(x, crows(h1, n), crows(d1, n));
-    return loss;
-  }
-};
-
-double accuracy_of(mlp& model, const data::labeled_dataset& d) {
+template <class Model>
+double accuracy_of(Model& model, const data::labeled_dataset& d) {
   model.eval();
-  const tensor_ref<const float, X> x(d.x.data(), d.size());
-  const double acc = nn::accuracy(model.forward(x), std::span<const std::int32_t>(d.y));
+  const double acc = nn::accuracy(model.forward(rows_of(d)), d.y);
   model.train();
   return acc;
+}
+
+std::string bar(int done, int total, int width = 24) {
+  const int filled = done * width / total;
+  return "[" + std::string(std::size_t(filled), '=') + std::string(std::size_t(width - filled), ' ') + "]";
+}
+
+/// Median time of one training step (forward, loss, backward, AdamW) of a model on batch b.
+template <class Model>
+double step_microseconds(const data::batch_view& b, int reps = 200) {
+  Model model(7);
+  optim::adamw opt(model.params());
+  for (int i = 0; i < 20; ++i) model.train_step(b.features_as<64>(), b.y, opt);  // warm: buffers sized
+  std::vector<double> t;
+  for (int r = 0; r < 9; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) model.train_step(b.features_as<64>(), b.y, opt);
+    t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / reps);
+  }
+  std::nth_element(t.begin(), t.begin() + 4, t.end());
+  return t[4];
 }
 
 }  // namespace
@@ -108,22 +74,24 @@ double accuracy_of(mlp& model, const data::labeled_dataset& d) {
 int main(int argc, char** argv) try {
   const std::string path = argc > 1 ? argv[1] : std::string(SOLDER_EXAMPLES_DATA) + "/digits.csv";
   const int epochs = argc > 2 ? std::atoi(argv[2]) : 40;
+  if (epochs < 1) throw solder::error("digits_mlp: epochs must be at least 1");
   constexpr std::size_t batch = 32;
   constexpr std::uint64_t seed = 2026;
 
   data::labeled_dataset all = data::load_labeled_csv(path, 64, 64);
   data::divide_features(all, 16.0f);  // pixels 0..16 -> [0, 1]
   const auto [train, test] = data::train_test_split(all, 0.2, seed);
-  std::printf("digits: %zu samples (%zu train, %zu held out), 64 features, 10 classes\n", all.size(), train.size(),
+  std::printf("digits: %zu samples (%zu train, %zu held out), 64 features, 10 classes\n\n", all.size(), train.size(),
               test.size());
-  std::printf("model: 64 -> 256 (relu, dropout 0.1) -> 128 (relu, dropout 0.1) -> 10; AdamW, warmup + cosine\n\n");
+  std::cout << "model\n" << summary<model_type>{} << "\n" << plan<model_type>{} << "\n";
 
-  mlp model(std::max({batch, train.size(), test.size()}));  // accuracy runs whole sets at once
+  model_type model(1);
   optim::adamw opt(model.params(), {.lr = 2e-3f, .weight_decay = 1e-2f});
   data::batch_loader loader(train, batch, data::last_batch::drop);
   const std::int64_t total = std::int64_t(epochs) * std::int64_t(loader.size());
   const auto schedule = optim::warmup_cosine_lr(2e-3, total / 20 + 1, total, 0.1);
 
+  std::printf("training: AdamW (lr 2e-3, weight decay 1e-2), warmup + cosine, batch %zu, %d epochs\n", batch, epochs);
   using clock = std::chrono::steady_clock;
   double train_seconds = 0;
   std::int64_t t = 0;
@@ -133,18 +101,32 @@ int main(int argc, char** argv) try {
     const auto start = clock::now();
     for (const data::batch_view b : loader) {
       opt.set_lr(schedule(t++));
-      loss_sum += model.step(b.features_as<64>(), b.y);
-      opt.step();
+      loss_sum += model.train_step(b.features_as<64>(), b.y, opt);
     }
     train_seconds += std::chrono::duration<double>(clock::now() - start).count();
-    if (epoch % 5 == 4 || epoch == 0 || epoch + 1 == epochs)
-      std::printf("epoch %3d  loss %.4f  train acc %.4f  held-out acc %.4f  lr %.2e\n", epoch + 1,
-                  loss_sum / double(loader.size()), accuracy_of(model, train), accuracy_of(model, test), double(opt.lr()));
+    std::printf("epoch %3d/%d %s loss %.4f  train acc %.4f  held-out acc %.4f\n", epoch + 1, epochs,
+                bar(epoch + 1, epochs).c_str(), loss_sum / double(loader.size()), accuracy_of(model, train),
+                accuracy_of(model, test));
   }
   const double acc = accuracy_of(model, test);
-  std::printf("\nheld-out accuracy: %.2f%% (%zu samples)\n", 100.0 * acc, test.size());
-  std::printf("training time: %.3f s for %d epochs (%.1f us per step of %zu samples)\n", train_seconds, epochs,
-              1e6 * train_seconds / double(total), batch);
+  std::printf("\nheld-out accuracy: %.2f%% of %zu samples; training took %.2f s (%.0f us per step)\n\n", 100.0 * acc,
+              test.size(), train_seconds, 1e6 * train_seconds / double(total));
+
+  // One training step, fused against one kernel per layer, on the same batch.
+  loader.shuffle(seed, 0);
+  const data::batch_view b = loader[0];
+  const double fused_us = step_microseconds<model_type>(b);
+  const double unfused_us = step_microseconds<unfused_type>(b);
+  std::printf("one training step (batch %zu, forward + loss + backward + AdamW), median of 9 x 200:\n", batch);
+  std::printf("  %-34s %9.1f us  (%zu kernels forward)\n", "fused (solder::nn::chain)", fused_us, model_type::kernels);
+  std::printf("  %-34s %9.1f us  (%zu kernels forward)\n", "unfused (one kernel per layer)", unfused_us, unfused_type::kernels);
+  std::printf("  speed-up %.2fx\n\n", unfused_us / fused_us);
+
+  // Where the fused step's time goes.
+  model.enable_profiling();
+  for (int i = 0; i < 200; ++i) model.train_step(b.features_as<64>(), b.y, opt);
+  std::printf("per-kernel profile of the fused step (200 steps):\n");
+  model.print_profile(std::cout);
   return acc >= 0.97 ? 0 : 1;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "digits_mlp: %s\n", e.what());

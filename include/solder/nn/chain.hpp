@@ -91,6 +91,9 @@ class basic_chain {
     pack_weights();
   }
   mode current_mode() const { return current; }
+  /// Whether forward, backward and train_step flush denormals to zero (default: yes; see
+  /// cpu::flush_denormals for why). Off: IEEE gradual underflow, slower late in training.
+  void set_flush_denormals(bool on) { flush = on; }
   /// Call after changing parameters outside train_step (loading them, editing them): the
   /// packed weights of eval mode are made again.
   void parameters_changed() {
@@ -110,6 +113,7 @@ class basic_chain {
   /// The model's output for x [batch, In]; valid until the next forward. x must stay valid
   /// until backward (it is dW's operand for the first layer).
   output_ref forward(input_ref x) {
+    const cpu::flush_denormals guard(flush);
     const std::size_t n = x.batch();
     reserve(n);
     input = x.data();
@@ -129,6 +133,7 @@ class basic_chain {
   /// Gradients of every parameter (overwritten) for dL/d(output) = dy, [batch, Out], after the
   /// forward of that batch.
   void backward(output_ref dy) {
+    const cpu::flush_denormals guard(flush);
     const std::size_t n = dy.batch();
     if (n != batch)
       solder::detail::fail("solder::chain::backward: dy has " + std::to_string(n) + " rows, the last forward had " +
@@ -144,6 +149,7 @@ class basic_chain {
   /// gradient in one pass, backward, optimizer step. Returns the mean loss.
   template <class Optimizer>
   float train_step(input_ref x, std::span<const std::int32_t> labels, Optimizer& opt, float label_smoothing = 0.0f) {
+    const cpu::flush_denormals guard(flush);
     const output_ref logits = forward(x);
     const float loss = softmax_cross_entropy(logits, labels, output_grad(), label_smoothing);
     backward(output_ref(dout.data(), batch));
@@ -197,6 +203,7 @@ class basic_chain {
 
  private:
   mode current = mode::train;
+  bool flush = true;
   std::size_t batch = 0, capacity = 0;
   const float* input = nullptr;     // the last forward's x (views assign elements, so pointers)
   const float* upstream = nullptr;  // the last backward's dy
