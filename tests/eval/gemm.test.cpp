@@ -1,7 +1,7 @@
-// tests/eval/gemm.test.cpp: solder::cpu::gemm against a double-precision triple loop, for all
-// four transpose variants, edge tiles in every dimension, both epilogues, pre-packed and
-// per-call B, padded leading dimensions, and bit-for-bit equality across thread counts and
-// cache blockings.
+// tests/eval/gemm.test.cpp: solder::cpu::gemm (static K) and gemm_dyn_k (runtime K) against a
+// double-precision triple loop, for all four transpose variants, edge tiles in every dimension,
+// the three epilogues, pre-packed and per-call B, padded leading dimensions, and bit-for-bit
+// equality between the two paths and across thread counts and cache blockings.
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -92,7 +92,12 @@ void check_against_reference(const problem& p, const std::vector<float>& C, bool
   CHECK(padding_written == 0);
 }
 
-/// Runs one transpose variant with both epilogues, per-call and pre-packed B.
+bool bitwise_equal(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+/// Runs one transpose variant with both epilogues, per-call and pre-packed B, and the
+/// runtime-K path on the same inputs, which must give the same bits.
 template <std::size_t N, std::size_t K, bool TA, bool TB>
 void check_variant(std::size_t M) {
   const problem p(M, N, K, TA, TB, 17u + std::uint32_t(M));
@@ -104,6 +109,15 @@ void check_variant(std::size_t M) {
   auto Cb = p.output();
   cpu::gemm<N, K, TA, TB>(M, p.A.data(), p.lda, packed, cpu::bias_relu_epilogue{p.bias.data(), Cb.data(), p.ldc}, 1);
   check_against_reference(p, Cb, true);
+
+  auto dyn = p.output(), dyn_b = p.output();
+  cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, cpu::store_epilogue{dyn.data(), p.ldc}, 1);
+  cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb,
+                             cpu::bias_relu_epilogue{p.bias.data(), dyn_b.data(), p.ldc}, 1);
+  INFO("runtime K against static K: M " << M << ", N " << N << ", K " << K << ", TransA " << TA << ", TransB "
+                                        << TB);
+  CHECK(bitwise_equal(C, dyn));
+  CHECK(bitwise_equal(Cb, dyn_b));
 }
 
 template <std::size_t N, std::size_t K>
@@ -123,8 +137,73 @@ struct tiny_blocking : cpu::gemm_blocking<N, K> {
   static constexpr std::size_t mc_max = 2;
 };
 
-bool bitwise_equal(const std::vector<float>& x, const std::vector<float>& y) {
-  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+/// The same kind of blocking for the runtime-K path: K blocks of 5, N blocks of 2 panels, M
+/// blocks of 2 tiles.
+constexpr cpu::gemm_dyn_k_blocking tiny_dyn_k_blocking{5, 2, 2};
+
+/// The runtime-K blocking is the static one, computed at run time.
+template <std::size_t N, std::size_t K>
+constexpr bool same_blocking = cpu::gemm_dyn_k_blocking::for_k(K).kc == cpu::gemm_blocking<N, K>::kc &&
+                               cpu::gemm_dyn_k_blocking::for_k(K).nc == cpu::gemm_blocking<N, K>::nc &&
+                               cpu::gemm_dyn_k_blocking::for_k(K).mc_max == cpu::gemm_blocking<N, K>::mc_max;
+static_assert(same_blocking<1, 1> && same_blocking<17, 3> && same_blocking<257, 255> && same_blocking<37, 512> &&
+              same_blocking<37, 513> && same_blocking<37, 1031> && same_blocking<1024, 4096> &&
+              same_blocking<3, 100000>,
+              "gemm_dyn_k_blocking::for_k(K) must equal gemm_blocking<N, K>");
+
+/// C of one problem after an accumulating call: the valid part holds `before` values (any
+/// finite floats), the padding the sentinel.
+std::vector<float> accumulator(const problem& p, std::uint32_t seed) {
+  auto C = p.output();
+  std::vector<float> valid(p.M * p.N);
+  test::fill_uniform(valid, -4.0, 4.0, seed);
+  for (std::size_t m = 0; m < p.M; ++m)
+    for (std::size_t n = 0; n < p.N; ++n) C[m * p.ldc + n] = valid[m * p.N + n];
+  return C;
+}
+
+/// Runs one transpose variant of the runtime-K path: the product against the double reference,
+/// then accumulate_epilogue on the same product P: beta = 1 gives before + P and beta = 0.5
+/// fma(0.5, before, P), both rounded once (so exactly those floats), beta = 0 gives P whatever C
+/// held (NaN here), and the padding of C is never touched.
+template <std::size_t N, bool TA, bool TB>
+void check_dyn_k_variant(std::size_t M, std::size_t K) {
+  const problem p(M, N, K, TA, TB, 101u + std::uint32_t(M * 7 + K));
+  auto P = p.output();
+  cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, cpu::store_epilogue{P.data(), p.ldc}, 1);
+  check_against_reference(p, P, false);
+
+  const auto before = accumulator(p, 7u + std::uint32_t(K));
+  auto added = before, scaled = before;
+  cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb,
+                             cpu::accumulate_epilogue{added.data(), p.ldc, 1.0f}, 1);
+  cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb,
+                             cpu::accumulate_epilogue{scaled.data(), p.ldc, 0.5f}, 1);
+  auto overwritten = p.output();
+  for (std::size_t m = 0; m < M; ++m)
+    for (std::size_t n = 0; n < N; ++n) overwritten[m * p.ldc + n] = std::numeric_limits<float>::quiet_NaN();
+  cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb,
+                             cpu::accumulate_epilogue{overwritten.data(), p.ldc, 0.0f}, 1);
+
+  auto expect_added = before, expect_scaled = before;
+  for (std::size_t m = 0; m < M; ++m)
+    for (std::size_t n = 0; n < N; ++n) {
+      const std::size_t i = m * p.ldc + n;
+      expect_added[i] = before[i] + P[i];
+      expect_scaled[i] = std::fma(0.5f, before[i], P[i]);
+    }
+  INFO("accumulate_epilogue: M " << M << ", N " << N << ", K " << K << ", TransA " << TA << ", TransB " << TB);
+  CHECK(bitwise_equal(added, expect_added));
+  CHECK(bitwise_equal(scaled, expect_scaled));
+  CHECK(bitwise_equal(overwritten, P));
+}
+
+template <std::size_t N>
+void check_all_dyn_k_variants(std::size_t M, std::size_t K) {
+  check_dyn_k_variant<N, false, false>(M, K);
+  check_dyn_k_variant<N, false, true>(M, K);
+  check_dyn_k_variant<N, true, false>(M, K);
+  check_dyn_k_variant<N, true, true>(M, K);
 }
 
 }  // namespace
@@ -163,8 +242,10 @@ TEST_CASE("gemm gives the same bits for 1 and 2 threads and for any cache blocki
   // Every element is one FMA chain in increasing k whatever the blocking (partial sums are
   // stored as the floats they are), so even a different K block length gives the same bits.
   cpu::store_epilogue e1{tiny_one.data(), p.ldc}, e2{tiny_two.data(), p.ldc};
-  cpu::gemm_detail::gemm_packed<N, K, false, tiny_blocking<N, K>>(M, p.A.data(), p.lda, packed.data(), e1, 1);
-  cpu::gemm_detail::gemm_packed<N, K, false, tiny_blocking<N, K>>(M, p.A.data(), p.lda, packed.data(), e2, 2);
+  constexpr cpu::gemm_detail::static_k<K> k{};
+  constexpr tiny_blocking<N, K> tiny{};
+  cpu::gemm_detail::gemm_packed<N, false>(M, k, tiny, p.A.data(), p.lda, packed.data(), e1, 1);
+  cpu::gemm_detail::gemm_packed<N, false>(M, k, tiny, p.A.data(), p.lda, packed.data(), e2, 2);
   CHECK(bitwise_equal(one, two));
   CHECK(bitwise_equal(one, tiny_one));
   CHECK(bitwise_equal(one, tiny_two));
@@ -178,7 +259,8 @@ TEST_CASE("gemm crosses every block of the driver with a tiny cache blocking", "
   const cpu::packed_b<N, K, true> packed(p.B.data(), p.ldb);
   auto C = p.output();
   cpu::bias_relu_epilogue e{p.bias.data(), C.data(), p.ldc};
-  cpu::gemm_detail::gemm_packed<N, K, true, tiny_blocking<N, K>>(M, p.A.data(), p.lda, packed.data(), e, 2);
+  cpu::gemm_detail::gemm_packed<N, true>(M, cpu::gemm_detail::static_k<K>{}, tiny_blocking<N, K>{}, p.A.data(), p.lda,
+                                         packed.data(), e, 2);
   check_against_reference(p, C, true);
 }
 
@@ -200,4 +282,143 @@ TEST_CASE("gemm with M = 0 writes nothing", "[gemm]") {
   std::vector<float> A(K, 1.0f), B(K * N, 1.0f), C(N, 7.0f);
   cpu::gemm<N, K, false, false>(0, A.data(), K, B.data(), N, cpu::store_epilogue{C.data(), N}, 2);
   CHECK(C == std::vector<float>(N, 7.0f));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runtime K: gemm_dyn_k and accumulate_epilogue
+// ---------------------------------------------------------------------------------------------
+
+// N: 1 and primes around a vector (16), a panel (32, AVX2: 16) and 256. K from 0 (an empty sum)
+// through a vector and the 512-long K block, the largest two crossing K blocks.
+TEMPLATE_TEST_CASE_SIG("gemm_dyn_k equals the double reference in every transpose variant", "[gemm][dyn_k]",
+                       ((std::size_t N), N), 1, 3, 17, 37, 255, 257) {
+  const std::size_t M = GENERATE(1, 3, 17, 29, 257);
+  const std::size_t K = GENERATE(0, 1, 3, 17, 255, 257);
+  check_all_dyn_k_variants<N>(M, K);
+}
+
+TEMPLATE_TEST_CASE_SIG("gemm_dyn_k with K longer than a K block equals the double reference", "[gemm][dyn_k]",
+                       ((std::size_t N), N), 1, 17, 37, 257) {
+  const std::size_t M = GENERATE(3, 29);
+  const std::size_t K = GENERATE(513, 1031, 4096);
+  check_all_dyn_k_variants<N>(M, K);
+}
+
+TEST_CASE("gemm_dyn_k gives the same bits for 1 and 2 threads, any blocking, and static K", "[gemm][dyn_k]") {
+  // Large enough that 2 threads are used (above parallel_min_flops) and split M or N.
+  constexpr std::size_t N = 257, K = 1031;
+  const std::size_t M = GENERATE(17, 100, 257);
+  const problem p(M, N, K, true, false, 13);
+  auto fixed = p.output(), one = p.output(), two = p.output(), tiny_one = p.output(), tiny_two = p.output();
+  cpu::gemm<N, K, true, false>(M, p.A.data(), p.lda, p.B.data(), p.ldb, cpu::store_epilogue{fixed.data(), p.ldc}, 2);
+  cpu::store_epilogue e1{one.data(), p.ldc}, e2{two.data(), p.ldc}, e3{tiny_one.data(), p.ldc},
+      e4{tiny_two.data(), p.ldc};
+  cpu::gemm_dyn_k<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e1, 1);
+  cpu::gemm_dyn_k<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e2, 2);
+  cpu::gemm_detail::gemm_dyn_k_run<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e3, 1,
+                                                   tiny_dyn_k_blocking);
+  cpu::gemm_detail::gemm_dyn_k_run<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e4, 2,
+                                                   tiny_dyn_k_blocking);
+  CHECK(bitwise_equal(one, fixed));
+  CHECK(bitwise_equal(one, two));
+  CHECK(bitwise_equal(one, tiny_one));
+  CHECK(bitwise_equal(one, tiny_two));
+  check_against_reference(p, one, false);
+}
+
+TEST_CASE("gemm_dyn_k accumulates over micro-batches on 2 threads as one product over the whole batch",
+          "[gemm][dyn_k]") {
+  // dW [Out, In] = dy^T x summed over a batch of 4096 split into micro-batches of 1000, 3000 and
+  // 96: the sum of the parts is within the bound of the whole product; beta = 0 starts it.
+  constexpr std::size_t In = 37;
+  const std::size_t Out = 257, batch = 4096;
+  const problem p(Out, In, batch, true, false, 21);  // A = dy stored [batch, Out], B = x [batch, In]
+  auto dW = p.output();
+  std::fill(dW.begin(), dW.end(), std::numeric_limits<float>::quiet_NaN());  // garbage, overwritten
+  for (std::size_t n = In; n < p.ldc; ++n)
+    for (std::size_t m = 0; m < Out; ++m) dW[m * p.ldc + n] = problem::sentinel;
+  std::size_t k0 = 0;
+  float beta = 0.0f;
+  for (const std::size_t part : {1000, 3000, 96}) {
+    cpu::gemm_dyn_k<In, true, false>(Out, part, p.A.data() + k0 * p.lda, p.lda, p.B.data() + k0 * p.ldb, p.ldb,
+                                     cpu::accumulate_epilogue{dW.data(), p.ldc, beta}, 2);
+    k0 += part, beta = 1.0f;
+  }
+  // Three sums of at most 3000 terms, then two adds: within the (K + 2) u bound of the whole.
+  check_against_reference(p, dW, false);
+}
+
+TEST_CASE("gemm_dyn_k crosses every block of the driver with a tiny cache blocking", "[gemm][dyn_k]") {
+  constexpr std::size_t N = 37;
+  const std::size_t M = GENERATE(1, 29, 257);
+  const std::size_t K = GENERATE(0, 3, 23);
+  const bool trans_b = GENERATE(false, true);
+  const problem p(M, N, K, false, trans_b, 11);
+  auto C = p.output();
+  cpu::bias_relu_epilogue e{p.bias.data(), C.data(), p.ldc};
+  if (trans_b)
+    cpu::gemm_detail::gemm_dyn_k_run<N, false, true>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e, 2,
+                                                     tiny_dyn_k_blocking);
+  else
+    cpu::gemm_detail::gemm_dyn_k_run<N, false, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e, 2,
+                                                      tiny_dyn_k_blocking);
+  check_against_reference(p, C, true);
+}
+
+TEST_CASE("gemm_dyn_k with K = 0 hands the epilogue a zero sum and reads neither A nor B", "[gemm][dyn_k]") {
+  constexpr std::size_t N = 37;
+  const std::size_t M = GENERATE(1, 17, 257);
+  std::vector<float> bias(N), C(M * N, 7.0f), acc(M * N);
+  test::fill_uniform(bias, -0.5, 0.5, 3);
+  test::fill_uniform(acc, -2.0, 2.0, 4);
+  const auto before = acc;
+  cpu::gemm_dyn_k<N, false, false>(M, 0, nullptr, 0, nullptr, N, cpu::bias_relu_epilogue{bias.data(), C.data(), N}, 2);
+  cpu::gemm_dyn_k<N, true, true>(M, 0, nullptr, M, nullptr, 0, cpu::accumulate_epilogue{acc.data(), N, 1.0f}, 2);
+  for (std::size_t m = 0; m < M; ++m)
+    for (std::size_t n = 0; n < N; ++n) {
+      INFO("m " << m << ", n " << n);
+      REQUIRE(C[m * N + n] == std::max(bias[n], 0.0f));  // relu(0 + bias)
+    }
+  CHECK(bitwise_equal(acc, before));  // before + 0 (no -0 among them)
+}
+
+TEST_CASE("gemm_dyn_k with M = 0 writes nothing", "[gemm][dyn_k]") {
+  constexpr std::size_t N = 3;
+  const std::size_t K = 5;
+  std::vector<float> A(K, 1.0f), B(K * N, 1.0f), C(N, 7.0f);
+  cpu::gemm_dyn_k<N, false, false>(0, K, A.data(), K, B.data(), N, cpu::store_epilogue{C.data(), N}, 2);
+  CHECK(C == std::vector<float>(N, 7.0f));
+}
+
+TEST_CASE("accumulate_epilogue: beta = 1 keeps Inf and NaN in C, beta = 0 replaces them", "[gemm][dyn_k]") {
+  constexpr std::size_t N = 17;
+  const std::size_t M = 3, K = 2;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> A(M * K, 1.0f), B(K * N, 0.5f);  // every product is 1
+  std::vector<float> C(M * N, 2.0f);
+  C[0] = inf, C[N + 16] = -inf, C[2 * N + 5] = nan;
+  auto D = C;
+  cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), K, B.data(), N, cpu::accumulate_epilogue{C.data(), N, 1.0f}, 1);
+  cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), K, B.data(), N, cpu::accumulate_epilogue{D.data(), N, 0.0f}, 1);
+  CHECK(C[0] == inf);
+  CHECK(C[N + 16] == -inf);
+  CHECK(std::isnan(C[2 * N + 5]));
+  CHECK(C[1] == 3.0f);
+  CHECK(D == std::vector<float>(M * N, 1.0f));
+}
+
+TEST_CASE("gemm_dyn_k rejects leading dimensions shorter than a row", "[gemm][dyn_k]") {
+  constexpr std::size_t N = 17;
+  const std::size_t M = 4, K = 9;
+  std::vector<float> A(M * K), B(K * N), C(M * N);
+  cpu::store_epilogue e{C.data(), N};
+  CHECK_THROWS_WITH((cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), K - 1, B.data(), N, e, 1)),
+                    "solder::cpu::gemm_dyn_k: lda is smaller than a row of A");
+  CHECK_THROWS_WITH((cpu::gemm_dyn_k<N, true, false>(M, K, A.data(), M - 1, B.data(), N, e, 1)),
+                    "solder::cpu::gemm_dyn_k: lda is smaller than a row of A");
+  CHECK_THROWS_WITH((cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), K, B.data(), N - 1, e, 1)),
+                    "solder::cpu::gemm_dyn_k: ldb is smaller than a row of B");
+  CHECK_THROWS_WITH((cpu::gemm_dyn_k<N, false, true>(M, K, A.data(), K, B.data(), K - 1, e, 1)),
+                    "solder::cpu::gemm_dyn_k: ldb is smaller than a row of B");
+  CHECK_THROWS_AS((cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), 0, B.data(), N, e, 1)), solder::error);
 }

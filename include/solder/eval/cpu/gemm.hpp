@@ -1,5 +1,6 @@
-// eval/cpu/gemm.hpp: C = A' B' on the CPU for static N and K: cache blocking, packing of A and
-// B into the micro-kernel's panels, the split over threads, and the epilogues that store C.
+// eval/cpu/gemm.hpp: C = A' B' on the CPU for a static N and a static or runtime K: cache
+// blocking, packing of A and B into the micro-kernel's panels, the split over threads, and the
+// epilogues that store C.
 //
 // The design, the parameters and measured numbers are in docs/gemm.md.
 #pragma once
@@ -68,24 +69,65 @@ struct gemm_blocking {
   static constexpr std::size_t mc_max = std::max<std::size_t>(1, a_block_bytes / (mr * K * sizeof(float)));  // tiles
 };
 
+/// gemm_blocking for a K known only at run time (gemm_dyn_k): the same register tile, budgets
+/// and formulas, evaluated when the call starts (for_k(K) equals gemm_blocking<N, K>).
+struct gemm_dyn_k_blocking {
+  using tile = gemm_tile<arch>;
+  static constexpr std::size_t mr = tile::mr;
+  static constexpr std::size_t nv = tile::nv;
+  static constexpr std::size_t nr = nv * float_lanes;
+
+  std::size_t kc;      // K block (at least 1; K = 0 is one empty block)
+  std::size_t nc;      // N block, panels
+  std::size_t mc_max;  // M block, tiles
+
+  static constexpr gemm_dyn_k_blocking for_k(std::size_t K) {
+    using budgets = gemm_blocking<1, 1>;  // kc_max and the byte budgets depend on neither N nor K
+    const std::size_t k = std::max<std::size_t>(1, K);
+    const std::size_t k_blocks = (k + budgets::kc_max - 1) / budgets::kc_max;
+    const std::size_t kc = (k + k_blocks - 1) / k_blocks;
+    return {kc, std::max<std::size_t>(1, budgets::l2_b_bytes / (kc * nr * sizeof(float))),
+            std::max<std::size_t>(1, budgets::a_block_bytes / (mr * k * sizeof(float)))};
+  }
+};
+
 namespace gemm_detail {
 
 /// Ceiling of a / b.
 constexpr std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
+/// K as the packing and the driver below take it: std::integral_constant<std::size_t, K> for a
+/// static K (one instantiation per K, every expression of K folded as before), std::size_t for
+/// a runtime one (one instantiation for all K).
+template <std::size_t K>
+using static_k = std::integral_constant<std::size_t, K>;
+
+/// The value of a K argument (for static_k, a constant the compiler folds).
+template <std::size_t K>
+constexpr std::size_t k_of(static_k<K>) { return K; }
+constexpr std::size_t k_of(std::size_t k) { return k; }
+
 /// The packed layout of B' [K, N] (independent of the cache blocking): panels of nr columns,
 /// panel p at p * K * nr, holding B'[k][p * nr + j] at k * width + j, where width = nr except in
 /// the last panel, which is only as wide as the vectors it needs (edge_nv * W), zero-padded.
-template <std::size_t N, std::size_t K>
-struct b_layout {
-  using blocking = gemm_blocking<N, K>;
-  static constexpr std::size_t nr = blocking::nr;
-  static constexpr std::size_t panels = blocking::panels;
+template <std::size_t N>
+struct b_panels {
+  static constexpr std::size_t lanes = float_lanes;
+  static constexpr std::size_t nr = gemm_tile<arch>::nv * lanes;
+  static constexpr std::size_t panels = ceil_div(N, nr);
   static constexpr std::size_t edge_cols = N - (panels - 1) * nr;  // columns of the last panel
-  static constexpr std::size_t edge_nv = ceil_div(edge_cols, blocking::lanes);
-  static constexpr std::size_t edge_width = edge_nv * blocking::lanes;
-  static constexpr std::size_t size = (panels - 1) * K * nr + K * edge_width;  // floats
+  static constexpr std::size_t edge_nv = ceil_div(edge_cols, lanes);
+  static constexpr std::size_t edge_width = edge_nv * lanes;
   static constexpr std::size_t width(std::size_t p) { return p + 1 == panels ? edge_width : nr; }
+  /// Floats B' takes packed.
+  static constexpr std::size_t floats(std::size_t K) { return (panels - 1) * K * nr + K * edge_width; }
+};
+
+/// b_panels for a static K, with its size.
+template <std::size_t N, std::size_t K>
+struct b_layout : b_panels<N> {
+  using blocking = gemm_blocking<N, K>;
+  static constexpr std::size_t size = b_panels<N>::floats(K);  // floats
 };
 
 #if defined(__AVX512F__)
@@ -121,8 +163,9 @@ SOLDER_INLINE void transpose16(__m512 (&r)[16]) {
 /// out[k * Stride + r] = src[r * ld + k] for k < K, r < Rows: `rows` (<= Rows) rows of a
 /// row-major matrix, transposed into panel layout. Lanes r in [rows, Rows) are written as 0
 /// when ZeroFill, else left alone.
-template <std::size_t K, std::size_t Rows, std::size_t Stride, bool ZeroFill>
-void pack_transposed(const float* src, std::size_t ld, std::size_t rows, float* out) {
+template <std::size_t Rows, std::size_t Stride, bool ZeroFill, class KArg>
+void pack_transposed(const float* src, std::size_t ld, std::size_t rows, KArg k_arg, float* out) {
+  const std::size_t K = k_of(k_arg);
   static_assert(Rows <= Stride, "solder::cpu::pack_transposed: Rows must fit in Stride");
 #if defined(__AVX512F__)
   if constexpr (std::is_base_of_v<xsimd::avx512f, arch> && Rows <= 16) {
@@ -170,27 +213,30 @@ struct row_tiles {
 /// micro-kernel for a shorter tile never reads them).
 ///   TransA = false: A stored [M, K], A'[m][k] = A[m * lda + k] (a transpose)
 ///   TransA = true:  A stored [K, M], A'[m][k] = A[k * lda + m] (rows of a tile are copies)
-template <std::size_t K, std::size_t MR, bool TransA>
-void pack_a(const float* A, std::size_t lda, const row_tiles& tiling, std::size_t t0, std::size_t t1, float* dst) {
+template <std::size_t MR, bool TransA, class KArg>
+void pack_a(const float* A, std::size_t lda, const row_tiles& tiling, std::size_t t0, std::size_t t1, KArg k_arg,
+            float* dst) {
+  const std::size_t K = k_of(k_arg);
   for (std::size_t t = t0; t < t1; ++t) {
     const std::size_t m0 = tiling.begin(t), rows = tiling.rows(t);
     float* out = dst + (t - t0) * K * MR;
     if constexpr (TransA) {
       for (std::size_t k = 0; k < K; ++k) std::memcpy(out + k * MR, A + k * lda + m0, rows * sizeof(float));
     } else {
-      pack_transposed<K, MR, MR, false>(A + m0 * lda, lda, rows, out);
+      pack_transposed<MR, MR, false>(A + m0 * lda, lda, rows, k_arg, out);
     }
   }
 }
 
-/// Packs panels [p0, p1) of B' into `dst` (b_layout<N, K>), zero-padded to the panel width.
+/// Packs panels [p0, p1) of B' into `dst` (b_panels<N>), zero-padded to the panel width.
 ///   TransB = false: B stored [K, N], B'[k][n] = B[k * ldb + n] (rows of a panel are copies)
 ///   TransB = true:  B stored [N, K], B'[k][n] = B[n * ldb + k] (a transpose, 16 columns at
 ///                   a time)
-template <std::size_t N, std::size_t K, bool TransB>
-void pack_b_panels(const float* B, std::size_t ldb, float* dst, std::size_t p0, std::size_t p1) {
-  using L = b_layout<N, K>;
-  constexpr std::size_t W = L::blocking::lanes;
+template <std::size_t N, bool TransB, class KArg>
+void pack_b_panels(const float* B, std::size_t ldb, KArg k_arg, float* dst, std::size_t p0, std::size_t p1) {
+  const std::size_t K = k_of(k_arg);
+  using L = b_panels<N>;
+  constexpr std::size_t W = L::lanes;
   for (std::size_t p = p0; p < p1; ++p) {
     const std::size_t n0 = p * L::nr;
     const std::size_t width = L::width(p);
@@ -206,9 +252,9 @@ void pack_b_panels(const float* B, std::size_t ldb, float* dst, std::size_t p0, 
       for (std::size_t j = 0; j < width; j += W) {
         const std::size_t n = j < cols ? std::min(W, cols - j) : 0;
         if (width == L::nr)
-          pack_transposed<K, W, L::nr, true>(B + (n0 + j) * ldb, ldb, n, out + j);
+          pack_transposed<W, L::nr, true>(B + (n0 + j) * ldb, ldb, n, k_arg, out + j);
         else
-          pack_transposed<K, W, L::edge_width, true>(B + (n0 + j) * ldb, ldb, n, out + j);
+          pack_transposed<W, L::edge_width, true>(B + (n0 + j) * ldb, ldb, n, k_arg, out + j);
       }
     }
   }
@@ -254,10 +300,11 @@ struct gemm_part {
 /// whole block, so without this the first tile would fetch it all from memory at once, faster
 /// than one core's memory bandwidth; spread over all the calls of the previous block, the
 /// fetch asks for a few lines per 100 cycles.
-template <std::size_t N, std::size_t K>
+template <std::size_t N, class KArg>
 struct l2_prefetch_plan {
-  using L = b_layout<N, K>;
+  using L = b_panels<N>;
   const float* packed_b = nullptr;
+  [[no_unique_address]] KArg k_arg;
   std::size_t p = 0, np = 0, k0 = 0, kc = 0;  // the next block; np = 0: none
   std::size_t parts = 1, part_lines = 0;      // calls per panel, lines per call
 
@@ -278,26 +325,29 @@ struct l2_prefetch_plan {
     const std::size_t lines = ceil_div(kc * L::width(panel) * sizeof(float), 64);
     const std::size_t first = part * part_lines;
     if (first >= lines) return;
+    const std::size_t K = k_of(k_arg);
     job.b_next = reinterpret_cast<const char*>(packed_b + panel * K * L::nr + k0 * L::width(panel)) + first * 64;
     job.b_next_lines = std::min(part_lines, lines - first);
   }
 };
 
-/// Computes one thread's part of C with the cache blocking `Blocking` (gemm_blocking<N, K> or
-/// a test's smaller one): for each M block, A is packed once over all of K; for each N block,
-/// each K block runs over every tile of the M block, each tile over every panel of the N block
-/// (so a kc x mr panel of A stays in L1 across the panels, and the kc x nc block of B in L2
-/// across the tiles). Meanwhile the next block of B (l2_prefetch_plan) and the next panel of
-/// A are prefetched into L2.
-template <std::size_t N, std::size_t K, bool TransA, class Blocking, class Epi>
-void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const float* A, std::size_t lda,
-                   const float* packed_b, Epi& epi) {
-  using L = b_layout<N, K>;
+/// Computes one thread's part of C with the cache blocking `blocking` (gemm_blocking<N, K>,
+/// gemm_dyn_k_blocking, or a test's smaller one): for each M block, A is packed once over all
+/// of K; for each N block, each K block runs over every tile of the M block, each tile over
+/// every panel of the N block (so a kc x mr panel of A stays in L1 across the panels, and the
+/// kc x nc block of B in L2 across the tiles). Meanwhile the next block of B
+/// (l2_prefetch_plan) and the next panel of A are prefetched into L2.
+template <std::size_t N, bool TransA, class Blocking, class KArg, class Epi>
+void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking blocking, KArg k_arg, const float* A,
+                   std::size_t lda, const float* packed_b, Epi& epi) {
+  const std::size_t K = k_of(k_arg);
+  using L = b_panels<N>;
   constexpr std::size_t MR = Blocking::mr;
   constexpr std::size_t NV = Blocking::nv;
   constexpr std::size_t NR = Blocking::nr;
-  constexpr std::size_t KC = Blocking::kc;
-  constexpr std::size_t k_blocks = ceil_div(K, KC);
+  const std::size_t KC = blocking.kc;
+  // K = 0 (runtime K only) is one empty K block: the epilogue still gets every tile.
+  const std::size_t k_blocks = std::max<std::size_t>(1, ceil_div(K, KC));
   constexpr auto& full = kernel_table<NV, MR, Epi>;
   constexpr auto& edge = kernel_table<L::edge_nv, MR, Epi>;
 
@@ -305,9 +355,9 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const float* 
   const std::size_t panels = part.p1 - part.p0;
   if (tiles == 0 || panels == 0) return;
   // Blocks of equal size (within one tile or panel), at most mc_max tiles and nc panels.
-  const std::size_t m_blocks = ceil_div(tiles, Blocking::mc_max);
+  const std::size_t m_blocks = ceil_div(tiles, blocking.mc_max);
   const std::size_t mc = ceil_div(tiles, m_blocks);
-  const std::size_t n_blocks = ceil_div(panels, Blocking::nc);
+  const std::size_t n_blocks = ceil_div(panels, blocking.nc);
   const std::size_t nc = ceil_div(panels, n_blocks);
 
   float* packed_a = thread_workspace(workspace_slot::packed_a, mc * MR * K);
@@ -315,7 +365,7 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const float* 
 
   for (std::size_t ti = part.t0; ti < part.t1; ti += mc) {
     const std::size_t mt = std::min(mc, part.t1 - ti);
-    pack_a<K, MR, TransA>(A, lda, tiling, ti, ti + mt, packed_a);
+    pack_a<MR, TransA>(A, lda, tiling, ti, ti + mt, k_arg, packed_a);
 
     for (std::size_t pj = part.p0; pj < part.p1; pj += nc) {
       const std::size_t np = std::min(nc, part.p1 - pj);
@@ -328,7 +378,7 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const float* 
 
         // The block this thread reads next: the next K block, else the first K block of the
         // next N block, else that of the first N block for the next M block.
-        l2_prefetch_plan<N, K> next{packed_b};
+        l2_prefetch_plan<N, KArg> next{packed_b, k_arg};
         if (!job.last)
           next.p = pj, next.np = np, next.k0 = k0 + KC, next.kc = std::min(KC, K - k0 - KC);
         else if (pj + nc < part.p1)
@@ -403,15 +453,17 @@ std::pair<std::size_t, std::size_t> choose_split(const row_tiles& tiling, int th
   return {best_tm, best_tn};
 }
 
-/// C = A' B' with B' already packed (b_layout<N, K>), on up to `threads` threads.
-template <std::size_t N, std::size_t K, bool TransA, class Blocking, class Epi>
-void gemm_packed(std::size_t M, const float* A, std::size_t lda, const float* packed_b, Epi& epi, int threads) {
+/// C = A' B' with B' already packed (b_panels<N>), on up to `threads` threads.
+template <std::size_t N, bool TransA, class Blocking, class KArg, class Epi>
+void gemm_packed(std::size_t M, KArg k_arg, Blocking blocking, const float* A, std::size_t lda,
+                 const float* packed_b, Epi& epi, int threads) {
   if (M == 0) return;
-  constexpr std::size_t panels = b_layout<N, K>::panels;
+  const std::size_t K = k_of(k_arg);
+  constexpr std::size_t panels = b_panels<N>::panels;
   const row_tiles tiling(M, Blocking::mr);
   const double flops = 2.0 * double(M) * double(N) * double(K);
   if (threads <= 1 || flops < parallel_min_flops) {
-    gemm_part_run<N, K, TransA, Blocking>(gemm_part{0, tiling.count, 0, panels}, tiling, A, lda, packed_b, epi);
+    gemm_part_run<N, TransA>(gemm_part{0, tiling.count, 0, panels}, tiling, blocking, k_arg, A, lda, packed_b, epi);
     return;
   }
   const auto [tm, tn] = choose_split<N, Blocking::nr, panels>(tiling, threads);
@@ -419,23 +471,34 @@ void gemm_packed(std::size_t M, const float* A, std::size_t lda, const float* pa
     const std::size_t i = t / tn, j = t % tn;
     const std::size_t tiles = tiling.count;
     const gemm_part part{tiles * i / tm, tiles * (i + 1) / tm, panels * j / tn, panels * (j + 1) / tn};
-    gemm_part_run<N, K, TransA, Blocking>(part, tiling, A, lda, packed_b, epi);
+    gemm_part_run<N, TransA>(part, tiling, blocking, k_arg, A, lda, packed_b, epi);
   });
 }
 
 /// Packs B' for a call that was not given a packed_b: into the calling thread's workspace,
 /// panels spread over the threads.
-template <std::size_t N, std::size_t K, bool TransB>
-const float* pack_b_for_call(const float* B, std::size_t ldb, int threads) {
-  using L = b_layout<N, K>;
-  float* dst = thread_workspace(workspace_slot::packed_b, L::size);
+template <std::size_t N, bool TransB, class KArg>
+const float* pack_b_for_call(const float* B, std::size_t ldb, KArg k_arg, int threads) {
+  const std::size_t K = k_of(k_arg);
+  using L = b_panels<N>;
+  float* dst = thread_workspace(workspace_slot::packed_b, L::floats(K));
   const double bytes = double(N) * double(K) * sizeof(float);
   const int t = threads > 1 && bytes >= (1 << 20) ? threads : 1;
   const std::size_t chunks = std::min<std::size_t>(L::panels, std::size_t(t));
   parallel_for(chunks, t, [&](std::size_t c) {
-    pack_b_panels<N, K, TransB>(B, ldb, dst, L::panels * c / chunks, L::panels * (c + 1) / chunks);
+    pack_b_panels<N, TransB>(B, ldb, k_arg, dst, L::panels * c / chunks, L::panels * (c + 1) / chunks);
   });
   return dst;
+}
+
+/// C = A' B' for a runtime K with the cache blocking `blocking`: B' packed per call, then the
+/// driver of the static K.
+template <std::size_t N, bool TransA, bool TransB, class Epi>
+void gemm_dyn_k_run(std::size_t M, std::size_t K, const float* A, std::size_t lda, const float* B, std::size_t ldb,
+                    Epi& epi, int threads, const gemm_dyn_k_blocking& blocking) {
+  if (M == 0) return;
+  const float* packed = pack_b_for_call<N, TransB>(B, ldb, K, threads);
+  gemm_packed<N, TransA>(M, K, blocking, A, lda, packed, epi, threads);
 }
 
 }  // namespace gemm_detail
@@ -461,7 +524,7 @@ class packed_b {
   /// Packs B' from B (leading dimension ldb: at least K when TransB, else at least N).
   void pack(const float* B, std::size_t ldb) {
     SOLDER_ASSERT(ldb >= (TransB ? K : N), "solder::cpu::packed_b: ldb is smaller than a row of B");
-    gemm_detail::pack_b_panels<N, K, TransB>(B, ldb, data_.get(), 0, layout::panels);
+    gemm_detail::pack_b_panels<N, TransB>(B, ldb, gemm_detail::static_k<K>{}, data_.get(), 0, layout::panels);
   }
 
   /// The packed panels (gemm_detail::b_layout<N, K>), 64-byte aligned.
@@ -489,7 +552,8 @@ template <std::size_t N, std::size_t K, bool TransA, bool TransB, class Epilogue
 void gemm(std::size_t M, const float* A, std::size_t lda, const packed_b<N, K, TransB>& B, Epilogue&& epi,
           int threads = solder::num_threads()) {
   SOLDER_ASSERT(lda >= (TransA ? M : K), "solder::cpu::gemm: lda is smaller than a row of A");
-  gemm_detail::gemm_packed<N, K, TransA, gemm_blocking<N, K>>(M, A, lda, B.data(), epi, threads);
+  gemm_detail::gemm_packed<N, TransA>(M, gemm_detail::static_k<K>{}, gemm_blocking<N, K>{}, A, lda, B.data(), epi,
+                                      threads);
 }
 
 /// C[M, N] = A' B' as above, B' = B [K, N] or (TransB) B^T for B stored [N, K], leading
@@ -500,8 +564,29 @@ void gemm(std::size_t M, const float* A, std::size_t lda, const float* B, std::s
   SOLDER_ASSERT(lda >= (TransA ? M : K), "solder::cpu::gemm: lda is smaller than a row of A");
   SOLDER_ASSERT(ldb >= (TransB ? K : N), "solder::cpu::gemm: ldb is smaller than a row of B");
   if (M == 0) return;
-  const float* packed = gemm_detail::pack_b_for_call<N, K, TransB>(B, ldb, threads);
-  gemm_detail::gemm_packed<N, K, TransA, gemm_blocking<N, K>>(M, A, lda, packed, epi, threads);
+  const float* packed = gemm_detail::pack_b_for_call<N, TransB>(B, ldb, gemm_detail::static_k<K>{}, threads);
+  gemm_detail::gemm_packed<N, TransA>(M, gemm_detail::static_k<K>{}, gemm_blocking<N, K>{}, A, lda, packed, epi,
+                                      threads);
+}
+
+/// C[M, N] = A' B' as above with K a runtime value (K = 0 gives the epilogue a zero sum):
+/// A' = A [M, K] or (TransA) A^T for A stored [K, M]; B' = B [K, N] or (TransB) B^T for B
+/// stored [N, K]. For products whose inner length is the batch, e.g. a linear layer's
+/// dW [Out, In] = dy^T x: gemm_dyn_k<In, true, false>(Out, batch, dy, Out, x, In, epi).
+/// The same packing, driver, micro-kernels and epilogue hook as gemm, so the same bits as gemm
+/// for the same K, for any `threads`; B' is packed on every call (into a buffer the calling
+/// thread keeps), A' per M block.
+template <std::size_t N, bool TransA, bool TransB, class Epilogue>
+void gemm_dyn_k(std::size_t M, std::size_t K, const float* A, std::size_t lda, const float* B, std::size_t ldb,
+                Epilogue&& epi, int threads = solder::num_threads()) {
+  if constexpr (N >= 1) {
+    SOLDER_ASSERT(lda >= (TransA ? M : K), "solder::cpu::gemm_dyn_k: lda is smaller than a row of A");
+    SOLDER_ASSERT(ldb >= (TransB ? K : N), "solder::cpu::gemm_dyn_k: ldb is smaller than a row of B");
+    gemm_detail::gemm_dyn_k_run<N, TransA, TransB>(M, K, A, lda, B, ldb, epi, threads,
+                                                   gemm_dyn_k_blocking::for_k(K));
+  } else {
+    static_assert(N >= 1, "solder::cpu::gemm_dyn_k: N must be at least 1; N is the number of columns of C");
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -591,6 +676,37 @@ struct bias_relu_epilogue {
         gemm_detail::store_row<NV>(C + (m0 + r) * ldc + n0, acc[r], nr, [&](const vec<float>& x, std::size_t v) {
           return ops::relu{}.forward(x + b[v]);
         });
+  }
+};
+
+/// C = beta C + A' B', as fma(beta, C, A' B') (one rounding; beta = 1 gives C + A' B'), for
+/// gradients accumulated over micro-batches. beta = 0 stores A' B' without reading C, so
+/// whatever C held (NaN, Inf, uninitialized memory) is overwritten.
+struct accumulate_epilogue {
+  float* C;
+  std::size_t ldc;
+  float beta = 1.0f;
+
+  template <std::size_t MR, std::size_t NV>
+  SOLDER_INLINE void tile(const vec<float> (&acc)[MR][NV], std::size_t m0, std::size_t n0, std::size_t mr,
+                          std::size_t nr) const {
+    if (beta == 0.0f) {
+      store_epilogue{C, ldc}.template tile<MR, NV>(acc, m0, n0, mr, nr);
+      return;
+    }
+    constexpr std::size_t W = float_lanes;
+    const vec<float> b(beta);
+#pragma GCC unroll 16
+    for (std::size_t r = 0; r < MR; ++r)
+      if (r < mr) {
+        float* c = C + (m0 + r) * ldc + n0;
+        gemm_detail::store_row<NV>(c, acc[r], nr, [&](const vec<float>& x, std::size_t v) {
+          const std::size_t col = v * W;  // store_row asks only for vectors with valid lanes
+          const vec<float> old = col + W <= nr ? vec<float>::load_unaligned(c + col)
+                                               : gemm_detail::load_first(c + col, nr - col);
+          return xsimd::fma(b, old, x);
+        });
+      }
   }
 };
 
