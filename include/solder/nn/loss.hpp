@@ -227,10 +227,12 @@ SOLDER_INLINE double softmax_ce_row(const float* x, std::size_t y, float* g, flo
   if (spread != 0.0f) loss += double(spread) * double(xsimd::hadd(vgap));  // skipped at eps = 0, so -inf logits stay finite
 
   if constexpr (Grad) {
+    // Explicit fused multiply-subtracts: left to the compiler, a * b - c is contracted in some
+    // instantiations (static batch) and not in others, and the gradients would differ in bits.
     const vecf a(inv_batch / s), c(spread * inv_batch);
-    for (std::size_t j = 0; j < full; j += lanes) (vecf::load_unaligned(g + j) * a - c).store_unaligned(g + j);
-    if constexpr (rest != 0) store_tail(g + full, rest, load_tail(g + full, rest, 0.0f) * a - c);
-    g[y] -= keep * inv_batch;
+    for (std::size_t j = 0; j < full; j += lanes) xsimd::fms(vecf::load_unaligned(g + j), a, c).store_unaligned(g + j);
+    if constexpr (rest != 0) store_tail(g + full, rest, xsimd::fms(load_tail(g + full, rest, 0.0f), a, c));
+    g[y] = std::fma(-keep, inv_batch, g[y]);
   }
   return loss;
 }
