@@ -3,6 +3,8 @@
 // then dx and this row's share of dweight and dbias).
 #pragma once
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -26,7 +28,8 @@ namespace solder::nn {
 namespace detail {
 
 /// The row kernels of layer_norm<N>: xsimd vectors along the row; the tail (N % lanes) runs the
-/// same vector code on a padded copy, so every column is computed the same way.
+/// same vector code on a masked load padded with a neutral value, so every column is computed
+/// the same way.
 template <std::size_t N>
 struct layer_norm_row {
   using V = cpu::vec<float>;
@@ -35,28 +38,54 @@ struct layer_norm_row {
   /// lane, so a sum errs by about 20 u of its terms' magnitudes whatever N is.
   static constexpr std::size_t block = 16 * lanes;
 
-  /// A vector of p[0, lanes), or of p[0, rest) padded with `pad` on the tail.
+  /// A vector of p[0, lanes), or of p[0, rest) padded with `pad` on the tail. The tail goes
+  /// through masked loads and stores where the target has them, which touch p[0, rest) only:
+  /// a copy through a stack buffer stalls store forwarding, several times per row.
   template <class Tail>
   static SOLDER_INLINE V load(const float* p, float pad = 0.0f) {
-    if constexpr (Tail::value) {
+    if constexpr (!Tail::value) return V::load_unaligned(p);
+#if defined(__AVX512F__)
+    else return _mm512_mask_loadu_ps(_mm512_set1_ps(pad), tail_mask, p);
+#elif defined(__AVX2__)
+    else {
+      const __m256i m = avx2_mask();
+      return _mm256_blendv_ps(_mm256_set1_ps(pad), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
+    }
+#else
+    else {
       alignas(alignment) float buf[lanes];
       std::fill_n(buf, lanes, pad);
       std::memcpy(buf, p, rest * sizeof(float));
       return V::load_aligned(buf);
-    } else {
-      return V::load_unaligned(p);
     }
+#endif
   }
   template <class Tail>
   static SOLDER_INLINE void store(float* p, const V& v) {
-    if constexpr (Tail::value) {
+    if constexpr (!Tail::value) v.store_unaligned(p);
+#if defined(__AVX512F__)
+    else _mm512_mask_storeu_ps(p, tail_mask, v);
+#elif defined(__AVX2__)
+    else _mm256_maskstore_ps(p, avx2_mask(), v);
+#else
+    else {
       alignas(alignment) float buf[lanes];
       v.store_aligned(buf);
       std::memcpy(p, buf, rest * sizeof(float));
-    } else {
-      v.store_unaligned(p);
     }
+#endif
   }
+#if defined(__AVX512F__)
+  static_assert(lanes == 16, "solder::nn: AVX-512 builds use 16-lane float vectors");
+  static constexpr __mmask16 tail_mask = __mmask16((1u << rest) - 1);
+#elif defined(__AVX2__)
+  static_assert(lanes == 8, "solder::nn: AVX2 builds use 8-lane float vectors");
+  /// All ones in the tail's lanes [0, rest).
+  static SOLDER_INLINE __m256i avx2_mask() {
+    constexpr auto on = [](std::size_t k) { return k < rest ? -1 : 0; };
+    return _mm256_setr_epi32(on(0), on(1), on(2), on(3), on(4), on(5), on(6), on(7));
+  }
+#endif
 
   /// f(j, std::false_type) for every whole vector at column j, then f(full, std::true_type).
   template <class F>
@@ -217,6 +246,9 @@ class layer_norm {
                            std::to_string(y.batch()) + "), dy (" + std::to_string(dy.batch()) + ") and dx (" +
                            std::to_string(dx.batch()) + ") differ");
     const std::size_t rows = SX::elements(batch) / N;
+    if (saved_rows == 0)
+      solder::detail::fail("solder::nn::layer_norm::backward: no forward has run; backward needs the row statistics "
+                           "of the forward on this batch");
     if (rows != saved_rows)
       solder::detail::fail("solder::nn::layer_norm::backward: the last forward saw " + std::to_string(saved_rows) +
                            " rows but backward got " + std::to_string(rows) + "; run forward on this batch first");

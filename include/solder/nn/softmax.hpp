@@ -3,6 +3,8 @@
 // backward pass that needs the output y alone.
 #pragma once
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -34,7 +36,8 @@ namespace solder::nn {
 namespace detail {
 
 /// The row kernels of softmax<N> and log_softmax<N>: xsimd vectors along the row; the tail
-/// (N % lanes) runs the same vector code on a padded copy, so every column is computed alike.
+/// (N % lanes) runs the same vector code on a masked load padded with a neutral value, so every
+/// column is computed the same way.
 template <std::size_t N>
 struct softmax_row {
   using V = cpu::vec<float>;
@@ -44,28 +47,54 @@ struct softmax_row {
   static constexpr std::size_t block = 16 * lanes;
   static constexpr float neg_inf = -std::numeric_limits<float>::infinity();
 
-  /// A vector of p[0, lanes), or of p[0, rest) padded with `pad` on the tail.
+  /// A vector of p[0, lanes), or of p[0, rest) padded with `pad` on the tail. The tail goes
+  /// through masked loads and stores where the target has them, which touch p[0, rest) only:
+  /// a copy through a stack buffer stalls store forwarding, several times per row.
   template <class Tail>
   static SOLDER_INLINE V load(const float* p, float pad = 0.0f) {
-    if constexpr (Tail::value) {
+    if constexpr (!Tail::value) return V::load_unaligned(p);
+#if defined(__AVX512F__)
+    else return _mm512_mask_loadu_ps(_mm512_set1_ps(pad), tail_mask, p);
+#elif defined(__AVX2__)
+    else {
+      const __m256i m = avx2_mask();
+      return _mm256_blendv_ps(_mm256_set1_ps(pad), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
+    }
+#else
+    else {
       alignas(alignment) float buf[lanes];
       std::fill_n(buf, lanes, pad);
       std::memcpy(buf, p, rest * sizeof(float));
       return V::load_aligned(buf);
-    } else {
-      return V::load_unaligned(p);
     }
+#endif
   }
   template <class Tail>
   static SOLDER_INLINE void store(float* p, const V& v) {
-    if constexpr (Tail::value) {
+    if constexpr (!Tail::value) v.store_unaligned(p);
+#if defined(__AVX512F__)
+    else _mm512_mask_storeu_ps(p, tail_mask, v);
+#elif defined(__AVX2__)
+    else _mm256_maskstore_ps(p, avx2_mask(), v);
+#else
+    else {
       alignas(alignment) float buf[lanes];
       v.store_aligned(buf);
       std::memcpy(p, buf, rest * sizeof(float));
-    } else {
-      v.store_unaligned(p);
     }
+#endif
   }
+#if defined(__AVX512F__)
+  static_assert(lanes == 16, "solder::nn: AVX-512 builds use 16-lane float vectors");
+  static constexpr __mmask16 tail_mask = __mmask16((1u << rest) - 1);
+#elif defined(__AVX2__)
+  static_assert(lanes == 8, "solder::nn: AVX2 builds use 8-lane float vectors");
+  /// All ones in the tail's lanes [0, rest).
+  static SOLDER_INLINE __m256i avx2_mask() {
+    constexpr auto on = [](std::size_t k) { return k < rest ? -1 : 0; };
+    return _mm256_setr_epi32(on(0), on(1), on(2), on(3), on(4), on(5), on(6), on(7));
+  }
+#endif
 
   /// f(j, std::false_type) for every whole vector at column j, then f(full, std::true_type).
   template <class F>
@@ -89,16 +118,16 @@ struct softmax_row {
     return total;
   }
 
-  /// The row's max. A NaN need not win it: a NaN x_j makes exp(x_j - max), and so the row's
-  /// sum and every output, NaN anyway.
+  /// The row's max; NaN if the row holds one (simd::max propagates it), which makes every
+  /// x_j - max, and so every output of the row, NaN.
   static SOLDER_INLINE float max(const float* x) {
     V acc(neg_inf);
     each([&]<class T>(std::size_t j, T) { acc = simd::max(acc, load<T>(x + j, neg_inf)); });
     alignas(alignment) float buf[lanes];
     acc.store_aligned(buf);
-    float m = buf[0];
-    for (std::size_t k = 1; k < lanes; ++k) m = simd::max(m, buf[k]);
-    return m;
+    for (std::size_t w = lanes / 2; w > 0; w /= 2)  // a tree: log2(lanes) dependent steps
+      for (std::size_t k = 0; k < w; ++k) buf[k] = simd::max(buf[k], buf[k + w]);
+    return buf[0];
   }
 
   /// y = exp(x - m) / s, s = sum exp(x - m), m = max x (e parked in y until s is known); or, Log,
@@ -140,7 +169,7 @@ struct softmax_row {
 /// What softmax<N> and log_softmax<N> share; Log picks the function.
 template <std::size_t N, bool Log>
 class softmax_layer {
-  static_assert(N >= 1, "solder::nn::softmax: the feature count N must be at least 1");
+  static_assert(N >= 1, "solder::nn::softmax, log_softmax: the feature count N must be at least 1");
   using row = softmax_row<N>;
   static constexpr const char* who = Log ? "solder::nn::log_softmax" : "solder::nn::softmax";
 
