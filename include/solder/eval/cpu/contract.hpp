@@ -97,11 +97,50 @@ auto with_tile(const E& e) {
   }
 }
 
+/// Whole Philox groups (128 elements' 16-bit draws) kept per thread across epilogue calls: a
+/// tile row reads 32 of a group's 128 draws, and the next tiles of the same row block read the
+/// rest, so each group is generated once instead of once per tile.
+struct philox_group_cache {
+  static constexpr std::size_t entries = 64;  // > the rows of a tile
+  static constexpr std::size_t group = random::bits16_group;
+  struct entry {
+    std::uint64_t seed = 0, offset = 0, index = 0;
+    bool valid = false;
+    alignas(alignment) std::uint16_t bits[group + 64] = {};  // + padding: a vector load may run past
+  };
+  entry slots[entries];
+
+  static philox_group_cache& local() {
+    thread_local philox_group_cache cache;
+    return cache;
+  }
+  const std::uint16_t* group_bits(std::uint64_t seed, std::uint64_t offset, std::uint64_t g) {
+    entry& e = slots[g % entries];
+    if (!(e.valid && e.seed == seed && e.offset == offset && e.index == g)) {
+      philox_bits16(detail::philox_stream(seed, offset), g * group, group, e.bits);
+      e.seed = seed;
+      e.offset = offset;
+      e.index = g;
+      e.valid = true;
+    }
+    return e.bits;
+  }
+};
+
 /// The pass context of an epilogue call: the random-bit slots, and where the tile is.
 template <std::size_t Slots>
 struct tile_context : pass_context<Slots> {
   const float* tile = nullptr;  // row r of the tile at tile + r * ld
   std::size_t m0 = 0, n0 = 0, ld = 0;
+
+  /// A tile row's draws: from the thread's group cache when they lie in one group (the usual
+  /// case), else generated for the segment alone.
+  const std::uint16_t* bits16(std::uint64_t seed, std::uint64_t offset, std::uint64_t first, std::size_t len) {
+    constexpr std::uint64_t group = philox_group_cache::group;
+    const std::uint64_t g = first / group;
+    if (len == 0 || (first + len - 1) / group != g) return pass_context<Slots>::bits16(seed, offset, first, len);
+    return philox_group_cache::local().group_bits(seed, offset, g) + (first - g * group);
+  }
 };
 
 template <class S, class Lay, class V>
