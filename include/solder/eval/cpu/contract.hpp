@@ -163,9 +163,32 @@ struct evaluator<tile_leaf<S>, Lay, V> {
 // The epilogue
 // ---------------------------------------------------------------------------------------------
 
-/// Runs the writes' expressions over one register tile: the tile goes to an L1 buffer, then
-/// each of its rows is one segment of the loop nest (loop.hpp), read at the output's
-/// coordinates (row m, columns n0 .. n0 + nr) and stored once.
+/// The epilogue the GEMM sees for every expression: one type, so the GEMM's micro-kernels are
+/// compiled once per program for all expression epilogues (not once per expression: a model of
+/// ten layers would compile them dozens of times). It spills the register tile to an L1 buffer
+/// and calls the expression's row loop through a function pointer, once per tile.
+struct erased_epilogue {
+  const void* self;
+  void (*rows)(const void* self, const float* tile, std::size_t ld, std::size_t m0, std::size_t n0, std::size_t mr,
+               std::size_t nr);
+
+  template <std::size_t MR, std::size_t NV>
+  SOLDER_INLINE void tile(const vec<float> (&acc)[MR][NV], std::size_t m0, std::size_t n0, std::size_t mr,
+                          std::size_t nr) const {
+    constexpr std::size_t W = vec<float>::size;
+    constexpr std::size_t ld = NV * W;
+    alignas(alignment) float buf[MR * ld];
+#pragma GCC unroll 16
+    for (std::size_t r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+      for (std::size_t v = 0; v < NV; ++v) acc[r][v].store_aligned(buf + r * ld + v * W);
+    rows(self, buf, ld, m0, n0, mr, nr);
+  }
+};
+
+/// Runs the writes' expressions over one tile (in an L1 buffer, row r at tile + r * ld): each
+/// of its rows is one segment of the loop nest (loop.hpp), read at the output's coordinates
+/// (row m, columns n0 .. n0 + nr) and stored once.
 template <class V, class Evals, class Sinks>
 struct expression_epilogue {
   static constexpr std::size_t slots = [] {
@@ -176,26 +199,20 @@ struct expression_epilogue {
   Evals evals;
   Sinks sinks;
 
-  template <std::size_t MR, std::size_t NV>
-  SOLDER_INLINE void tile(const vec<float> (&acc)[MR][NV], std::size_t m0, std::size_t n0, std::size_t mr,
-                          std::size_t nr) const {
-    constexpr std::size_t W = V::size;
-    constexpr std::size_t ld = NV * W;
-    alignas(alignment) float buf[MR * ld];
-#pragma GCC unroll 16
-    for (std::size_t r = 0; r < MR; ++r)
-#pragma GCC unroll 8
-      for (std::size_t v = 0; v < NV; ++v) acc[r][v].store_aligned(buf + r * ld + v * W);
+  static void rows(const void* self, const float* tile, std::size_t ld, std::size_t m0, std::size_t n0, std::size_t mr,
+                   std::size_t nr) {
+    const auto& me = *static_cast<const expression_epilogue*>(self);
     tile_context<slots> ctx;
-    ctx.tile = buf;
+    ctx.tile = tile;
     ctx.m0 = m0;
     ctx.n0 = n0;
     ctx.ld = ld;
-    Evals ev = evals;  // locals: the stores may alias anything reached through `this`
-    Sinks sk = sinks;
+    Evals ev = me.evals;  // locals: the stores may alias anything reached through `me`
+    Sinks sk = me.sinks;
     constexpr auto writes = std::make_index_sequence<std::tuple_size_v<Evals>>{};
     for (std::size_t r = 0; r < mr; ++r) run_segment<V, 0>(segment{m0 + r, n0, nr}, ctx, ev, sk, writes);
   }
+  erased_epilogue erased() const { return {this, &rows}; }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -300,7 +317,8 @@ void assign_contract(const W0& w0, const Ws&... ws) {
   auto evals = std::make_tuple(evaluator<decltype(with_tile(w0.expr)), Lay, V>(with_tile(w0.expr)),
                                evaluator<decltype(with_tile(ws.expr)), Lay, V>(with_tile(ws.expr))...);
   auto sinks = std::make_tuple(store_sink<float, Lay, V, false>(w0.out.data()), store_sink<float, Lay, V, false>(ws.out.data())...);
-  expression_epilogue<V, decltype(evals), decltype(sinks)> epi{evals, sinks};
+  const expression_epilogue<V, decltype(evals), decltype(sinks)> expr_epi{evals, sinks};
+  erased_epilogue epi = expr_epi.erased();
 
   constexpr std::size_t N = C::N, K = C::K;
   constexpr bool TA = C::a_traits::trans;
