@@ -19,6 +19,7 @@
 #include "solder/diagnostic.hpp"
 #include "solder/eval/cpu/batch.hpp"
 #include "solder/eval/cpu/parallel.hpp"
+#include "solder/eval/cpu/row.hpp"
 #include "solder/optim/optimizer.hpp"
 #include "solder/shape.hpp"
 #include "solder/tensor.hpp"
@@ -35,94 +36,24 @@ namespace solder::nn {
 
 namespace detail {
 
-/// The row kernels of softmax<N> and log_softmax<N>: xsimd vectors along the row; the tail
-/// (N % lanes) runs the same vector code on a masked load padded with a neutral value, so every
-/// column is computed the same way.
+/// The row kernels of softmax<N> and log_softmax<N>, on the vector walk of cpu::row<N>.
 template <std::size_t N>
-struct softmax_row {
-  using V = cpu::vec<float>;
-  static constexpr std::size_t lanes = V::size, full = N / lanes * lanes, rest = N - full;
-  /// Elements a float vector accumulator sums before its total joins a double: 16 terms per
-  /// lane, so a row sum errs by about 20 u of its terms' magnitudes whatever N is.
-  static constexpr std::size_t block = 16 * lanes;
+struct softmax_row : cpu::row<N> {
+  using R = cpu::row<N>;
+  using typename R::V;
+  using R::each;
+  using R::full;
+  using R::lanes;
+  using R::load;
+  using R::rest;
+  using R::store;
+  using R::sum;
   static constexpr float neg_inf = -std::numeric_limits<float>::infinity();
-
-  /// A vector of p[0, lanes), or of p[0, rest) padded with `pad` on the tail. The tail goes
-  /// through masked loads and stores where the target has them, which touch p[0, rest) only:
-  /// a copy through a stack buffer stalls store forwarding, several times per row.
-  template <class Tail>
-  static SOLDER_INLINE V load(const float* p, float pad = 0.0f) {
-    if constexpr (!Tail::value) return V::load_unaligned(p);
-#if defined(__AVX512F__)
-    else return _mm512_mask_loadu_ps(_mm512_set1_ps(pad), tail_mask, p);
-#elif defined(__AVX2__)
-    else {
-      const __m256i m = avx2_mask();
-      return _mm256_blendv_ps(_mm256_set1_ps(pad), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
-    }
-#else
-    else {
-      alignas(alignment) float buf[lanes];
-      std::fill_n(buf, lanes, pad);
-      std::memcpy(buf, p, rest * sizeof(float));
-      return V::load_aligned(buf);
-    }
-#endif
-  }
-  template <class Tail>
-  static SOLDER_INLINE void store(float* p, const V& v) {
-    if constexpr (!Tail::value) v.store_unaligned(p);
-#if defined(__AVX512F__)
-    else _mm512_mask_storeu_ps(p, tail_mask, v);
-#elif defined(__AVX2__)
-    else _mm256_maskstore_ps(p, avx2_mask(), v);
-#else
-    else {
-      alignas(alignment) float buf[lanes];
-      v.store_aligned(buf);
-      std::memcpy(p, buf, rest * sizeof(float));
-    }
-#endif
-  }
-#if defined(__AVX512F__)
-  static_assert(lanes == 16, "solder::nn: AVX-512 builds use 16-lane float vectors");
-  static constexpr __mmask16 tail_mask = __mmask16((1u << rest) - 1);
-#elif defined(__AVX2__)
-  static_assert(lanes == 8, "solder::nn: AVX2 builds use 8-lane float vectors");
-  /// All ones in the tail's lanes [0, rest).
-  static SOLDER_INLINE __m256i avx2_mask() {
-    constexpr auto on = [](std::size_t k) { return k < rest ? -1 : 0; };
-    return _mm256_setr_epi32(on(0), on(1), on(2), on(3), on(4), on(5), on(6), on(7));
-  }
-#endif
-
-  /// f(j, std::false_type) for every whole vector at column j, then f(full, std::true_type).
-  template <class F>
-  static SOLDER_INLINE void each(const F& f) {
-    for (std::size_t j = 0; j < full; j += lanes) f(j, std::false_type{});
-    if constexpr (rest != 0) f(full, std::true_type{});
-  }
-
-  /// The sum over the row of f(j, tail) in a fixed order: float vectors per block, block
-  /// totals in double. Tail loads must pad so that f's padding lanes are 0.
-  template <class F>
-  static SOLDER_INLINE double sum(const F& f) {
-    double total = 0;
-    for (std::size_t b = 0; b < full; b += block) {
-      V acc(0.0f);
-      const std::size_t end = std::min(full, b + block);
-      for (std::size_t j = b; j < end; j += lanes) acc += f(j, std::false_type{});
-      total += double(xsimd::hadd(acc));
-    }
-    if constexpr (rest != 0) total += double(xsimd::hadd(f(full, std::true_type{})));
-    return total;
-  }
-
   /// The row's max; NaN if the row holds one (simd::max propagates it), which makes every
   /// x_j - max, and so every output of the row, NaN.
   static SOLDER_INLINE float max(const float* x) {
     V acc(neg_inf);
-    each([&]<class T>(std::size_t j, T) { acc = simd::max(acc, load<T>(x + j, neg_inf)); });
+    each([&]<class T>(std::size_t j, T) { acc = simd::max(acc, load(T{}, x + j, neg_inf)); });
     alignas(alignment) float buf[lanes];
     acc.store_aligned(buf);
     for (std::size_t w = lanes / 2; w > 0; w /= 2)  // a tree: log2(lanes) dependent steps
@@ -136,17 +67,17 @@ struct softmax_row {
   static SOLDER_INLINE void forward(const float* x, float* y) {
     const V m(max(x));
     if constexpr (Log) {
-      const double s = sum([&]<class T>(std::size_t j, T) { return simd::exp(load<T>(x + j, neg_inf) - m); });
+      const double s = sum([&]<class T>(std::size_t j, T) { return simd::exp(load(T{}, x + j, neg_inf) - m); });
       const V ls(float(std::log(s)));
-      each([&]<class T>(std::size_t j, T) { store<T>(y + j, (load<T>(x + j) - m) - ls); });
+      each([&]<class T>(std::size_t j, T) { store(T{}, y + j, (load(T{}, x + j) - m) - ls); });
     } else {
       const double s = sum([&]<class T>(std::size_t j, T) {
-        const V e = simd::exp(load<T>(x + j, neg_inf) - m);
-        store<T>(y + j, e);
+        const V e = simd::exp(load(T{}, x + j, neg_inf) - m);
+        store(T{}, y + j, e);
         return e;
       });
       const V r(float(1.0 / s));
-      each([&]<class T>(std::size_t j, T) { store<T>(y + j, load<T>(y + j) * r); });
+      each([&]<class T>(std::size_t j, T) { store(T{}, y + j, load(T{}, y + j) * r); });
     }
   }
 
@@ -155,13 +86,13 @@ struct softmax_row {
   template <bool Log>
   static SOLDER_INLINE void backward(const float* y, const float* dy, float* dx) {
     if constexpr (Log) {
-      const V s(float(sum([&]<class T>(std::size_t j, T) { return load<T>(dy + j); })));
+      const V s(float(sum([&]<class T>(std::size_t j, T) { return load(T{}, dy + j); })));
       each([&]<class T>(std::size_t j, T) {
-        store<T>(dx + j, simd::fma(simd::neg(simd::exp(load<T>(y + j))), s, load<T>(dy + j)));
+        store(T{}, dx + j, simd::fma(simd::neg(simd::exp(load(T{}, y + j))), s, load(T{}, dy + j)));
       });
     } else {
-      const V dot(float(sum([&]<class T>(std::size_t j, T) { return load<T>(dy + j) * load<T>(y + j); })));
-      each([&]<class T>(std::size_t j, T) { store<T>(dx + j, load<T>(y + j) * (load<T>(dy + j) - dot)); });
+      const V dot(float(sum([&]<class T>(std::size_t j, T) { return load(T{}, dy + j) * load(T{}, y + j); })));
+      each([&]<class T>(std::size_t j, T) { store(T{}, dx + j, load(T{}, y + j) * (load(T{}, dy + j) - dot)); });
     }
   }
 };
