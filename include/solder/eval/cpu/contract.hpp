@@ -101,7 +101,9 @@ auto with_tile(const E& e) {
 /// tile row reads 32 of a group's 128 draws, and the next tiles of the same row block read the
 /// rest, so each group is generated once instead of once per tile.
 struct philox_group_cache {
-  static constexpr std::size_t entries = 64;  // > the rows of a tile
+  // A prime number of slots: the rows of a tile read groups N / 128 apart, and with a power of
+  // two rows 8 apart (N = 1024) would evict each other within one tile.
+  static constexpr std::size_t entries = 67;
   static constexpr std::size_t group = random::bits16_group;
   struct entry {
     std::uint64_t seed = 0, offset = 0, index = 0;
