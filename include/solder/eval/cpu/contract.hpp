@@ -282,18 +282,21 @@ void assign_contract(const W0& w0, const Ws&... ws) {
   using Lay = layout<Iter, false>;
 
   // The product, checked to be the same in every write that holds one.
-  const C* product = nullptr;
-  auto take = [&](const auto& w) {
+  const auto all = std::forward_as_tuple(w0, ws...);
+  constexpr std::size_t first = [] {
+    std::size_t i = 0;
+    ((contracts_in<W0> ? false : (++i, true)) && ... && (contracts_in<Ws> ? false : (++i, true)));
+    return i;
+  }();
+  const C& c = contract_of(std::get<first>(all).expr);
+  auto check_same = [&](const auto& w) {
     if constexpr (contracts_in<std::remove_cvref_t<decltype(w)>> == 1) {
-      const C& c = contract_of(w.expr);
-      if (product && !contract_detail::same_product(*product, c))
+      if (!contract_detail::same_product(c, contract_of(w.expr)))
         solder::detail::fail("solder::assign_all: the writes hold different matrix products; one pass evaluates one product");
-      product = &c;
     }
   };
-  take(w0);
-  (take(ws), ...);
-  const C& c = *product;
+  check_same(w0);
+  (check_same(ws), ...);
   const std::size_t batch = write_traits<W0>::batch(w0);
   ((Iter::dynamic && write_traits<Ws>::batch(ws) != batch
         ? solder::detail::fail("solder::assign_all: the writes' batch sizes differ: " + std::to_string(batch) + " vs " +
