@@ -33,14 +33,8 @@ struct kernel_cost<nn::group<K, F, Ls...>, Layers...> {
   static constexpr std::size_t in = F == 0 ? W::input : W::after[F - 1];
   static constexpr std::size_t out = W::after[last];
   static constexpr std::size_t params = (nn::layer_info<Ls>::parameters + ... + 0);
-  static constexpr double sum_flops(bool fwd) {
-    double f = 0;
-    std::size_t i = F;
-    ((f += fwd ? nn::layer_info<Ls>::forward_flops(W::after[i]) : nn::layer_info<Ls>::backward_flops(W::after[i]), ++i), ...);
-    return f;
-  }
-  static constexpr double forward_flops = sum_flops(true);
-  static constexpr double backward_flops = sum_flops(false);
+  static constexpr double forward_flops = nn::group_flops<nn::group<K, F, Ls...>, Layers...>(true);
+  static constexpr double backward_flops = nn::group_flops<nn::group<K, F, Ls...>, Layers...>(false);
   /// Floats per sample the kernel keeps for backward beyond its input and output.
   static constexpr std::size_t saved = [] {
     using B = typename nn::detail::block_of<nn::group<K, F, Ls...>>::type;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+
+#include "support/temp_dir.hpp"
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -34,24 +36,7 @@ fs::path digits_path() {
 #endif
 }
 
-/// A scratch directory, unique to this process (the native and AVX2 binaries run at once).
-struct temp_dir {
-  fs::path path;
-  explicit temp_dir(const std::string& tag)
-      : path(fs::temp_directory_path() / ("solder_" + tag + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path write(const std::string& name, const std::string& content) const {
-    const fs::path p = path / name;
-    std::ofstream(p, std::ios::binary) << content;
-    return p;
-  }
-};
+using solder::test::temp_dir;
 
 /// n samples of f features: x[i][j] = 100 i + j (a row names its sample), y[i] = i % classes.
 data::labeled_dataset numbered(std::size_t n, std::size_t f, std::int32_t classes) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "support/reference.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace solder;
 using Catch::Matchers::Contains;
@@ -25,24 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// A scratch directory, unique to this process (the native and AVX2 binaries run at once).
-struct temp_dir {
-  fs::path path;
-  explicit temp_dir(const std::string& tag)
-      : path(fs::temp_directory_path() / ("solder_" + tag + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path write(const std::string& name, const std::string& bytes) const {
-    const fs::path p = path / name;
-    std::ofstream(p, std::ios::binary) << bytes;
-    return p;
-  }
-};
+using solder::test::temp_dir;
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

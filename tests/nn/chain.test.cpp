@@ -22,6 +22,7 @@
 #include "solder/optim/adam.hpp"
 #include "solder/optim/schedule.hpp"
 #include "support/data.hpp"
+#include "support/temp_dir.hpp"
 
 namespace {
 
@@ -205,8 +206,8 @@ TEST_CASE("chain: training is bitwise the same on 1 and 2 threads", "[chain]") {
 }
 
 TEST_CASE("chain: parameters round-trip through a file; a bad file leaves the model unchanged", "[chain]") {
-  const auto dir = std::filesystem::temp_directory_path() / ("solder_chain_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const solder::test::temp_dir tmp("chain");
+  const auto dir = tmp.path;
   const auto path = dir / "mlp.safetensors";
   mlp a(1), b(2);
   nn::save(a, path);
@@ -220,7 +221,6 @@ TEST_CASE("chain: parameters round-trip through a file; a bad file leaves the mo
   const std::vector<float> before(c.params()[0].value.begin(), c.params()[0].value.end());
   CHECK_THROWS_WITH(nn::load(c, dir / "other.safetensors"), Catch::Contains("3.weight"));
   CHECK(bit_differences(before.data(), c.params()[0].value.data(), before.size()) == 0);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("chain: run-time errors name the problem", "[chain]") {

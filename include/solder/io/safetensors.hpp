@@ -170,8 +170,8 @@ struct json {
 
 /// A strict parser of that subset (RFC 8259 syntax): no trailing commas, no comments, no
 /// duplicate keys, no leading zeros, no fractions or exponents; strings with every JSON escape
-/// (\uXXXX surrogate pairs included) and no raw control characters. true/false/null are not
-/// part of the format and are refused.
+/// (\u with four hex digits, surrogate pairs included) and no raw control characters.
+/// true/false/null are not part of the format and are refused.
 class json_parser {
  public:
   json_parser(std::string_view text, std::string context) : s_(text), context_(std::move(context)) {}

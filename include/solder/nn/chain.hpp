@@ -317,19 +317,9 @@ class basic_chain {
     (fwd ? e.forward_flops : e.backward_flops) += flops;
   }
 
-  template <class G>
-  static constexpr double group_flops(bool fwd) {
-    return [&]<layer_kind K, std::size_t F, class... Ls>(std::type_identity<group<K, F, Ls...>>) {
-      double f = 0;
-      std::size_t i = F;
-      ((f += fwd ? layer_info<Ls>::forward_flops(chain_widths<Layers...>::after[i]) : layer_info<Ls>::backward_flops(chain_widths<Layers...>::after[i]), ++i), ...);
-      return f;
-    }(std::type_identity<G>{});
-  }
-
   template <std::size_t... I>
   void run_forward(std::size_t n, std::index_sequence<I...>) {
-    (timed(I, true, group_flops<std::tuple_element_t<I, groups>>(true) * double(n),
+    (timed(I, true, group_flops<std::tuple_element_t<I, groups>, Layers...>(true) * double(n),
            [&] { std::get<I>(blocks).forward(block_input<I>(n), act_view<I>(n)); }),
      ...);
   }
@@ -359,7 +349,7 @@ class basic_chain {
   void run_backward(std::size_t n, std::index_sequence<I...>) {
     // Last block first.
     constexpr std::size_t K = sizeof...(I);
-    (timed(K - 1 - I, false, group_flops<std::tuple_element_t<K - 1 - I, groups>>(false) * double(n),
+    (timed(K - 1 - I, false, group_flops<std::tuple_element_t<K - 1 - I, groups>, Layers...>(false) * double(n),
            [&] { backward_block<K - 1 - I>(n); }),
      ...);
   }

@@ -21,6 +21,7 @@
 #include "solder/autodiff/vjp.hpp"
 #include "solder/eval/cpu/assign.hpp"
 #include "solder/eval/cpu/gemm.hpp"
+#include "solder/nn/batch_check.hpp"
 #include "solder/nn/fuse.hpp"
 #include "solder/nn/linear.hpp"
 
@@ -107,8 +108,7 @@ class dense {
     static_assert(check_shapes<SX, SY>());
     const std::size_t batch = dy.batch();
     if (x.batch() != batch || y.batch() != batch)
-      solder::detail::fail("solder::nn::dense::backward: the batch sizes of x (" + std::to_string(x.batch()) + "), y (" +
-                           std::to_string(y.batch()) + ") and dy (" + std::to_string(batch) + ") differ");
+      detail::batches_differ("solder::nn::dense::backward", {{"x", x.batch()}, {"y", y.batch()}, {"dy", batch}});
     if (current == mode::train)
       gate_as<mode::train>(y, dy);
     else

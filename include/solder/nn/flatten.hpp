@@ -10,6 +10,7 @@
 
 #include "solder/config.hpp"
 #include "solder/diagnostic.hpp"
+#include "solder/nn/batch_check.hpp"
 #include "solder/optim/optimizer.hpp"
 #include "solder/shape.hpp"
 #include "solder/tensor.hpp"
@@ -52,8 +53,7 @@ struct flatten {
   void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
     static_assert(check_shapes<SX, SY>());
     if (x.batch() != y.batch())
-      solder::detail::fail("solder::nn::flatten::forward: the batch sizes of x (" + std::to_string(x.batch()) +
-                           ") and y (" + std::to_string(y.batch()) + ") differ");
+      detail::batches_differ("solder::nn::flatten::forward", {{"x", x.batch()}, {"y", y.batch()}});
     copy(y.data(), x.data(), y.size());
   }
   template <class SX, class SY>
@@ -68,9 +68,8 @@ struct flatten {
     static_assert(check_shapes<SX, SY>());
     const std::size_t batch = x.batch();
     if (y.batch() != batch || dy.batch() != batch || dx.batch() != batch)
-      solder::detail::fail("solder::nn::flatten::backward: the batch sizes of x (" + std::to_string(batch) + "), y (" +
-                           std::to_string(y.batch()) + "), dy (" + std::to_string(dy.batch()) + ") and dx (" +
-                           std::to_string(dx.batch()) + ") differ");
+      detail::batches_differ("solder::nn::flatten::backward",
+                             {{"x", batch}, {"y", y.batch()}, {"dy", dy.batch()}, {"dx", dx.batch()}});
     copy(dx.data(), dy.data(), dx.size());
   }
   template <class SX, class SY>

@@ -17,6 +17,7 @@
 
 #include "solder/config.hpp"
 #include "solder/diagnostic.hpp"
+#include "solder/nn/batch_check.hpp"
 #include "solder/eval/cpu/batch.hpp"
 #include "solder/eval/cpu/parallel.hpp"
 #include "solder/eval/cpu/row.hpp"
@@ -137,8 +138,7 @@ class layer_norm {
   void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
     static_assert(check_shapes<SX, SY>());
     if (x.batch() != y.batch())
-      solder::detail::fail("solder::nn::layer_norm::forward: the batch sizes of x (" + std::to_string(x.batch()) +
-                           ") and y (" + std::to_string(y.batch()) + ") differ");
+      detail::batches_differ("solder::nn::layer_norm::forward", {{"x", x.batch()}, {"y", y.batch()}});
     const std::size_t rows = SX::elements(x.batch()) / N;
     if (stats.batch() < rows) stats = tensor<float, shape<dyn, 2>>(rows);
     saved_rows = rows;
@@ -167,9 +167,8 @@ class layer_norm {
     static_assert(check_shapes<SX, SY>());
     const std::size_t batch = x.batch();
     if (y.batch() != batch || dy.batch() != batch || dx.batch() != batch)
-      solder::detail::fail("solder::nn::layer_norm::backward: the batch sizes of x (" + std::to_string(batch) + "), y (" +
-                           std::to_string(y.batch()) + "), dy (" + std::to_string(dy.batch()) + ") and dx (" +
-                           std::to_string(dx.batch()) + ") differ");
+      detail::batches_differ("solder::nn::layer_norm::backward",
+                             {{"x", batch}, {"y", y.batch()}, {"dy", dy.batch()}, {"dx", dx.batch()}});
     const std::size_t rows = SX::elements(batch) / N;
     if (saved_rows == 0)
       solder::detail::fail("solder::nn::layer_norm::backward: no forward has run; backward needs the row statistics "

@@ -204,6 +204,21 @@ struct chain_widths {
   }();
 };
 
+/// FLOPs per sample of the kernel group G of a chain of Layers, forward or backward: the sum of
+/// its layers' counts at the widths they run at.
+template <class G, class... Layers>
+constexpr double group_flops(bool forward) {
+  return [&]<layer_kind K, std::size_t F, class... Ls>(std::type_identity<group<K, F, Ls...>>) {
+    double f = 0;
+    std::size_t i = F;
+    ((f += forward ? layer_info<Ls>::forward_flops(chain_widths<Layers...>::after[i])
+                   : layer_info<Ls>::backward_flops(chain_widths<Layers...>::after[i]),
+      ++i),
+     ...);
+    return f;
+  }(std::type_identity<G>{});
+}
+
 template <class... Layers>
 constexpr bool check_chain() {
   using W = chain_widths<Layers...>;

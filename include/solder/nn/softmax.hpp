@@ -17,6 +17,7 @@
 
 #include "solder/config.hpp"
 #include "solder/diagnostic.hpp"
+#include "solder/nn/batch_check.hpp"
 #include "solder/eval/cpu/batch.hpp"
 #include "solder/eval/cpu/parallel.hpp"
 #include "solder/eval/cpu/row.hpp"
@@ -125,8 +126,7 @@ class softmax_layer {
   void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
     static_assert(check_shapes<SX, SY>());
     if (x.batch() != y.batch())
-      solder::detail::fail(std::string(who) + "::forward: the batch sizes of x (" + std::to_string(x.batch()) +
-                           ") and y (" + std::to_string(y.batch()) + ") differ");
+      detail::batches_differ(std::string(who) + "::forward", {{"x", x.batch()}, {"y", y.batch()}});
     const float* xp = x.data();
     float* yp = y.data();
     for_rows(SX::elements(x.batch()) / N, [=](std::size_t r) { row::template forward<Log>(xp + r * N, yp + r * N); });
@@ -143,9 +143,8 @@ class softmax_layer {
     static_assert(check_shapes<SX, SY>());
     const std::size_t batch = x.batch();
     if (y.batch() != batch || dy.batch() != batch || dx.batch() != batch)
-      solder::detail::fail(std::string(who) + "::backward: the batch sizes of x (" + std::to_string(batch) + "), y (" +
-                           std::to_string(y.batch()) + "), dy (" + std::to_string(dy.batch()) + ") and dx (" +
-                           std::to_string(dx.batch()) + ") differ");
+      detail::batches_differ(std::string(who) + "::backward",
+                             {{"x", batch}, {"y", y.batch()}, {"dy", dy.batch()}, {"dx", dx.batch()}});
     const float *yp = y.data(), *dyp = dy.data();
     float* dxp = dx.data();
     for_rows(SY::elements(batch) / N,
