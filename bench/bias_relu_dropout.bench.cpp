@@ -477,6 +477,31 @@ void run_case(benchmark::State& state, const impl& im, direction dir, shape s) {
   set_memory_counters(state, bytes_moved(dir, s), seconds, floor);
 }
 
+/// solder against the faster floor of its direction, shape and threads, call by call
+/// (time_pairs): roofline = median over the pairs of the floor's time / solder's time. The
+/// floor is the faster one in floor_for's calibration.
+void paired_case(benchmark::State& state, const impl& solder_impl, direction dir, shape s) {
+  problem& pb = problem_for(s.rows, s.cols);
+  const double bytes = bytes_moved(dir, s);
+  const impl* floor = nullptr;
+  double best = 0;
+  for (const impl& f : impls()) {
+    if (!f.is_floor) continue;
+    const pass_fn& pass = dir == direction::fwd ? f.fwd : f.bwd;
+    const double g = measure_gbps([&] { pass(pb, s.threads); }, bytes);
+    if (g > best) best = g, floor = &f;
+  }
+  const pass_fn& a = dir == direction::fwd ? solder_impl.fwd : solder_impl.bwd;
+  const pass_fn& b = dir == direction::fwd ? floor->fwd : floor->bwd;
+  a(pb, s.threads);
+  b(pb, s.threads);
+  const paired_times t = time_pairs(state, [&] { a(pb, s.threads); }, [&] { b(pb, s.threads); });
+  state.counters["roofline"] = t.speedup_of_a();
+  state.counters["GBps"] = bytes / paired_times::median(t.a) * 1e-9;
+  state.counters["floor_GBps"] = bytes / paired_times::median(t.b) * 1e-9;
+  state.SetLabel("floor: " + floor->name);
+}
+
 /// Creates the cases, grouped by direction then shape, implementations in table order inside a
 /// group, so the peers of one comparison run back to back.
 void register_cases() {
@@ -491,6 +516,18 @@ void register_cases() {
         // The team's wall time is what matters; Google Benchmark then appends "/real_time".
         if (s.threads > 1) b->UseRealTime();
       }
+  for (const impl& im : impls()) {
+    if (im.name != "solder") continue;
+    for (direction dir : {direction::fwd, direction::bwd})
+      for (const shape& s : shapes) {
+        const std::string name = std::string("BM_bias_relu_dropout_") + (dir == direction::fwd ? "fwd" : "bwd") +
+                                 "_paired/solder_vs_floor/" + case_suffix(s);
+        auto* b = benchmark::RegisterBenchmark(name.c_str(), paired_case, im, dir, s);
+        // About 1 s of pairs: a 64 MiB pass takes 5-10 ms, a 4 MiB one 0.3-0.6 ms.
+        b->Unit(benchmark::kMicrosecond)->Iterations(s.rows * s.cols >= (std::int64_t{1} << 24) ? 100 : 1000);
+        if (s.threads > 1) b->UseRealTime();
+      }
+  }
 }
 
 // =============================================================================================

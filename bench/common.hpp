@@ -279,6 +279,55 @@ inline void set_memory_counters(benchmark::State& state, double bytes_per_iterat
   state.counters["roofline"] = gbps / floor;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Paired timing: two implementations call by call
+// ---------------------------------------------------------------------------------------------
+
+/// Per-call times of two implementations timed in alternation (see time_pairs).
+struct paired_times {
+  std::vector<double> a, b;  // seconds per call
+
+  static double median(std::vector<double> v) {
+    if (v.empty()) return 0;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  }
+  /// Median over the pairs of b's time / a's time: how many times faster a is than b.
+  double speedup_of_a() const {
+    std::vector<double> r(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) r[i] = b[i] / a[i];
+    return median(r);
+  }
+};
+
+/// Each benchmark iteration runs `fa` once and `fb` once, timed separately, alternating which goes
+/// first. On a shared host whose speed drifts (another tenant on the sibling hyperthread, memory
+/// traffic of other machines), the two calls of a pair see nearly the same machine, so the
+/// median of their per-pair ratio is far steadier than a ratio of two separately timed cases.
+template <class FA, class FB>
+paired_times time_pairs(benchmark::State& state, FA&& fa, FB&& fb) {
+  using clock = std::chrono::steady_clock;
+  paired_times t;
+  bool a_first = true;
+  auto time = [](auto& f) {
+    const auto t0 = clock::now();
+    f();
+    benchmark::ClobberMemory();
+    return std::chrono::duration<double>(clock::now() - t0).count();
+  };
+  for (auto _ : state) {
+    if (a_first) {
+      t.a.push_back(time(fa));
+      t.b.push_back(time(fb));
+    } else {
+      t.b.push_back(time(fb));
+      t.a.push_back(time(fa));
+    }
+    a_first = !a_first;
+  }
+  return t;
+}
+
 /// The FMA peak in GFLOP/s on `threads` threads, measured once per process (gemm.bench.cpp):
 /// the denominator of every `roofline` counter of the GEMM benchmarks.
 double peak_gflops(int threads);

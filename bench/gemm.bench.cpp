@@ -385,8 +385,32 @@ void linear_case(benchmark::State& state, const impl& im, shape s) {
   if (im.settle) im.settle(s.threads);
 }
 
+/// `a` against `b` call by call (time_pairs): speedup = median over the pairs of b's time / a's
+/// time, and each one's GFLOP/s from its median call. The ratio to quote on a shared host.
+void paired_case(benchmark::State& state, const impl& a, const impl& b, shape s) {
+  problem& pb = problem_for(s);
+  for (const impl* im : {&a, &b}) {
+    im->prepare(pb, s.threads);
+    std::fill(pb.y.data(), pb.y.data() + pb.y.size(), -1.0f);
+    im->run(pb, s.threads);
+    if (const std::string err = check(pb); !err.empty()) {
+      state.SkipWithError((im->name + ": " + err).c_str());
+      return;
+    }
+  }
+  const paired_times t = time_pairs(state, [&] { a.run(pb, s.threads); }, [&] { b.run(pb, s.threads); });
+  state.counters["speedup"] = t.speedup_of_a();
+  state.counters[a.name + "_GFLOPs"] = s.flops() / paired_times::median(t.a) * 1e-9;
+  state.counters[b.name + "_GFLOPs"] = s.flops() / paired_times::median(t.b) * 1e-9;
+  if (a.settle) a.settle(s.threads);
+  if (b.settle) b.settle(s.threads);
+}
+
+/// Pairs per paired case: about 1 s of calls at this machine's speed.
+int pairs_for(const shape& s) { return s.M <= 64 ? 400 : s.M <= 256 ? 60 : 4; }
+
 /// Peak first (it is also the calibration), then per shape and thread count every
-/// implementation back to back.
+/// implementation back to back; then the paired cases, solder against each peer it is judged by.
 const bool registered = [] {
   for (int threads : {1, 2}) {
     auto* b = benchmark::RegisterBenchmark(threads > 1 ? "BM_peak_fma/threads:2" : "BM_peak_fma", peak_case, threads);
@@ -404,6 +428,24 @@ const bool registered = [] {
         // The team's wall time is what matters; Google Benchmark then appends "/real_time".
         if (threads > 1) b->UseRealTime();
       }
+  const auto find = [](const std::string& name) -> const impl* {
+    for (const impl& im : list)
+      if (im.name == name) return &im;
+    return nullptr;
+  };
+  for (const char* peer : {"onednn_postops", "solder_kernel"}) {
+    const impl* a = find("solder");
+    const impl* b = find(peer);
+    if (a == nullptr || b == nullptr) continue;
+    for (const auto& mnk : shape_list)
+      for (int threads : {1, 2}) {
+        const shape s{mnk[0], mnk[1], mnk[2], threads};
+        const std::string name = "BM_linear_bias_relu_fwd_paired/solder_vs_" + b->name + "/" + s.name();
+        auto* c = benchmark::RegisterBenchmark(name.c_str(), paired_case, *a, *b, s);
+        c->Unit(benchmark::kMillisecond)->Iterations(pairs_for(s));
+        if (threads > 1) c->UseRealTime();
+      }
+  }
   return true;
 }();
 

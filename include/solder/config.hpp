@@ -16,10 +16,13 @@
 
 /// SOLDER_INLINE: force inlining of the small functions every loop nest is built from; the
 /// loop nests only vectorize well when the whole expression tree collapses into one body.
+/// SOLDER_INLINE_LAMBDA does the same for a lambda (after its parameter list).
 #if defined(_MSC_VER)
 #define SOLDER_INLINE __forceinline
+#define SOLDER_INLINE_LAMBDA
 #else
 #define SOLDER_INLINE inline __attribute__((always_inline))
+#define SOLDER_INLINE_LAMBDA __attribute__((always_inline))
 #endif
 
 /// SOLDER_ASSERT(cond, msg): a runtime check of what the types cannot prove (a dynamic batch

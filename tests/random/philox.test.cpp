@@ -119,10 +119,14 @@ void check_load_and_mask() {
     for (std::size_t l = 0; l < lanes; ++l) REQUIRE(got[l] == uint32_t(p[l]));  // zero-extended, never sign-extended
     for (uint32_t t : {0u, 1u, 6554u, 32768u, 65535u, 65536u}) {
       alignas(64) float kept[lanes];
+      alignas(64) float kept16[lanes];
       xsimd::select(solder::cpu::keep_mask<A>(bits, t), floats(1.0f), floats(0.0f)).store_aligned(kept);
+      // keep_mask16 compares the stored 16-bit draws directly (AVX-512 BW); same lanes.
+      xsimd::select(solder::cpu::keep_mask16<A>(p, t), floats(1.0f), floats(0.0f)).store_aligned(kept16);
       for (std::size_t l = 0; l < lanes; ++l) {
         CAPTURE(t, l, got[l]);
         REQUIRE(kept[l] == (got[l] >= t ? 1.0f : 0.0f));
+        REQUIRE(kept16[l] == kept[l]);
       }
     }
   }
@@ -216,6 +220,9 @@ TEST_CASE("philox_bits16 rejects a range past 2^64", "[philox]") {
 }
 
 TEST_CASE("load_bits16 zero-extends and keep_mask selects bits >= threshold", "[philox]") {
+#if XSIMD_WITH_AVX512BW
+  SECTION("avx512bw") { check_load_and_mask<xsimd::avx512bw>(); }
+#endif
   SECTION("solder::cpu::arch") { check_load_and_mask<solder::cpu::arch>(); }
 #if XSIMD_WITH_AVX512F
   SECTION("avx512f") { check_load_and_mask<xsimd::avx512f>(); }

@@ -239,7 +239,7 @@ struct evaluator<dropout_mask<L>, Lay, V> {
   }
   SOLDER_INLINE M load(std::size_t j) const {
     if constexpr (contiguous)
-      return keep_mask<A>(load_bits16<A>(bits + j), mask.threshold);
+      return keep_mask16<A>(bits + j, mask.threshold);
     else
       return keep_mask<A>(xsimd::batch<std::uint32_t, A>(row_bits), mask.threshold);
   }

@@ -101,23 +101,32 @@ void micro_kernel(const tile_job& job, Epilogue& epi) {
 
   // Lines for later calls, fetched from memory into L2 one per k step (prefetcht1), so only
   // a few memory reads are in flight at once: the next block of B on even steps, the next
-  // panel of A on odd ones.
-  const char* next[2] = {job.b_next, job.a_next};
-  std::size_t next_left[2] = {job.b_next_lines, job.a_next_lines};
-  for (std::size_t k = 0; k < job.kc; ++k) {
+  // panel of A on odd ones. The loop runs two steps at a time so each step's stream is known
+  // at compile time and its pointer and count stay in registers (indexing a two-entry array by
+  // k & 1 kept them on the stack: a load and a store per step, 2-3% at 64 x 1024 x 1024).
+  const char* b_next = job.b_next;
+  const char* a_next = job.a_next;
+  std::size_t b_left = job.b_next_lines, a_left = job.a_next_lines;
+  auto step = [&](const char*& next, std::size_t& left) SOLDER_INLINE_LAMBDA {
     // One prefetch per cache line of B this step reads.
 #pragma GCC unroll 8
     for (std::size_t line = 0; line < BS * sizeof(float); line += 64)
       __builtin_prefetch(reinterpret_cast<const char*>(b) + b_prefetch_bytes + line, 0, 3);
-    if (const std::size_t stream = k & 1; next_left[stream] != 0) {
-      __builtin_prefetch(next[stream], 0, 2);
-      next[stream] += 64;
-      --next_left[stream];
+    if (left != 0) {
+      __builtin_prefetch(next, 0, 2);
+      next += 64;
+      --left;
     }
     fma_step<R, NV>(acc, a, b);
     a += AStride;
     b += BS;
+  };
+  std::size_t k = 0;
+  for (; k + 2 <= job.kc; k += 2) {
+    step(b_next, b_left);
+    step(a_next, a_left);
   }
+  if (k < job.kc) step(b_next, b_left);
 
   if (job.last) {
     epi.template tile<R, NV>(acc, job.m0, job.n0, R, job.nr);

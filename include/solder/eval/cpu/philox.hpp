@@ -345,6 +345,22 @@ SOLDER_INLINE xsimd::batch_bool<float, A> keep_mask(const xsimd::batch<uint32_t,
   }
 }
 
+/// keep_mask(load_bits16(p), threshold) in fewer instructions where the target compares 16-bit
+/// lanes into a mask register (AVX-512 BW + VL): one compare of the 16 draws as they are
+/// stored, instead of a widening to 32 bits and a compare. A threshold of 65536 (keep none)
+/// does not fit 16 bits; the compare's write mask is then empty.
+template <class A = arch>
+SOLDER_INLINE xsimd::batch_bool<float, A> keep_mask16(const uint16_t* p, uint32_t threshold) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  if constexpr (std::is_base_of_v<xsimd::avx512bw, A>) {
+    const __mmask16 valid = threshold > 0xFFFFu ? __mmask16(0) : __mmask16(0xFFFF);
+    return _mm256_mask_cmpge_epu16_mask(valid, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+                                        _mm256_set1_epi16(short(threshold)));
+  }
+#endif
+  return keep_mask<A>(load_bits16<A>(p), threshold);
+}
+
 }  // namespace solder::cpu
 
 #if defined(__GNUC__) && !defined(__clang__)
