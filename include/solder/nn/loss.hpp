@@ -23,6 +23,15 @@
 #include "solder/shape.hpp"
 #include "solder/tensor.hpp"
 
+// GCC 12.2 warns -W(maybe-)uninitialized inside its own AVX-512 intrinsics (the "undefined"
+// source operand of the unmasked forms, GCC bug 105593, fixed in 12.3) when xsimd's exp and
+// log1p are inlined into the loss loops below; the warning names no solder code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
 namespace solder::nn {
 
 /// Something a loss reads: tensor<float, S>, tensor_ref<float, S> or tensor_ref<const float, S>.
@@ -415,3 +424,7 @@ float accuracy(const L& logits, std::span<const std::int32_t> labels) {
 }
 
 }  // namespace solder::nn
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
