@@ -4,7 +4,7 @@
 // Each pass below is a large elementwise assignment over a bias-broadcast shape: solder
 // compiles its loop nest twice (regular and non-temporal stores), and each loop must prefetch
 // its streamed operand (eval/cpu/evaluator.hpp, prefetch_bytes_*). Without the prefetch the
-// dropout pass at 64 MiB ran at 16 instead of 24 GB/s, and nothing but the timing showed it:
+// dropout pass at 64 MiB ran at 16-17 instead of 27 GB/s, and nothing but the timing showed it:
 // GCC had deleted the prefetch calls as side-effect free before inlining them. The `// EXPECT`
 // line gives how many `prefetcht1` instructions the assembly must hold at least: one per loop.
 // EXPECT[prefetcht1 6]

@@ -270,7 +270,7 @@ struct evaluator<map_node<Op, Args...>, Lay, V> {
   /// Not through std::apply, unlike the others: a prefetch has no result, and GCC's IPA
   /// pure-const pass found the (not always-inline) std::apply instantiations around it free of
   /// side effects and deleted the calls before they were inlined: the dropout pass at 64 MiB
-  /// ran without any prefetch (16 instead of 24 GB/s). Expanded here, every call is inlined
+  /// ran without any prefetch (16-17 instead of 27 GB/s on a quiet host). Expanded here, every call is inlined
   /// into the loop nest first.
   template <std::size_t Bytes>
   SOLDER_INLINE void prefetch(std::size_t j) const {

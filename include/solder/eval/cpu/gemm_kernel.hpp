@@ -103,7 +103,7 @@ void micro_kernel(const tile_job& job, Epilogue& epi) {
   // a few memory reads are in flight at once: the next block of B on even steps, the next
   // panel of A on odd ones. The loop runs two steps at a time so each step's stream is known
   // at compile time and its pointer and count stay in registers (indexing a two-entry array by
-  // k & 1 kept them on the stack: a load and a store per step, 2-3% at 64 x 1024 x 1024).
+  // k & 1 kept them on the stack: a load and a store per step next to the FMAs).
   const char* b_next = job.b_next;
   const char* a_next = job.a_next;
   std::size_t b_left = job.b_next_lines, a_left = job.a_next_lines;
