@@ -479,7 +479,7 @@ void run_case(benchmark::State& state, const impl& im, direction dir, shape s) {
 
 /// solder against the faster floor of its direction, shape and threads, call by call
 /// (time_pairs): roofline = median over the pairs of the floor's time / solder's time. The
-/// floor is the faster one in floor_for's calibration.
+/// floor is whichever of memcpy and copy_nt measures faster here, just before the pairs.
 void paired_case(benchmark::State& state, const impl& solder_impl, direction dir, shape s) {
   problem& pb = problem_for(s.rows, s.cols);
   const double bytes = bytes_moved(dir, s);
@@ -493,7 +493,12 @@ void paired_case(benchmark::State& state, const impl& solder_impl, direction dir
   }
   const pass_fn& a = dir == direction::fwd ? solder_impl.fwd : solder_impl.bwd;
   const pass_fn& b = dir == direction::fwd ? floor->fwd : floor->bwd;
-  a(pb, s.threads);
+  a(pb, s.threads);  // warm-up, and the output that is checked
+  if (solder_impl.export_outputs) solder_impl.export_outputs(pb, dir);
+  if (const std::string err = check(pb, dir == direction::bwd, solder_impl.mask); !err.empty()) {
+    state.SkipWithError((solder_impl.name + ": " + err).c_str());
+    return;
+  }
   b(pb, s.threads);
   const paired_times t = time_pairs(state, [&] { a(pb, s.threads); }, [&] { b(pb, s.threads); });
   state.counters["roofline"] = t.speedup_of_a();
