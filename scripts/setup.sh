@@ -10,6 +10,9 @@ packages=(
   cmake ninja-build g++ make pkg-config
   libxsimd-dev xtl-dev libxtensor-dev libboost-dev catch2
   libbenchmark-dev libeigen3-dev libopenblas-dev libdnnl-dev
+  # Debian's dnnl-config.cmake requires OpenCL (its GPU runtime) but the package only
+  # recommends it, and recommends are not installed below.
+  ocl-icd-opencl-dev
 )
 
 if ! command -v dpkg-query >/dev/null; then
