@@ -209,7 +209,12 @@ struct impl {
   std::string name;
   std::function<void(problem&, int threads)> prepare, run;
   std::function<void(int threads)> settle = nullptr;
+  /// If set and it returns a reason, the implementation is not measured (the case says why).
+  std::function<std::string()> unfit = nullptr;
 };
+
+/// Why `im` cannot be measured fairly on this machine, or "".
+std::string unfit_reason(const impl& im) { return im.unfit ? im.unfit() : std::string(); }
 
 // solder: the layer as a user writes it, nn::dense<nn::linear<K, N>, nn::relu> in eval mode
 // with its weights packed once (pack_weights): one GEMM whose epilogue is the expression
@@ -276,6 +281,21 @@ void solder_call(problem& pb, int threads, bool prepare, bool kernel) {
 void openblas_settle(int threads) {
   if (threads > 1) std::this_thread::sleep_for(std::chrono::milliseconds(150));
 }
+// OpenBLAS (DYNAMIC_ARCH) picks its kernels from the CPU model when it loads; 0.3.21 (Debian
+// bookworm) does not know this host's model 207 and falls back to Prescott (SSE3) kernels, 30
+// GFLOP/s where its AVX-512 ones reach 110-164. Only the environment, read before main, can
+// change that: OPENBLAS_CORETYPE=SkylakeX. Without it, the OpenBLAS cases report an error
+// rather than a number that measures the wrong kernels.
+std::string openblas_unfit() {
+#if defined(__AVX512F__)
+  const std::string core = openblas_get_corename();
+  if (core == "Prescott" || core == "Core2" || core == "Nehalem" || core == "Sandybridge")
+    return "OpenBLAS chose its " + core + " kernels on this AVX-512 CPU (model unknown to it); "
+           "run with OPENBLAS_CORETYPE=SkylakeX";
+#endif
+  return "";
+}
+
 void openblas_run(problem& pb, int threads) {
   openblas_set_num_threads(threads);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(pb.M), int(pb.N), int(pb.K), 1.0f, pb.x.data(), int(pb.K),
@@ -354,7 +374,7 @@ std::vector<impl> impls() {
   list.push_back({"solder_kernel", [](problem& pb, int t) { solder_call(pb, t, true, true); },
                   [](problem& pb, int t) { solder_call(pb, t, false, true); }});
 #if SOLDER_BENCH_HAS_OPENBLAS
-  list.push_back({"openblas_then_epilogue", [](problem&, int) {}, openblas_run, openblas_settle});
+  list.push_back({"openblas_then_epilogue", [](problem&, int) {}, openblas_run, openblas_settle, openblas_unfit});
 #endif
 #if SOLDER_BENCH_HAS_DNNL
   list.push_back({"onednn_postops", onednn_prepare, onednn_run});
@@ -366,6 +386,10 @@ std::vector<impl> impls() {
 }
 
 void linear_case(benchmark::State& state, const impl& im, shape s) {
+  if (const std::string why = unfit_reason(im); !why.empty()) {
+    state.SkipWithError((im.name + ": " + why).c_str());
+    return;
+  }
   problem& pb = problem_for(s);
   peak_gflops(s.threads);  // calibrate before anything of this case runs
   im.prepare(pb, s.threads);
@@ -388,6 +412,11 @@ void linear_case(benchmark::State& state, const impl& im, shape s) {
 /// `a` against `b` call by call (time_pairs): speedup = median over the pairs of b's time / a's
 /// time, and each one's GFLOP/s from its median call. The ratio to quote on a shared host.
 void paired_case(benchmark::State& state, const impl& a, const impl& b, shape s) {
+  for (const impl* im : {&a, &b})
+    if (const std::string why = unfit_reason(*im); !why.empty()) {
+      state.SkipWithError((im->name + ": " + why).c_str());
+      return;
+    }
   problem& pb = problem_for(s);
   for (const impl* im : {&a, &b}) {
     im->prepare(pb, s.threads);
