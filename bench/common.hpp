@@ -304,24 +304,27 @@ struct paired_times {
 /// first. On a shared host whose speed drifts (another tenant on the sibling hyperthread, memory
 /// traffic of other machines), the two calls of a pair see nearly the same machine, so the
 /// median of their per-pair ratio is far steadier than a ratio of two separately timed cases.
+/// Seconds one call of f takes on the wall clock, its memory writes included.
+template <class F>
+double time_call(F&& f) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  f();
+  benchmark::ClobberMemory();
+  return std::chrono::duration<double>(clock::now() - t0).count();
+}
+
 template <class FA, class FB>
 paired_times time_pairs(benchmark::State& state, FA&& fa, FB&& fb) {
-  using clock = std::chrono::steady_clock;
   paired_times t;
   bool a_first = true;
-  auto time = [](auto& f) {
-    const auto t0 = clock::now();
-    f();
-    benchmark::ClobberMemory();
-    return std::chrono::duration<double>(clock::now() - t0).count();
-  };
   for (auto _ : state) {
     if (a_first) {
-      t.a.push_back(time(fa));
-      t.b.push_back(time(fb));
+      t.a.push_back(time_call(fa));
+      t.b.push_back(time_call(fb));
     } else {
-      t.b.push_back(time(fb));
-      t.a.push_back(time(fa));
+      t.b.push_back(time_call(fb));
+      t.a.push_back(time_call(fa));
     }
     a_first = !a_first;
   }

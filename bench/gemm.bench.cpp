@@ -213,8 +213,12 @@ struct impl {
   std::function<std::string()> unfit = nullptr;
 };
 
-/// Why `im` cannot be measured fairly on this machine, or "".
-std::string unfit_reason(const impl& im) { return im.unfit ? im.unfit() : std::string(); }
+/// Marks the case skipped, saying why, when `im` cannot be measured fairly on this machine.
+bool skip_if_unfit(benchmark::State& state, const impl& im) {
+  const std::string why = im.unfit ? im.unfit() : std::string();
+  if (!why.empty()) state.SkipWithError((im.name + ": " + why).c_str());
+  return !why.empty();
+}
 
 // solder: the layer as a user writes it, nn::dense<nn::linear<K, N>, nn::relu> in eval mode
 // with its weights packed once (pack_weights): one GEMM whose epilogue is the expression
@@ -386,10 +390,7 @@ std::vector<impl> impls() {
 }
 
 void linear_case(benchmark::State& state, const impl& im, shape s) {
-  if (const std::string why = unfit_reason(im); !why.empty()) {
-    state.SkipWithError((im.name + ": " + why).c_str());
-    return;
-  }
+  if (skip_if_unfit(state, im)) return;
   problem& pb = problem_for(s);
   peak_gflops(s.threads);  // calibrate before anything of this case runs
   im.prepare(pb, s.threads);
@@ -412,11 +413,7 @@ void linear_case(benchmark::State& state, const impl& im, shape s) {
 /// `a` against `b` call by call (time_pairs): speedup = median over the pairs of b's time / a's
 /// time, and each one's GFLOP/s from its median call. The ratio to quote on a shared host.
 void paired_case(benchmark::State& state, const impl& a, const impl& b, shape s) {
-  for (const impl* im : {&a, &b})
-    if (const std::string why = unfit_reason(*im); !why.empty()) {
-      state.SkipWithError((im->name + ": " + why).c_str());
-      return;
-    }
+  if (skip_if_unfit(state, a) || skip_if_unfit(state, b)) return;
   problem& pb = problem_for(s);
   for (const impl* im : {&a, &b}) {
     im->prepare(pb, s.threads);

@@ -15,10 +15,8 @@
 // this process, gemm.bench.cpp), kernel_speedup (full time / kernel time) and pack_a_share
 // (pack_a time / full time).
 #include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <random>
-#include <string>
 #include <vector>
 
 #include "common.hpp"
@@ -32,14 +30,23 @@ namespace gd = solder::cpu::gemm_detail;
 
 constexpr std::size_t M = 64, N = 1024, K = 1024;
 
+/// Packs A into the calling thread's workspace as every GEMM call does; returns it.
+const float* pack_a_only(const float* A) {
+  constexpr std::size_t MR = cpu::gemm_blocking<N, K>::mr;
+  const gd::row_tiles tiling(M, MR);
+  float* packed_a = gd::thread_workspace(gd::workspace_slot::packed_a, tiling.count * MR * K);
+  gd::pack_a<MR, false>(A, K, tiling, 0, tiling.count, gd::static_k<K>{}, packed_a);
+  benchmark::DoNotOptimize(packed_a);
+  return packed_a;
+}
+
 /// The "kernel" call above: panel-major, each tile over all of K, B always panel 0.
 void kernel_rate(const float* A, const float* packed_b, cpu::bias_relu_epilogue epi) {
   using blocking = cpu::gemm_blocking<N, K>;
   constexpr std::size_t MR = blocking::mr, NV = blocking::nv, NR = blocking::nr;
   static_assert(N % NR == 0, "every panel is full at this shape");
   const gd::row_tiles tiling(M, MR);
-  float* packed_a = gd::thread_workspace(gd::workspace_slot::packed_a, tiling.count * MR * K);
-  gd::pack_a<MR, false>(A, K, tiling, 0, tiling.count, gd::static_k<K>{}, packed_a);
+  const float* packed_a = pack_a_only(A);
   constexpr auto& kernels = gd::kernel_table<NV, MR, cpu::bias_relu_epilogue>;
   for (std::size_t p = 0; p < N / NR; ++p)
     for (std::size_t i = 0; i < tiling.count; ++i) {
@@ -55,19 +62,6 @@ void kernel_rate(const float* A, const float* packed_b, cpu::bias_relu_epilogue 
     }
 }
 
-void pack_a_only(const float* A) {
-  constexpr std::size_t MR = cpu::gemm_blocking<N, K>::mr;
-  const gd::row_tiles tiling(M, MR);
-  float* packed_a = gd::thread_workspace(gd::workspace_slot::packed_a, tiling.count * MR * K);
-  gd::pack_a<MR, false>(A, K, tiling, 0, tiling.count, gd::static_k<K>{}, packed_a);
-  benchmark::DoNotOptimize(packed_a);
-}
-
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
-
 void parts_case(benchmark::State& state) {
   aligned_buffer<float> x(M * K), w(N * K), b(N), y(M * N), y_kernel(M * N);
   fill_uniform(x.span(), 11);
@@ -76,16 +70,9 @@ void parts_case(benchmark::State& state) {
   const cpu::packed_b<N, K, /*TransB=*/true> wp(w.data(), K);
   const double peak = peak_gflops(1);
 
-  using clock = std::chrono::steady_clock;
   const auto full = [&] { cpu::gemm<N, K, false, true>(M, x.data(), K, wp, cpu::bias_relu_epilogue{b.data(), y.data(), N}, 1); };
   const auto kernel = [&] { kernel_rate(x.data(), wp.data(), cpu::bias_relu_epilogue{b.data(), y_kernel.data(), N}); };
   const auto pack = [&] { pack_a_only(x.data()); };
-  const auto time = [](auto& f) {
-    const auto t0 = clock::now();
-    f();
-    benchmark::ClobberMemory();
-    return std::chrono::duration<double>(clock::now() - t0).count();
-  };
   full(), kernel(), pack();  // warm-up: workspaces allocated, code paged in
 
   std::vector<double> t_full, t_kernel, speedup, share;
@@ -94,17 +81,17 @@ void parts_case(benchmark::State& state) {
   for (auto _ : state) {
     std::shuffle(order, order + 3, order_rng);
     double t[3];
-    for (int which : order) t[which] = which == 0 ? time(full) : which == 1 ? time(kernel) : time(pack);
+    for (int which : order) t[which] = which == 0 ? time_call(full) : which == 1 ? time_call(kernel) : time_call(pack);
     t_full.push_back(t[0]);
     t_kernel.push_back(t[1]);
     speedup.push_back(t[0] / t[1]);
     share.push_back(t[2] / t[0]);
   }
   const double flops = 2.0 * M * N * K;
-  state.counters["full_roofline"] = flops / median(t_full) * 1e-9 / peak;
-  state.counters["kernel_roofline"] = flops / median(t_kernel) * 1e-9 / peak;
-  state.counters["kernel_speedup"] = median(speedup);
-  state.counters["pack_a_share"] = median(share);
+  state.counters["full_roofline"] = flops / paired_times::median(t_full) * 1e-9 / peak;
+  state.counters["kernel_roofline"] = flops / paired_times::median(t_kernel) * 1e-9 / peak;
+  state.counters["kernel_speedup"] = paired_times::median(speedup);
+  state.counters["pack_a_share"] = paired_times::median(share);
 }
 
 const bool registered = [] {
