@@ -46,7 +46,7 @@ constexpr long fma_steps_per_call = 1L << 20;  // ~2.5 ms at 214 GFLOP/s
 /// depends on all of them, so nothing is optimized away. noipa: GCC would otherwise see a pure
 /// function of a constant and hoist the call out of the benchmark loop.
 __attribute__((noipa)) float run_fma_chains(long steps) {
-  using V = solder::cpu::vec<float>;
+  using V = solder::eval::cpu::vec<float>;
   V acc[fma_chains];
   for (int i = 0; i < fma_chains; ++i) acc[i] = V(1e-3f * float(i));
   const V m(0.999f), c(1e-4f);  // converges to 0.1: no overflow, no subnormals
@@ -61,7 +61,7 @@ __attribute__((noipa)) float run_fma_chains(long steps) {
 
 /// Flops of one run_fma_chains(fma_steps_per_call) on each of `threads` threads.
 double fma_flops(int threads) {
-  return 2.0 * fma_chains * double(solder::cpu::float_lanes) * double(fma_steps_per_call) * threads;
+  return 2.0 * fma_chains * double(solder::eval::cpu::float_lanes) * double(fma_steps_per_call) * threads;
 }
 
 /// One round of the peak: every thread runs the chains once (an OpenMP team of `threads`).
@@ -245,9 +245,9 @@ void solder_run(problem& pb, int threads) {
 }
 
 // solder_kernel: the GEMM called directly with its hand-written bias + ReLU epilogue
-// (cpu::bias_relu_epilogue), W packed once: what the generic epilogue above is measured against.
+// (eval::cpu::bias_relu_epilogue), W packed once: what the generic epilogue above is measured against.
 template <std::size_t N, std::size_t K>
-using solder_weights = solder::cpu::packed_b<N, K, /*TransB=*/true>;
+using solder_weights = solder::eval::cpu::packed_b<N, K, /*TransB=*/true>;
 
 template <std::size_t N, std::size_t K>
 void kernel_prepare(problem& pb, int) {
@@ -256,7 +256,7 @@ void kernel_prepare(problem& pb, int) {
 template <std::size_t N, std::size_t K>
 void kernel_run(problem& pb, int threads) {
   const auto& w = *static_cast<const solder_weights<N, K>*>(pb.solder_weights.get());
-  solder::cpu::gemm<N, K, false, true>(pb.M, pb.x.data(), K, w, solder::cpu::bias_relu_epilogue{pb.b.data(), pb.y.data(), N},
+  solder::eval::cpu::gemm<N, K, false, true>(pb.M, pb.x.data(), K, w, solder::eval::cpu::bias_relu_epilogue{pb.b.data(), pb.y.data(), N},
                                        threads);
 }
 

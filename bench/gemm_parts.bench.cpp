@@ -25,8 +25,8 @@
 namespace {
 
 using namespace solder_bench;
-namespace cpu = solder::cpu;
-namespace gd = solder::cpu::gemm_detail;
+namespace cpu = solder::eval::cpu;  // the CPU backend's GEMM internals
+namespace gd = solder::eval::cpu::gemm_detail;
 
 constexpr std::size_t M = 64, N = 1024, K = 1024;
 

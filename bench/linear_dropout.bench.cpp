@@ -72,8 +72,8 @@ struct problem {
     t1 = solder::dropout(dy, drop_p, rng());                // dropout's backward: the mask again
     g = solder::where(t2 > 0.0f, t1, 0.0f);                 // relu's backward (t2 = relu(z + b))
     db = solder::sum<0>(g);                                 // the bias gradient
-    solder::cpu::gemm_dyn_k<K, true, false>(N, M, g.data(), N, x.data(), K,
-                                            solder::cpu::store_epilogue{layer.linear.weight_grad.data(), K});
+    solder::eval::cpu::gemm_dyn_k<K, true, false>(N, M, g.data(), N, x.data(), K,
+                                            solder::eval::cpu::store_epilogue{layer.linear.weight_grad.data(), K});
     dx = solder::matmul(g, w());
   }
 };

@@ -11,7 +11,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "solder/eval/cpu/assign.hpp"
+#include "solder/assign.hpp"
 #include "solder/expr/operators.hpp"
 #include "solder/tensor.hpp"
 #include "support/data.hpp"

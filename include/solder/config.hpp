@@ -25,6 +25,20 @@
 #define SOLDER_INLINE_LAMBDA __attribute__((always_inline))
 #endif
 
+/// SOLDER_INTRINSIC_WARNINGS_OFF / SOLDER_INTRINSIC_WARNINGS_ON: around code that inlines
+/// AVX-512 intrinsics (solder's own, or xsimd's exp and log1p). GCC 12.2 warns
+/// -W(maybe-)uninitialized inside its own intrinsics (the "undefined" source operand of the
+/// unmasked forms, GCC bug 105593, fixed in 12.3); the warning names no solder code.
+#if defined(__GNUC__) && !defined(__clang__)
+#define SOLDER_INTRINSIC_WARNINGS_OFF                                                          \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")  \
+      _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
+#define SOLDER_INTRINSIC_WARNINGS_ON _Pragma("GCC diagnostic pop")
+#else
+#define SOLDER_INTRINSIC_WARNINGS_OFF
+#define SOLDER_INTRINSIC_WARNINGS_ON
+#endif
+
 /// SOLDER_ASSERT(cond, msg): a runtime check of what the types cannot prove (a dynamic batch
 /// size, a file's contents). Always on: the checks sit outside the hot loops.
 #define SOLDER_ASSERT(cond, msg)                                                               \

@@ -1,5 +1,7 @@
-// tensor.hpp: the owning tensor<T, Shape> (64-byte aligned, on the heap when large) and the
-// non-owning tensor_ref<T, Shape>; both are expression leaves.
+// tensor.hpp: the owning tensor<T, Shape, Space> (64-byte aligned, on the heap when large) and
+// the non-owning tensor_ref<T, Shape, Space>; both are expression leaves. Space says where the
+// elements live (host by default, device for CUDA memory), and so which backend evaluates an
+// assignment to them (backend.hpp).
 #pragma once
 
 #include <algorithm>
@@ -13,11 +15,9 @@
 #include <type_traits>
 #include <utility>
 
-#if __has_include(<sys/mman.h>)
-#include <sys/mman.h>
-#endif
-
+#include "solder/backend.hpp"
 #include "solder/config.hpp"
+#include "solder/memory.hpp"
 #include "solder/shape.hpp"
 
 namespace solder {
@@ -36,31 +36,6 @@ template <class E>
 concept ExpressionType = requires { typename std::remove_cvref_t<E>::expression_tag; };
 
 namespace detail {
-
-struct aligned_free {
-  void operator()(void* p) const noexcept { std::free(p); }
-};
-
-/// 64-byte aligned heap storage; the size is rounded up so the allocation is a whole number of
-/// cache lines, which std::aligned_alloc requires.
-template <class T>
-std::unique_ptr<T[], aligned_free> aligned_alloc_array(std::size_t n) {
-  std::size_t bytes = (n * sizeof(T) + alignment - 1) / alignment * alignment;
-  if (bytes == 0) bytes = alignment;
-  void* p = std::aligned_alloc(alignment, bytes);
-  if (!p) throw std::bad_alloc();
-#if defined(MADV_HUGEPAGE)
-  // Large buffers are streamed: 2 MiB pages spare the TLB a miss every 4 KiB (the hint is
-  // advisory; where transparent huge pages are off it does nothing).
-  constexpr std::size_t huge_page = std::size_t(2) << 20;
-  if (bytes >= 2 * huge_page) {
-    const auto first = (reinterpret_cast<std::uintptr_t>(p) + huge_page - 1) & ~(huge_page - 1);
-    const auto last = (reinterpret_cast<std::uintptr_t>(p) + bytes) & ~(huge_page - 1);
-    if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
-  }
-#endif
-  return std::unique_ptr<T[], aligned_free>(static_cast<T*>(p));
-}
 
 /// Batch check shared by tensor and tensor_ref: a dynamic shape needs a batch of at least 1.
 template <class S>
@@ -98,18 +73,21 @@ void print(std::ostream& os, const T* data, std::size_t batch) {
 
 }  // namespace detail
 
-template <class T, class S>
+template <class T, class S, class Space = host>
 class tensor;
 
-/// A view of contiguous row-major memory with shape S; T may be const. Does not own the data.
-template <class T, class S>
+/// A view of contiguous row-major memory with shape S in memory space Space; T may be const.
+/// Does not own the data.
+template <class T, class S, class Space = host>
 class tensor_ref {
   static_assert(Shape<S>, "solder::tensor_ref: extents must be >= 1, and `dyn` may only be the leading extent");
+  static_assert(MemorySpace<Space>, "solder::tensor_ref: the space must be solder::host or solder::device");
 
  public:
   using expression_tag = solder::expression_tag;
   using value_type = std::remove_const_t<T>;
   using shape_type = S;
+  using space_type = Space;
   using element_type = T;
 
   tensor_ref() = default;
@@ -121,7 +99,7 @@ class tensor_ref {
   /// A const view of a mutable view.
   template <class U>
     requires(std::is_const_v<T> && std::is_same_v<const U, T>)
-  tensor_ref(const tensor_ref<U, S>& other) : data_(other.data()), batch_(other.batch()) {}
+  tensor_ref(const tensor_ref<U, S, Space>& other) : data_(other.data()), batch_(other.batch()) {}
 
   T* data() const { return data_; }
   std::size_t batch() const { return batch_; }
@@ -142,27 +120,29 @@ class tensor_ref {
   T* end() const { return data_ + size(); }
 
   void fill(value_type v) const
-    requires(!std::is_const_v<T>)
+    requires(!std::is_const_v<T> && std::is_same_v<Space, host>)
   {
     std::fill(begin(), end(), v);
   }
 
-  /// Evaluates an expression into this view (one fused pass); see eval/cpu/assign.hpp.
+  /// Evaluates an expression into this view (one fused pass), by the backend of Space.
   template <ExpressionType E>
   const tensor_ref& operator=(const E& e) const
     requires(!std::is_const_v<T>)
   {
-    assign(*this, e);  // found by ADL at instantiation, once the evaluator is included
+    executor<backend_of_t<Space>>::assign(*this, e);
     return *this;
   }
   const tensor_ref& operator=(const tensor_ref& other) const
     requires(!std::is_const_v<T>)
   {
-    assign(*this, other);
+    executor<backend_of_t<Space>>::assign(*this, other);
     return *this;
   }
 
-  friend std::ostream& operator<<(std::ostream& os, const tensor_ref& t) {
+  friend std::ostream& operator<<(std::ostream& os, const tensor_ref& t)
+    requires std::is_same_v<Space, host>
+  {
     detail::print<value_type, S>(os, t.data_, t.batch_);
     return os;
   }
@@ -175,10 +155,13 @@ class tensor_ref {
 /// An owning tensor of T with shape S: 64-byte aligned, zero-filled unless constructed with
 /// `solder::uninitialized`. Small static tensors live inline; anything over 1 KiB, and every
 /// dynamic tensor, lives on the heap (a 4096x4096 tensor never touches the stack).
-template <class T, class S>
+template <class T, class S, class Space>
 class tensor {
   static_assert(Shape<S>, "solder::tensor: extents must be >= 1, and `dyn` may only be the leading extent");
   static_assert(std::is_arithmetic_v<T>, "solder::tensor: the element type must be arithmetic (float, double, int...)");
+  static_assert(std::is_same_v<Space, host>,
+                "solder::tensor: owning tensors hold host memory; device memory is allocated by the CUDA backend "
+                "(solder/cuda.hpp), and tensor_ref<T, S, solder::device> views it");
 
   static constexpr std::size_t inline_limit_bytes = 1024;
   static constexpr bool on_heap = S::dynamic || S::size * sizeof(T) > inline_limit_bytes;
@@ -187,6 +170,7 @@ class tensor {
   using expression_tag = solder::expression_tag;
   using value_type = T;
   using shape_type = S;
+  using space_type = Space;
   using element_type = T;
 
   /// Zero-filled tensor (static shape).
@@ -198,7 +182,7 @@ class tensor {
   tensor(uninitialized_t)
     requires(!S::dynamic)
   {
-    if constexpr (on_heap) heap_ = detail::aligned_alloc_array<T>(S::size);
+    if constexpr (on_heap) heap_ = allocate_aligned<T>(S::size);
   }
   /// Zero-filled tensor with a runtime batch size (dynamic shape).
   explicit tensor(std::size_t batch)
@@ -210,13 +194,13 @@ class tensor {
     requires(S::dynamic)
   : batch_(batch) {
     detail::check_batch<S>(batch);
-    heap_ = detail::aligned_alloc_array<T>(S::elements(batch));
+    heap_ = allocate_aligned<T>(S::elements(batch));
   }
   /// Evaluates an expression into a new tensor.
   template <ExpressionType E>
     requires(!std::is_same_v<std::remove_cvref_t<E>, tensor>)
   tensor(const E& e) : tensor(make_for(e)) {  // NOLINT: implicit, as Eigen's Matrix m = expr
-    assign(ref(), e);
+    executor<backend_of_t<Space>>::assign(ref(), e);
   }
 
   tensor(const tensor& other) : tensor(make_like(other)) { std::memcpy(data(), other.data(), size() * sizeof(T)); }
@@ -234,7 +218,7 @@ class tensor {
   template <ExpressionType E>
     requires(!std::is_same_v<std::remove_cvref_t<E>, tensor>)
   tensor& operator=(const E& e) {
-    assign(ref(), e);
+    executor<backend_of_t<Space>>::assign(ref(), e);
     return *this;
   }
 
@@ -287,7 +271,7 @@ class tensor {
       return tensor(uninitialized);
   }
 
-  std::unique_ptr<T[], detail::aligned_free> heap_;
+  aligned_array<T> heap_;
   alignas(alignment) T inline_[on_heap ? 1 : S::size]{};
   std::size_t batch_ = 1;
 };

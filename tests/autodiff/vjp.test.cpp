@@ -16,7 +16,7 @@
 #include <catch2/catch.hpp>
 
 #include "solder/autodiff/vjp.hpp"
-#include "solder/eval/cpu/assign.hpp"
+#include "solder/assign.hpp"
 #include "solder/expr/operators.hpp"
 #include "support/data.hpp"
 

@@ -8,7 +8,7 @@
 // GCC had deleted the prefetch calls as side-effect free before inlining them. The `// EXPECT`
 // line gives how many `prefetcht1` instructions the assembly must hold at least: one per loop.
 // EXPECT[prefetcht1 6]
-#include "solder/eval/cpu/assign.hpp"
+#include "solder/assign.hpp"
 #include "solder/expr/operators.hpp"
 #include "solder/ops.hpp"
 

@@ -1,6 +1,6 @@
 // One pass runs over one shape: [4, 8] and [4, 9] cannot share it.
 // MESSAGE[solder::assign_all: every write must run over the same shape]
-#include "solder/eval/cpu/assign.hpp"
+#include "solder/assign.hpp"
 #include "solder/expr/operators.hpp"
 
 int main() {

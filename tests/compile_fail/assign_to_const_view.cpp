@@ -1,6 +1,6 @@
 // A view of const elements is read-only.
 // MESSAGE[no match for .operator=|cannot assign to a view of const elements]
-#include "solder/eval/cpu/assign.hpp"
+#include "solder/assign.hpp"
 #include "solder/expr/operators.hpp"
 
 int main() {

@@ -1,6 +1,6 @@
 // x [256, 4096] + b [1024]: the extents differ and neither is 1.
 // MESSAGE[solder: cannot broadcast \[256, 4096\] with \[1024\]]
-#include "solder/eval/cpu/assign.hpp"
+#include "solder/assign.hpp"
 #include "solder/expr/operators.hpp"
 
 int main() {

@@ -1,6 +1,6 @@
 // A [4, 8] tensor has axes 0 and 1.
 // MESSAGE[solder::reduce: axis 2 is out of range for shape \[4, 8\]]
-#include "solder/eval/cpu/assign.hpp"
+#include "solder/assign.hpp"
 #include "solder/expr/reduce.hpp"
 
 int main() {

@@ -1,7 +1,7 @@
 // The function never reads its second argument, so it has no gradient.
 // MESSAGE[solder::vjp: the function does not depend \(differentiably\) on this argument]
 #include "solder/autodiff/vjp.hpp"
-#include "solder/eval/cpu/assign.hpp"
+#include "solder/assign.hpp"
 
 int main() {
   solder::tensor<float, solder::shape<4, 8>> x, y, dy;

@@ -1,4 +1,4 @@
-// tests/eval/gemm.test.cpp: solder::cpu::gemm (static K) and gemm_dyn_k (runtime K) against a
+// tests/eval/gemm.test.cpp: solder::eval::cpu::gemm (static K) and gemm_dyn_k (runtime K) against a
 // double-precision triple loop, for all four transpose variants, edge tiles in every dimension,
 // the three epilogues, pre-packed and per-call B, padded leading dimensions, and bit-for-bit
 // equality between the two paths and across thread counts and cache blockings.
@@ -102,18 +102,18 @@ template <std::size_t N, std::size_t K, bool TA, bool TB>
 void check_variant(std::size_t M) {
   const problem p(M, N, K, TA, TB, 17u + std::uint32_t(M));
   auto C = p.output();
-  cpu::gemm<N, K, TA, TB>(M, p.A.data(), p.lda, p.B.data(), p.ldb, cpu::store_epilogue{C.data(), p.ldc}, 1);
+  eval::cpu::gemm<N, K, TA, TB>(M, p.A.data(), p.lda, p.B.data(), p.ldb, eval::cpu::store_epilogue{C.data(), p.ldc}, 1);
   check_against_reference(p, C, false);
 
-  const cpu::packed_b<N, K, TB> packed(p.B.data(), p.ldb);
+  const eval::cpu::packed_b<N, K, TB> packed(p.B.data(), p.ldb);
   auto Cb = p.output();
-  cpu::gemm<N, K, TA, TB>(M, p.A.data(), p.lda, packed, cpu::bias_relu_epilogue{p.bias.data(), Cb.data(), p.ldc}, 1);
+  eval::cpu::gemm<N, K, TA, TB>(M, p.A.data(), p.lda, packed, eval::cpu::bias_relu_epilogue{p.bias.data(), Cb.data(), p.ldc}, 1);
   check_against_reference(p, Cb, true);
 
   auto dyn = p.output(), dyn_b = p.output();
-  cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, cpu::store_epilogue{dyn.data(), p.ldc}, 1);
-  cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb,
-                             cpu::bias_relu_epilogue{p.bias.data(), dyn_b.data(), p.ldc}, 1);
+  eval::cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, eval::cpu::store_epilogue{dyn.data(), p.ldc}, 1);
+  eval::cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb,
+                             eval::cpu::bias_relu_epilogue{p.bias.data(), dyn_b.data(), p.ldc}, 1);
   INFO("runtime K against static K: M " << M << ", N " << N << ", K " << K << ", TransA " << TA << ", TransB "
                                         << TB);
   CHECK(bitwise_equal(C, dyn));
@@ -131,7 +131,7 @@ void check_all_variants(std::size_t M) {
 /// A cache blocking far smaller than any real one, so small problems cross every loop of the
 /// driver: several M blocks, N blocks and K blocks, and the L2 prefetch between them.
 template <std::size_t N, std::size_t K>
-struct tiny_blocking : cpu::gemm_blocking<N, K> {
+struct tiny_blocking : eval::cpu::gemm_blocking<N, K> {
   static constexpr std::size_t kc = 5;
   static constexpr std::size_t nc = 2;
   static constexpr std::size_t mc_max = 2;
@@ -139,13 +139,13 @@ struct tiny_blocking : cpu::gemm_blocking<N, K> {
 
 /// The same kind of blocking for the runtime-K path: K blocks of 5, N blocks of 2 panels, M
 /// blocks of 2 tiles.
-constexpr cpu::gemm_dyn_k_blocking tiny_dyn_k_blocking{5, 2, 2};
+constexpr eval::cpu::gemm_dyn_k_blocking tiny_dyn_k_blocking{5, 2, 2};
 
 /// The runtime-K blocking is the static one, computed at run time.
 template <std::size_t N, std::size_t K>
-constexpr bool same_blocking = cpu::gemm_dyn_k_blocking::for_k(K).kc == cpu::gemm_blocking<N, K>::kc &&
-                               cpu::gemm_dyn_k_blocking::for_k(K).nc == cpu::gemm_blocking<N, K>::nc &&
-                               cpu::gemm_dyn_k_blocking::for_k(K).mc_max == cpu::gemm_blocking<N, K>::mc_max;
+constexpr bool same_blocking = eval::cpu::gemm_dyn_k_blocking::for_k(K).kc == eval::cpu::gemm_blocking<N, K>::kc &&
+                               eval::cpu::gemm_dyn_k_blocking::for_k(K).nc == eval::cpu::gemm_blocking<N, K>::nc &&
+                               eval::cpu::gemm_dyn_k_blocking::for_k(K).mc_max == eval::cpu::gemm_blocking<N, K>::mc_max;
 static_assert(same_blocking<1, 1> && same_blocking<17, 3> && same_blocking<257, 255> && same_blocking<37, 512> &&
               same_blocking<37, 513> && same_blocking<37, 1031> && same_blocking<1024, 4096> &&
               same_blocking<3, 100000>,
@@ -170,20 +170,20 @@ template <std::size_t N, bool TA, bool TB>
 void check_dyn_k_variant(std::size_t M, std::size_t K) {
   const problem p(M, N, K, TA, TB, 101u + std::uint32_t(M * 7 + K));
   auto P = p.output();
-  cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, cpu::store_epilogue{P.data(), p.ldc}, 1);
+  eval::cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, eval::cpu::store_epilogue{P.data(), p.ldc}, 1);
   check_against_reference(p, P, false);
 
   const auto before = accumulator(p, 7u + std::uint32_t(K));
   auto added = before, scaled = before;
-  cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb,
-                             cpu::accumulate_epilogue{added.data(), p.ldc, 1.0f}, 1);
-  cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb,
-                             cpu::accumulate_epilogue{scaled.data(), p.ldc, 0.5f}, 1);
+  eval::cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb,
+                             eval::cpu::accumulate_epilogue{added.data(), p.ldc, 1.0f}, 1);
+  eval::cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb,
+                             eval::cpu::accumulate_epilogue{scaled.data(), p.ldc, 0.5f}, 1);
   auto overwritten = p.output();
   for (std::size_t m = 0; m < M; ++m)
     for (std::size_t n = 0; n < N; ++n) overwritten[m * p.ldc + n] = std::numeric_limits<float>::quiet_NaN();
-  cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb,
-                             cpu::accumulate_epilogue{overwritten.data(), p.ldc, 0.0f}, 1);
+  eval::cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb,
+                             eval::cpu::accumulate_epilogue{overwritten.data(), p.ldc, 0.0f}, 1);
 
   auto expect_added = before, expect_scaled = before;
   for (std::size_t m = 0; m < M; ++m)
@@ -221,12 +221,12 @@ TEST_CASE("gemm with a pre-packed B equals gemm packing B per call, bit for bit"
   constexpr std::size_t N = 257, K = 255;
   const std::size_t M = GENERATE(1, 17, 257);
   const problem p(M, N, K, false, true, 5);
-  const cpu::packed_b<N, K, true> packed(p.B.data(), p.ldb);
+  const eval::cpu::packed_b<N, K, true> packed(p.B.data(), p.ldb);
   auto per_call = p.output(), prepacked = p.output();
-  cpu::gemm<N, K, false, true>(M, p.A.data(), p.lda, p.B.data(), p.ldb,
-                               cpu::bias_relu_epilogue{p.bias.data(), per_call.data(), p.ldc}, 2);
-  cpu::gemm<N, K, false, true>(M, p.A.data(), p.lda, packed,
-                               cpu::bias_relu_epilogue{p.bias.data(), prepacked.data(), p.ldc}, 2);
+  eval::cpu::gemm<N, K, false, true>(M, p.A.data(), p.lda, p.B.data(), p.ldb,
+                               eval::cpu::bias_relu_epilogue{p.bias.data(), per_call.data(), p.ldc}, 2);
+  eval::cpu::gemm<N, K, false, true>(M, p.A.data(), p.lda, packed,
+                               eval::cpu::bias_relu_epilogue{p.bias.data(), prepacked.data(), p.ldc}, 2);
   CHECK(bitwise_equal(per_call, prepacked));
 }
 
@@ -235,17 +235,17 @@ TEST_CASE("gemm gives the same bits for 1 and 2 threads and for any cache blocki
   constexpr std::size_t N = 257, K = 1031;
   const std::size_t M = GENERATE(17, 100, 257);
   const problem p(M, N, K, false, false, 9);
-  const cpu::packed_b<N, K, false> packed(p.B.data(), p.ldb);
+  const eval::cpu::packed_b<N, K, false> packed(p.B.data(), p.ldb);
   auto one = p.output(), two = p.output(), tiny_one = p.output(), tiny_two = p.output();
-  cpu::gemm<N, K, false, false>(M, p.A.data(), p.lda, packed, cpu::store_epilogue{one.data(), p.ldc}, 1);
-  cpu::gemm<N, K, false, false>(M, p.A.data(), p.lda, packed, cpu::store_epilogue{two.data(), p.ldc}, 2);
+  eval::cpu::gemm<N, K, false, false>(M, p.A.data(), p.lda, packed, eval::cpu::store_epilogue{one.data(), p.ldc}, 1);
+  eval::cpu::gemm<N, K, false, false>(M, p.A.data(), p.lda, packed, eval::cpu::store_epilogue{two.data(), p.ldc}, 2);
   // Every element is one FMA chain in increasing k whatever the blocking (partial sums are
   // stored as the floats they are), so even a different K block length gives the same bits.
-  cpu::store_epilogue e1{tiny_one.data(), p.ldc}, e2{tiny_two.data(), p.ldc};
-  constexpr cpu::gemm_detail::static_k<K> k{};
+  eval::cpu::store_epilogue e1{tiny_one.data(), p.ldc}, e2{tiny_two.data(), p.ldc};
+  constexpr eval::cpu::gemm_detail::static_k<K> k{};
   constexpr tiny_blocking<N, K> tiny{};
-  cpu::gemm_detail::gemm_packed<N, false>(M, k, tiny, p.A.data(), p.lda, packed.data(), e1, 1);
-  cpu::gemm_detail::gemm_packed<N, false>(M, k, tiny, p.A.data(), p.lda, packed.data(), e2, 2);
+  eval::cpu::gemm_detail::gemm_packed<N, false>(M, k, tiny, p.A.data(), p.lda, packed.data(), e1, 1);
+  eval::cpu::gemm_detail::gemm_packed<N, false>(M, k, tiny, p.A.data(), p.lda, packed.data(), e2, 2);
   CHECK(bitwise_equal(one, two));
   CHECK(bitwise_equal(one, tiny_one));
   CHECK(bitwise_equal(one, tiny_two));
@@ -256,10 +256,10 @@ TEST_CASE("gemm crosses every block of the driver with a tiny cache blocking", "
   constexpr std::size_t N = 37, K = 23;
   const std::size_t M = GENERATE(1, 29, 257);
   const problem p(M, N, K, true, true, 11);
-  const cpu::packed_b<N, K, true> packed(p.B.data(), p.ldb);
+  const eval::cpu::packed_b<N, K, true> packed(p.B.data(), p.ldb);
   auto C = p.output();
-  cpu::bias_relu_epilogue e{p.bias.data(), C.data(), p.ldc};
-  cpu::gemm_detail::gemm_packed<N, true>(M, cpu::gemm_detail::static_k<K>{}, tiny_blocking<N, K>{}, p.A.data(), p.lda,
+  eval::cpu::bias_relu_epilogue e{p.bias.data(), C.data(), p.ldc};
+  eval::cpu::gemm_detail::gemm_packed<N, true>(M, eval::cpu::gemm_detail::static_k<K>{}, tiny_blocking<N, K>{}, p.A.data(), p.lda,
                                          packed.data(), e, 2);
   check_against_reference(p, C, true);
 }
@@ -269,7 +269,7 @@ TEST_CASE("gemm's bias_relu epilogue keeps NaN and clamps negatives to +0", "[ge
   const std::size_t M = 3;
   std::vector<float> A(M * K, -1.0f), B(K * N, 1.0f), bias(N, 0.5f), C(M * N, 1.0f);
   A[1 * K + 2] = std::numeric_limits<float>::quiet_NaN();  // row 1 of C is NaN
-  cpu::gemm<N, K, false, false>(M, A.data(), K, B.data(), N, cpu::bias_relu_epilogue{bias.data(), C.data(), N}, 1);
+  eval::cpu::gemm<N, K, false, false>(M, A.data(), K, B.data(), N, eval::cpu::bias_relu_epilogue{bias.data(), C.data(), N}, 1);
   for (std::size_t n = 0; n < N; ++n) {
     CHECK(std::isnan(C[1 * N + n]));
     CHECK(C[0 * N + n] == 0.0f);  // relu(-3 + 0.5)
@@ -280,7 +280,7 @@ TEST_CASE("gemm's bias_relu epilogue keeps NaN and clamps negatives to +0", "[ge
 TEST_CASE("gemm with M = 0 writes nothing", "[gemm]") {
   constexpr std::size_t N = 3, K = 3;
   std::vector<float> A(K, 1.0f), B(K * N, 1.0f), C(N, 7.0f);
-  cpu::gemm<N, K, false, false>(0, A.data(), K, B.data(), N, cpu::store_epilogue{C.data(), N}, 2);
+  eval::cpu::gemm<N, K, false, false>(0, A.data(), K, B.data(), N, eval::cpu::store_epilogue{C.data(), N}, 2);
   CHECK(C == std::vector<float>(N, 7.0f));
 }
 
@@ -310,14 +310,14 @@ TEST_CASE("gemm_dyn_k gives the same bits for 1 and 2 threads, any blocking, and
   const std::size_t M = GENERATE(17, 100, 257);
   const problem p(M, N, K, true, false, 13);
   auto fixed = p.output(), one = p.output(), two = p.output(), tiny_one = p.output(), tiny_two = p.output();
-  cpu::gemm<N, K, true, false>(M, p.A.data(), p.lda, p.B.data(), p.ldb, cpu::store_epilogue{fixed.data(), p.ldc}, 2);
-  cpu::store_epilogue e1{one.data(), p.ldc}, e2{two.data(), p.ldc}, e3{tiny_one.data(), p.ldc},
+  eval::cpu::gemm<N, K, true, false>(M, p.A.data(), p.lda, p.B.data(), p.ldb, eval::cpu::store_epilogue{fixed.data(), p.ldc}, 2);
+  eval::cpu::store_epilogue e1{one.data(), p.ldc}, e2{two.data(), p.ldc}, e3{tiny_one.data(), p.ldc},
       e4{tiny_two.data(), p.ldc};
-  cpu::gemm_dyn_k<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e1, 1);
-  cpu::gemm_dyn_k<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e2, 2);
-  cpu::gemm_detail::gemm_dyn_k_run<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e3, 1,
+  eval::cpu::gemm_dyn_k<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e1, 1);
+  eval::cpu::gemm_dyn_k<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e2, 2);
+  eval::cpu::gemm_detail::gemm_dyn_k_run<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e3, 1,
                                                    tiny_dyn_k_blocking);
-  cpu::gemm_detail::gemm_dyn_k_run<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e4, 2,
+  eval::cpu::gemm_detail::gemm_dyn_k_run<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e4, 2,
                                                    tiny_dyn_k_blocking);
   CHECK(bitwise_equal(one, fixed));
   CHECK(bitwise_equal(one, two));
@@ -340,8 +340,8 @@ TEST_CASE("gemm_dyn_k accumulates over micro-batches on 2 threads as one product
   std::size_t k0 = 0;
   float beta = 0.0f;
   for (const std::size_t part : {1000, 3000, 96}) {
-    cpu::gemm_dyn_k<In, true, false>(Out, part, p.A.data() + k0 * p.lda, p.lda, p.B.data() + k0 * p.ldb, p.ldb,
-                                     cpu::accumulate_epilogue{dW.data(), p.ldc, beta}, 2);
+    eval::cpu::gemm_dyn_k<In, true, false>(Out, part, p.A.data() + k0 * p.lda, p.lda, p.B.data() + k0 * p.ldb, p.ldb,
+                                     eval::cpu::accumulate_epilogue{dW.data(), p.ldc, beta}, 2);
     k0 += part, beta = 1.0f;
   }
   // Three sums of at most 3000 terms, then two adds: within the (K + 2) u bound of the whole.
@@ -355,12 +355,12 @@ TEST_CASE("gemm_dyn_k crosses every block of the driver with a tiny cache blocki
   const bool trans_b = GENERATE(false, true);
   const problem p(M, N, K, false, trans_b, 11);
   auto C = p.output();
-  cpu::bias_relu_epilogue e{p.bias.data(), C.data(), p.ldc};
+  eval::cpu::bias_relu_epilogue e{p.bias.data(), C.data(), p.ldc};
   if (trans_b)
-    cpu::gemm_detail::gemm_dyn_k_run<N, false, true>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e, 2,
+    eval::cpu::gemm_detail::gemm_dyn_k_run<N, false, true>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e, 2,
                                                      tiny_dyn_k_blocking);
   else
-    cpu::gemm_detail::gemm_dyn_k_run<N, false, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e, 2,
+    eval::cpu::gemm_detail::gemm_dyn_k_run<N, false, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e, 2,
                                                       tiny_dyn_k_blocking);
   check_against_reference(p, C, true);
 }
@@ -372,8 +372,8 @@ TEST_CASE("gemm_dyn_k with K = 0 hands the epilogue a zero sum and reads neither
   test::fill_uniform(bias, -0.5, 0.5, 3);
   test::fill_uniform(acc, -2.0, 2.0, 4);
   const auto before = acc;
-  cpu::gemm_dyn_k<N, false, false>(M, 0, nullptr, 0, nullptr, N, cpu::bias_relu_epilogue{bias.data(), C.data(), N}, 2);
-  cpu::gemm_dyn_k<N, true, true>(M, 0, nullptr, M, nullptr, 0, cpu::accumulate_epilogue{acc.data(), N, 1.0f}, 2);
+  eval::cpu::gemm_dyn_k<N, false, false>(M, 0, nullptr, 0, nullptr, N, eval::cpu::bias_relu_epilogue{bias.data(), C.data(), N}, 2);
+  eval::cpu::gemm_dyn_k<N, true, true>(M, 0, nullptr, M, nullptr, 0, eval::cpu::accumulate_epilogue{acc.data(), N, 1.0f}, 2);
   for (std::size_t m = 0; m < M; ++m)
     for (std::size_t n = 0; n < N; ++n) {
       INFO("m " << m << ", n " << n);
@@ -386,7 +386,7 @@ TEST_CASE("gemm_dyn_k with M = 0 writes nothing", "[gemm][dyn_k]") {
   constexpr std::size_t N = 3;
   const std::size_t K = 5;
   std::vector<float> A(K, 1.0f), B(K * N, 1.0f), C(N, 7.0f);
-  cpu::gemm_dyn_k<N, false, false>(0, K, A.data(), K, B.data(), N, cpu::store_epilogue{C.data(), N}, 2);
+  eval::cpu::gemm_dyn_k<N, false, false>(0, K, A.data(), K, B.data(), N, eval::cpu::store_epilogue{C.data(), N}, 2);
   CHECK(C == std::vector<float>(N, 7.0f));
 }
 
@@ -398,8 +398,8 @@ TEST_CASE("accumulate_epilogue: beta = 1 keeps Inf and NaN in C, beta = 0 replac
   std::vector<float> C(M * N, 2.0f);
   C[0] = inf, C[N + 16] = -inf, C[2 * N + 5] = nan;
   auto D = C;
-  cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), K, B.data(), N, cpu::accumulate_epilogue{C.data(), N, 1.0f}, 1);
-  cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), K, B.data(), N, cpu::accumulate_epilogue{D.data(), N, 0.0f}, 1);
+  eval::cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), K, B.data(), N, eval::cpu::accumulate_epilogue{C.data(), N, 1.0f}, 1);
+  eval::cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), K, B.data(), N, eval::cpu::accumulate_epilogue{D.data(), N, 0.0f}, 1);
   CHECK(C[0] == inf);
   CHECK(C[N + 16] == -inf);
   CHECK(std::isnan(C[2 * N + 5]));
@@ -411,14 +411,14 @@ TEST_CASE("gemm_dyn_k rejects leading dimensions shorter than a row", "[gemm][dy
   constexpr std::size_t N = 17;
   const std::size_t M = 4, K = 9;
   std::vector<float> A(M * K), B(K * N), C(M * N);
-  cpu::store_epilogue e{C.data(), N};
-  CHECK_THROWS_WITH((cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), K - 1, B.data(), N, e, 1)),
-                    "solder::cpu::gemm_dyn_k: lda is smaller than a row of A");
-  CHECK_THROWS_WITH((cpu::gemm_dyn_k<N, true, false>(M, K, A.data(), M - 1, B.data(), N, e, 1)),
-                    "solder::cpu::gemm_dyn_k: lda is smaller than a row of A");
-  CHECK_THROWS_WITH((cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), K, B.data(), N - 1, e, 1)),
-                    "solder::cpu::gemm_dyn_k: ldb is smaller than a row of B");
-  CHECK_THROWS_WITH((cpu::gemm_dyn_k<N, false, true>(M, K, A.data(), K, B.data(), K - 1, e, 1)),
-                    "solder::cpu::gemm_dyn_k: ldb is smaller than a row of B");
-  CHECK_THROWS_AS((cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), 0, B.data(), N, e, 1)), solder::error);
+  eval::cpu::store_epilogue e{C.data(), N};
+  CHECK_THROWS_WITH((eval::cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), K - 1, B.data(), N, e, 1)),
+                    "solder::eval::cpu::gemm_dyn_k: lda is smaller than a row of A");
+  CHECK_THROWS_WITH((eval::cpu::gemm_dyn_k<N, true, false>(M, K, A.data(), M - 1, B.data(), N, e, 1)),
+                    "solder::eval::cpu::gemm_dyn_k: lda is smaller than a row of A");
+  CHECK_THROWS_WITH((eval::cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), K, B.data(), N - 1, e, 1)),
+                    "solder::eval::cpu::gemm_dyn_k: ldb is smaller than a row of B");
+  CHECK_THROWS_WITH((eval::cpu::gemm_dyn_k<N, false, true>(M, K, A.data(), K, B.data(), K - 1, e, 1)),
+                    "solder::eval::cpu::gemm_dyn_k: ldb is smaller than a row of B");
+  CHECK_THROWS_AS((eval::cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), 0, B.data(), N, e, 1)), solder::error);
 }

@@ -10,7 +10,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "solder/eval/cpu/assign.hpp"
+#include "solder/assign.hpp"
 #include "solder/expr/operators.hpp"
 #include "support/data.hpp"
 
@@ -106,7 +106,7 @@ TEST_CASE("threads: elementwise results do not depend on the thread count", "[th
   }
   SECTION("static [2048, 1024], 8 MiB: streaming stores") {
     using S = shape<2048, 1024>;
-    STATIC_REQUIRE(S::size * sizeof(float) >= solder::cpu::stream_min_bytes);
+    STATIC_REQUIRE(S::size * sizeof(float) >= solder::eval::cpu::stream_min_bytes);
     tensor<float, S> x;
     solder::test::fill_uniform(x, -2, 2, 603);
     check_thread_invariant<S>("(x + 1) * x", 1, [&](auto& y) { y = (x + 1.0f) * x; },
@@ -123,7 +123,7 @@ TEST_CASE("threads: elementwise results do not depend on the thread count", "[th
   }
   SECTION("dynamic [2048, 1024]: streaming stores") {
     using S = shape<dyn, 1024>;
-    STATIC_REQUIRE(2048 * S::size * sizeof(float) >= solder::cpu::stream_min_bytes);
+    STATIC_REQUIRE(2048 * S::size * sizeof(float) >= solder::eval::cpu::stream_min_bytes);
     tensor<float, S> x(2048);
     tensor<float, shape<1024>> b;
     solder::test::fill_uniform(x, -2, 2, 606);

@@ -16,7 +16,7 @@
 #include <xtensor/xmath.hpp>
 #include <xtensor/xtensor.hpp>
 
-#include "solder/eval/cpu/assign.hpp"
+#include "solder/assign.hpp"
 #include "solder/expr/operators.hpp"
 #include "support/data.hpp"
 #include "support/reference.hpp"

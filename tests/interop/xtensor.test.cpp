@@ -3,7 +3,7 @@
 #include <xtensor/xadapt.hpp>
 #include <xtensor/xmath.hpp>
 
-#include "solder/eval/cpu/assign.hpp"
+#include "solder/assign.hpp"
 #include "solder/expr/operators.hpp"
 #include "solder/interop/xtensor.hpp"
 

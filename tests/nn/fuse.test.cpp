@@ -12,7 +12,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "solder/eval/cpu/assign.hpp"
+#include "solder/assign.hpp"
 #include "solder/expr/operators.hpp"
 #include "solder/expr/reduce.hpp"
 #include "solder/nn/fuse.hpp"

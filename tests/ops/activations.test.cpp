@@ -20,7 +20,7 @@ using namespace solder;
 using Catch::Matchers::WithinAbs;
 using Catch::Matchers::WithinRel;
 using Catch::Matchers::WithinULP;
-using vecf = cpu::vec<float>;
+using vecf = eval::cpu::vec<float>;
 using namespace solder::test;  // tolerance, same, check_near, on_lanes, near_any
 
 constexpr float inf = std::numeric_limits<float>::infinity();

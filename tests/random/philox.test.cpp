@@ -66,7 +66,7 @@ std::size_t first_mismatch(uint64_t seed, uint64_t offset, uint64_t i0, std::siz
   constexpr std::size_t guards = 64;
   std::vector<uint16_t> buf(1 + n + guards, guard);
   uint16_t* out = buf.data() + 1;
-  solder::cpu::philox_bits16<A>(seed, offset, i0, n, out);
+  solder::eval::cpu::philox_bits16<A>(seed, offset, i0, n, out);
   for (std::size_t k = 0; k < n; ++k)
     if (out[k] != solder::random::bits16(seed, offset, i0 + k)) return k;
   for (std::size_t k = 0; k <= guards; ++k)
@@ -113,16 +113,16 @@ void check_load_and_mask() {
   for (std::size_t l = 0; l < lanes + 1; ++l) src[l] = pattern[(l * 7 + 3) % 16];
   for (std::size_t shift = 0; shift < 2; ++shift) {  // an aligned and an odd address
     const uint16_t* p = src.data() + shift;
-    const bits_t bits = solder::cpu::load_bits16<A>(p);
+    const bits_t bits = solder::eval::cpu::load_bits16<A>(p);
     alignas(64) uint32_t got[lanes];
     bits.store_aligned(got);
     for (std::size_t l = 0; l < lanes; ++l) REQUIRE(got[l] == uint32_t(p[l]));  // zero-extended, never sign-extended
     for (uint32_t t : {0u, 1u, 6554u, 32768u, 65535u, 65536u}) {
       alignas(64) float kept[lanes];
       alignas(64) float kept16[lanes];
-      xsimd::select(solder::cpu::keep_mask<A>(bits, t), floats(1.0f), floats(0.0f)).store_aligned(kept);
+      xsimd::select(solder::eval::cpu::keep_mask<A>(bits, t), floats(1.0f), floats(0.0f)).store_aligned(kept);
       // keep_mask16 compares the stored 16-bit draws directly (AVX-512 BW); same lanes.
-      xsimd::select(solder::cpu::keep_mask16<A>(p, t), floats(1.0f), floats(0.0f)).store_aligned(kept16);
+      xsimd::select(solder::eval::cpu::keep_mask16<A>(p, t), floats(1.0f), floats(0.0f)).store_aligned(kept16);
       for (std::size_t l = 0; l < lanes; ++l) {
         CAPTURE(t, l, got[l]);
         REQUIRE(kept[l] == (got[l] >= t ? 1.0f : 0.0f));
@@ -136,7 +136,7 @@ void check_load_and_mask() {
   for (std::size_t l = 0; l < lanes; ++l) wide[l] = wide_pattern[l % 8];
   for (uint32_t t : {0u, 65536u, 0x7FFFFFFFu, 0x80000000u, 0xFFFFFFFFu}) {
     alignas(64) float kept[lanes];
-    xsimd::select(solder::cpu::keep_mask<A>(bits_t::load_aligned(wide), t), floats(1.0f), floats(0.0f)).store_aligned(kept);
+    xsimd::select(solder::eval::cpu::keep_mask<A>(bits_t::load_aligned(wide), t), floats(1.0f), floats(0.0f)).store_aligned(kept);
     for (std::size_t l = 0; l < lanes; ++l) {
       CAPTURE(t, wide[l]);
       REQUIRE(kept[l] == (wide[l] >= t ? 1.0f : 0.0f));
@@ -197,7 +197,7 @@ TEST_CASE("threshold16 rounds p * 65536 and clamps it to [0, 65536]", "[philox]"
 }
 
 TEST_CASE("philox_bits16 equals the scalar bits16 on every core", "[philox]") {
-  SECTION("solder::cpu::arch") { check_simd_equals_scalar<solder::cpu::arch>(); }
+  SECTION("solder::eval::cpu::arch") { check_simd_equals_scalar<solder::eval::cpu::arch>(); }
 #if XSIMD_WITH_AVX512BW
   SECTION("avx512bw") { check_simd_equals_scalar<xsimd::avx512bw>(); }
 #endif
@@ -214,16 +214,16 @@ TEST_CASE("philox_bits16 equals the scalar bits16 on every core", "[philox]") {
 
 TEST_CASE("philox_bits16 rejects a range past 2^64", "[philox]") {
   uint16_t out[2] = {};
-  REQUIRE_THROWS_AS(solder::cpu::philox_bits16(1, 2, u64_max, 2, out), solder::error);
-  REQUIRE_THROWS_AS(solder::cpu::philox_bits16(1, 2, u64_max - 10, 12, out), solder::error);
-  REQUIRE_NOTHROW(solder::cpu::philox_bits16(1, 2, u64_max - 1, 2, out));
+  REQUIRE_THROWS_AS(solder::eval::cpu::philox_bits16(1, 2, u64_max, 2, out), solder::error);
+  REQUIRE_THROWS_AS(solder::eval::cpu::philox_bits16(1, 2, u64_max - 10, 12, out), solder::error);
+  REQUIRE_NOTHROW(solder::eval::cpu::philox_bits16(1, 2, u64_max - 1, 2, out));
 }
 
 TEST_CASE("load_bits16 zero-extends and keep_mask selects bits >= threshold", "[philox]") {
 #if XSIMD_WITH_AVX512BW
   SECTION("avx512bw") { check_load_and_mask<xsimd::avx512bw>(); }
 #endif
-  SECTION("solder::cpu::arch") { check_load_and_mask<solder::cpu::arch>(); }
+  SECTION("solder::eval::cpu::arch") { check_load_and_mask<solder::eval::cpu::arch>(); }
 #if XSIMD_WITH_AVX512F
   SECTION("avx512f") { check_load_and_mask<xsimd::avx512f>(); }
 #endif
@@ -244,7 +244,7 @@ TEST_CASE("bits16 streams are uniform and independent", "[philox]") {
   const double value_sd = std::sqrt((65536.0 * 65536.0 - 1.0) / 12.0);
   const uint64_t seed = 0x5EED5EED5EEDull, offset = 17;
   std::vector<uint16_t> bits(n);
-  solder::cpu::philox_bits16(seed, offset, 12345, n, bits.data());
+  solder::eval::cpu::philox_bits16(seed, offset, 12345, n, bits.data());
 
   SECTION("mean, per element class and per bit") {
     double sum = 0;
@@ -287,13 +287,13 @@ TEST_CASE("bits16 streams are uniform and independent", "[philox]") {
     };
     const double expected = double(n) / 65536.0;
     const double bound = expected + sigmas * std::sqrt(expected);
-    solder::cpu::philox_bits16(seed, offset + 1, 12345, n, other.data());
+    solder::eval::cpu::philox_bits16(seed, offset + 1, 12345, n, other.data());
     CHECK(double(agreements(other)) < bound);
-    solder::cpu::philox_bits16(seed + 1, offset, 12345, n, other.data());
+    solder::eval::cpu::philox_bits16(seed + 1, offset, 12345, n, other.data());
     CHECK(double(agreements(other)) < bound);
-    solder::cpu::philox_bits16(seed, offset + (uint64_t(1) << 32), 12345, n, other.data());  // the offset's high word counts
+    solder::eval::cpu::philox_bits16(seed, offset + (uint64_t(1) << 32), 12345, n, other.data());  // the offset's high word counts
     CHECK(double(agreements(other)) < bound);
-    solder::cpu::philox_bits16(seed, offset, 12345 + (uint64_t(1) << 32), n, other.data());  // the counter's high word counts
+    solder::eval::cpu::philox_bits16(seed, offset, 12345 + (uint64_t(1) << 32), n, other.data());  // the counter's high word counts
     CHECK(double(agreements(other)) < bound);
   }
 }

@@ -1,5 +1,5 @@
 // Static checks of shapes, broadcasting and expression types: this file passes by compiling.
-#include "solder/eval/cpu/assign.hpp"
+#include "solder/assign.hpp"
 #include "solder/expr/operators.hpp"
 #include "solder/expr/reduce.hpp"
 

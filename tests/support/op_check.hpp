@@ -42,7 +42,7 @@ inline bool same(float got, float want) {
 /// f on batches loaded from the inputs, lane by lane; the last batch is a tail padded with 1.
 template <class F, class... In>
 [[gnu::noinline]] std::vector<float> on_lanes(F f, const In&... in) {
-  using vecf = cpu::vec<float>;
+  using vecf = eval::cpu::vec<float>;
   const std::size_t n = std::get<0>(std::tie(in...)).size();
   std::vector<float> out(n);
   for (std::size_t i = 0; i < n; i += vecf::size) {

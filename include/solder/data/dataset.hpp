@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "solder/config.hpp"
+#include "solder/random/seed.hpp"
 #include "solder/shape.hpp"
 #include "solder/tensor.hpp"
 
@@ -32,33 +33,8 @@ inline std::string number_text(double v) {
 
 // ---- the generator --------------------------------------------------------------------------
 
-/// SplitMix64 (Steele, Lea, Flood, OOPSLA 2014; Vigna's reference splitmix64.c):
-///   state += 0x9E3779B97F4A7C15;  z = state;
-///   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9;  z = (z ^ (z >> 27)) * 0x94D049BB133111EB;
-///   return z ^ (z >> 31).
-/// Every shuffle and split below draws from it through `below`, never through <random>'s
-/// distributions, whose results differ between standard libraries: a seed means the same order
-/// everywhere. (Seed 1234567 gives 6457827717110365317, 3203168211198807973, ...)
-struct splitmix64 {
-  std::uint64_t state = 0;
-
-  constexpr std::uint64_t next() {
-    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-
-  /// Uniform in [0, n), n >= 1, without modulo bias: draws r = next() until r >= 2^64 mod n,
-  /// then returns r mod n (the accepted draws are a whole number of copies of [0, n)).
-  constexpr std::uint64_t below(std::uint64_t n) {
-    const std::uint64_t reject_under = (0 - n) % n;  // 2^64 mod n
-    for (;;) {
-      const std::uint64_t r = next();
-      if (r >= reject_under) return r % n;
-    }
-  }
-};
+/// The generator of every shuffle and split below (random/seed.hpp).
+using random::splitmix64;
 
 /// Shuffles `items` in place (Durstenfeld's Fisher-Yates): for i = n-1 down to 1, swap
 /// items[i] with items[gen.below(i + 1)].
@@ -304,7 +280,7 @@ class batch_loader {
     validate(d, "solder::data::batch_loader");
     if (batch_size == 0) solder::detail::fail("solder::data::batch_loader: the batch size must be at least 1");
     if (d.size() == 0) solder::detail::fail("solder::data::batch_loader: the data set is empty");
-    x_ = solder::detail::aligned_alloc_array<float>(d.x.size());
+    x_ = allocate_aligned<float>(d.x.size());
     y_.resize(d.size());
     order_.resize(d.size());
     reset();
@@ -381,7 +357,7 @@ class batch_loader {
   const labeled_dataset* data_;
   std::size_t batch_size_;
   last_batch last_;
-  std::unique_ptr<float[], solder::detail::aligned_free> x_;  // 64-byte aligned rows
+  aligned_array<float> x_;  // 64-byte aligned rows
   std::vector<std::int32_t> y_;
   std::vector<std::size_t> order_;
 };

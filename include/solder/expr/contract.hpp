@@ -14,10 +14,10 @@
 
 namespace solder {
 
-namespace cpu {
+namespace eval::cpu {
 template <std::size_t N, std::size_t K, bool TransB>
 class packed_b;
-}  // namespace cpu
+}  // namespace eval::cpu
 
 /// A stored [R, C] matrix read as its transpose [C, R] (a view; nothing is copied). Only a
 /// product's operand may be transposed: the GEMM reads it transposed while packing.
@@ -27,6 +27,7 @@ struct transposed {
                 "solder::transpose: only a static [rows, cols] matrix can be transposed (a product's operand)");
   using stored_shape = S;
   using shape_type = shape<S::extents[1], S::extents[0]>;
+  using space_type = host;
   tensor_ref<const float, S> ref;
 };
 
@@ -41,11 +42,12 @@ transposed<S> transpose(tensor_ref<T, S> t) {
   return {tensor_ref<const float, S>(t)};
 }
 
-/// B' [K, N] packed once (cpu::packed_b) as a product's right operand.
+/// B' [K, N] packed once (eval::cpu::packed_b) as a product's right operand.
 template <std::size_t N, std::size_t K, bool TransB>
 struct prepacked {
   using shape_type = shape<K, N>;
-  const cpu::packed_b<N, K, TransB>* packed;
+  using space_type = host;
+  const eval::cpu::packed_b<N, K, TransB>* packed;
 };
 
 namespace detail {
@@ -84,7 +86,7 @@ transposed<S> as_operand(const transposed<S>& t) {
   return t;
 }
 template <std::size_t N, std::size_t K, bool TransB>
-prepacked<N, K, TransB> as_operand(const cpu::packed_b<N, K, TransB>& p) {
+prepacked<N, K, TransB> as_operand(const eval::cpu::packed_b<N, K, TransB>& p) {
   return {&p};
 }
 
@@ -119,7 +121,7 @@ constexpr bool check_product() {
 }  // namespace detail
 
 /// C = A' B' [M, N]: A' [M, K] (a tensor, or transpose of a static [K, M] one), B' [K, N] (a
-/// tensor, transpose(w) of a [N, K] weight, or a cpu::packed_b). M may be the dynamic batch.
+/// tensor, transpose(w) of a [N, K] weight, or a eval::cpu::packed_b). M may be the dynamic batch.
 template <class A, class B>
 struct contract_node {
   using a_traits = detail::operand_traits<A>;
@@ -127,8 +129,10 @@ struct contract_node {
   using a_shape = typename a_traits::shape_type;
   using b_shape = typename b_traits::shape_type;
   static_assert(detail::check_product<a_shape, b_shape>());
+  static_assert(check_spaces<space_of<A>, space_of<B>>());
   using expression_tag = solder::expression_tag;
   using value_type = float;
+  using space_type = common_space_t<space_of<A>, space_of<B>>;
   using shape_type = shape<a_shape::extents[0], b_shape::last>;
   static constexpr std::size_t K = a_shape::last;
   static constexpr std::size_t N = b_shape::last;

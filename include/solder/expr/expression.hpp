@@ -25,29 +25,31 @@ struct constant {
   using expression_tag = solder::expression_tag;
   using value_type = T;
   using shape_type = shape<>;
+  using space_type = any_space;
   T value;
   std::size_t batch() const { return 1; }
 };
 
 /// A tensor leaf tagged with a compile-time id, so autodiff knows which leaves to
 /// differentiate with respect to (see autodiff/vjp.hpp). Evaluates exactly like the tensor.
-template <std::size_t Id, class T, class S>
+template <std::size_t Id, class T, class S, class Space = host>
 struct variable {
   using expression_tag = solder::expression_tag;
   using value_type = std::remove_const_t<T>;
   using shape_type = S;
+  using space_type = Space;
   static constexpr std::size_t id = Id;
-  tensor_ref<const T, S> ref;
+  tensor_ref<const T, S, Space> ref;
   std::size_t batch() const { return ref.batch(); }
 };
 
 /// Tags a tensor as autodiff argument `Id`.
-template <std::size_t Id, class T, class S>
-variable<Id, T, S> var(tensor_ref<T, S> t) {
-  return {tensor_ref<const T, S>(t)};
+template <std::size_t Id, class T, class S, class Space>
+variable<Id, T, S, Space> var(tensor_ref<T, S, Space> t) {
+  return {tensor_ref<const T, S, Space>(t)};
 }
-template <std::size_t Id, class T, class S>
-variable<Id, T, S> var(const tensor<T, S>& t) {
+template <std::size_t Id, class T, class S, class Space>
+variable<Id, T, S, Space> var(const tensor<T, S, Space>& t) {
   return {t.ref()};
 }
 
@@ -57,13 +59,13 @@ template <class T>
 struct leaf_of {
   using type = T;
 };
-template <class T, class S>
-struct leaf_of<tensor<T, S>> {
-  using type = tensor_ref<const T, S>;
+template <class T, class S, class Space>
+struct leaf_of<tensor<T, S, Space>> {
+  using type = tensor_ref<const T, S, Space>;
 };
-template <class T, class S>
-struct leaf_of<tensor_ref<T, S>> {
-  using type = tensor_ref<const T, S>;
+template <class T, class S, class Space>
+struct leaf_of<tensor_ref<T, S, Space>> {
+  using type = tensor_ref<const T, S, Space>;
 };
 
 }  // namespace detail
@@ -84,6 +86,9 @@ template <class E>
 using shape_of = typename std::remove_cvref_t<E>::shape_type;
 template <class E>
 using value_of = typename std::remove_cvref_t<E>::value_type;
+/// The memory space E's leaves live in (any_space when none lives in memory).
+template <class E>
+using space_of = typename std::remove_cvref_t<E>::space_type;
 
 namespace detail {
 

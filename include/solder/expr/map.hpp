@@ -33,7 +33,9 @@ template <class Op, class... Args>
 struct map_node {
   static_assert(sizeof...(Args) == Op::arity, "solder::map: the op takes a different number of operands");
   static_assert(detail::broadcast_all<shape_of<Args>...>::ok);  // reports the shapes on a mismatch
+  static_assert(check_spaces<space_of<Args>...>());
   using expression_tag = solder::expression_tag;
+  using space_type = common_space_t<space_of<Args>...>;
   using shape_type = typename detail::broadcast_all<shape_of<Args>...>::type;
   using value_type = decltype(std::declval<const Op&>().forward(std::declval<value_of<Args>>()...));
 

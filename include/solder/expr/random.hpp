@@ -23,6 +23,7 @@ struct dropout_mask {
   using expression_tag = solder::expression_tag;
   using value_type = bool;
   using shape_type = S;
+  using space_type = any_space;  // regenerated from its counter wherever it is read
   philox_state rng;
   std::uint32_t threshold = 0;
   std::size_t batch_ = 1;

@@ -49,6 +49,7 @@ struct reduce_node {
   using combine_type = Combine;
   using operand_type = E;
   using value_type = value_of<E>;
+  using space_type = space_of<E>;
   static_assert(Keep::rank == shape_of<E>::rank);
 
   E operand;

@@ -29,6 +29,7 @@
 #include "solder/nn/loss.hpp"
 #include "solder/nn/plan.hpp"
 #include "solder/optim/optimizer.hpp"
+#include "solder/random/seed.hpp"
 
 namespace solder::nn {
 
@@ -65,7 +66,7 @@ class basic_chain {
   void reseed(std::uint64_t seed) {
     for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
       if constexpr (G::kind == layer_kind::product) {
-        b.linear.reset_parameters(mix(seed, G::first));
+        b.linear.reset_parameters(random::derive_seed(seed, G::first));
         b.weights_changed();
         seed_dropouts<G::first + 1>(b.tail.layers, seed);
       } else if constexpr (G::kind == layer_kind::elementwise) {
@@ -92,7 +93,7 @@ class basic_chain {
   }
   mode current_mode() const { return current; }
   /// Whether forward, backward and train_step flush denormals to zero (default: yes; see
-  /// cpu::flush_denormals for why). Off: IEEE gradual underflow, slower late in training.
+  /// eval::cpu::flush_denormals for why). Off: IEEE gradual underflow, slower late in training.
   void set_flush_denormals(bool on) { flush = on; }
   /// Call after changing parameters outside train_step (loading them, editing them): the
   /// packed weights of eval mode are made again.
@@ -113,7 +114,7 @@ class basic_chain {
   /// The model's output for x [batch, In]; valid until the next forward. x must stay valid
   /// until backward (it is dW's operand for the first layer).
   output_ref forward(input_ref x) {
-    const cpu::flush_denormals guard(flush);
+    const eval::cpu::flush_denormals guard(flush);
     const std::size_t n = x.batch();
     reserve(n);
     input = x.data();
@@ -133,7 +134,7 @@ class basic_chain {
   /// Gradients of every parameter (overwritten) for dL/d(output) = dy, [batch, Out], after the
   /// forward of that batch.
   void backward(output_ref dy) {
-    const cpu::flush_denormals guard(flush);
+    const eval::cpu::flush_denormals guard(flush);
     const std::size_t n = dy.batch();
     if (n != batch)
       solder::detail::fail("solder::chain::backward: dy has " + std::to_string(n) + " rows, the last forward had " +
@@ -149,7 +150,7 @@ class basic_chain {
   /// gradient in one pass, backward, optimizer step. Returns the mean loss.
   template <class Optimizer>
   float train_step(input_ref x, std::span<const std::int32_t> labels, Optimizer& opt, float label_smoothing = 0.0f) {
-    const cpu::flush_denormals guard(flush);
+    const eval::cpu::flush_denormals guard(flush);
     const output_ref logits = forward(x);
     const float loss = softmax_cross_entropy(logits, labels, output_grad(), label_smoothing);
     backward(output_ref(dout.data(), batch));
@@ -226,20 +227,13 @@ class basic_chain {
   tensor<float, shape<dyn, out_features>> dout{1};    // dL/d(model output), for train_step
   tensor<float, shape<dyn, in_features>> dinput{1};   // dL/dx of a first block that must write one
 
-  static std::uint64_t mix(std::uint64_t seed, std::size_t layer) {
-    // splitmix64 of (seed, layer): distinct, well-spread streams per layer
-    std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * (layer + 1);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
 
   template <std::size_t First, class Tuple>
   static void seed_dropouts(Tuple& layers, std::uint64_t seed) {
     [&]<std::size_t... K>(std::index_sequence<K...>) {
       (
           [&] {
-            if constexpr (detail::is_dropout<std::tuple_element_t<K, Tuple>>) std::get<K>(layers).rng = {mix(seed, First + K), 0};
+            if constexpr (detail::is_dropout<std::tuple_element_t<K, Tuple>>) std::get<K>(layers).rng = {random::derive_seed(seed, First + K), 0};
           }(),
           ...);
     }(std::make_index_sequence<std::tuple_size_v<Tuple>>{});

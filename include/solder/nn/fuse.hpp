@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "solder/autodiff/vjp.hpp"
-#include "solder/eval/cpu/assign.hpp"
+#include "solder/assign.hpp"
 #include "solder/nn/elementwise.hpp"
 
 namespace solder::nn {

@@ -29,10 +29,10 @@ namespace solder::nn {
 
 namespace detail {
 
-/// The row kernels of layer_norm<N>, on the vector walk of cpu::row<N>.
+/// The row kernels of layer_norm<N>, on the vector walk of eval::cpu::row<N>.
 template <std::size_t N>
-struct layer_norm_row : cpu::row<N> {
-  using R = cpu::row<N>;
+struct layer_norm_row : eval::cpu::row<N> {
+  using R = eval::cpu::row<N>;
   using typename R::V;
   using R::each;
   using R::full;
@@ -149,7 +149,7 @@ class layer_norm {
     // Rows are independent: how they are split among threads cannot change a result.
     const int threads = rows * N >= parallel_min_elements ? num_threads() : 1;
     const std::size_t per = (rows + std::size_t(threads) - 1) / std::size_t(threads);
-    cpu::parallel_for(std::size_t(threads), threads, [&](std::size_t t) {
+    eval::cpu::parallel_for(std::size_t(threads), threads, [&](std::size_t t) {
       for (std::size_t r = t * per; r < std::min(rows, (t + 1) * per); ++r)
         row::forward(xp + r * N, yp + r * N, w, b, e, st + 2 * r);
     });
@@ -188,7 +188,7 @@ class layer_norm {
     const float *xp = x.data(), *dyp = dy.data(), *w = weight.data(), *st = stats.data();
     float* dxp = dx.data();
     const int threads = rows * N >= parallel_min_elements ? num_threads() : 1;
-    cpu::parallel_for(chunks, threads, [&](std::size_t c) {
+    eval::cpu::parallel_for(chunks, threads, [&](std::size_t c) {
       float* p = partial.data() + c * 2 * N;  // [dweight, dbias] of this chunk
       double* t = total.data() + c * 2 * N;
       std::fill_n(p, 2 * N, 0.0f);

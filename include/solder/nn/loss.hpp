@@ -104,7 +104,7 @@ inline void check_labels(const char* who, std::span<const std::int32_t> labels, 
                            " is outside [0, " + std::to_string(classes) + ")");
 }
 
-using vecf = cpu::vec<float>;
+using vecf = eval::cpu::vec<float>;
 inline constexpr std::size_t lanes = vecf::size;
 
 // Tails of a row go through masked loads and stores where the target has them: they touch
@@ -179,7 +179,7 @@ double sum_rows(std::size_t rows, std::size_t row_len, const Row& row) {
   const std::size_t chunks = (rows + per_chunk - 1) / per_chunk;
   std::array<double, max_chunks> partial{};
   const int threads = rows * row_len >= parallel_min_elements ? num_threads() : 1;
-  cpu::parallel_for(chunks, threads, [&](std::size_t c) {
+  eval::cpu::parallel_for(chunks, threads, [&](std::size_t c) {
     const Row f = row;  // a local copy: the row's stores cannot alias its captured state
     double acc = 0;
     const std::size_t end = std::min(rows, (c + 1) * per_chunk);

@@ -37,10 +37,10 @@ namespace solder::nn {
 
 namespace detail {
 
-/// The row kernels of softmax<N> and log_softmax<N>, on the vector walk of cpu::row<N>.
+/// The row kernels of softmax<N> and log_softmax<N>, on the vector walk of eval::cpu::row<N>.
 template <std::size_t N>
-struct softmax_row : cpu::row<N> {
-  using R = cpu::row<N>;
+struct softmax_row : eval::cpu::row<N> {
+  using R = eval::cpu::row<N>;
   using typename R::V;
   using R::each;
   using R::full;
@@ -165,7 +165,7 @@ class softmax_layer {
   static void for_rows(std::size_t rows, const F& f) {
     const int threads = rows * N >= parallel_min_elements ? num_threads() : 1;
     const std::size_t per = (rows + std::size_t(threads) - 1) / std::size_t(threads);
-    cpu::parallel_for(std::size_t(threads), threads, [&](std::size_t t) {
+    eval::cpu::parallel_for(std::size_t(threads), threads, [&](std::size_t t) {
       for (std::size_t r = t * per; r < std::min(rows, (t + 1) * per); ++r) f(r);
     });
   }

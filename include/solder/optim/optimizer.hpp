@@ -99,10 +99,10 @@ inline constexpr std::size_t parallel_min_elements = std::size_t(1) << 16;
 /// the body, V = float on the tail. Elementwise, so the thread count never changes a result.
 template <class F>
 void for_each_element(std::size_t n, const F& f) {
-  using V = cpu::vec<float>;
+  using V = eval::cpu::vec<float>;
   const std::size_t blocks = (n + block_elements - 1) / block_elements;
   const int threads = n >= parallel_min_elements ? num_threads() : 1;
-  cpu::parallel_for(blocks, threads, [&](std::size_t b) {
+  eval::cpu::parallel_for(blocks, threads, [&](std::size_t b) {
     const F body = f;  // a local copy: the stores cannot alias its captured pointers and scalars
     const std::size_t end = std::min(n, (b + 1) * block_elements);
     std::size_t i = b * block_elements;
@@ -119,7 +119,7 @@ inline double sum_of_squares(const float* x, std::size_t n) {
   const std::size_t blocks = (n + per_block - 1) / per_block;
   double partial[max_blocks];
   const int threads = n >= parallel_min_elements ? num_threads() : 1;
-  cpu::parallel_for(blocks, threads, [&](std::size_t b) {
+  eval::cpu::parallel_for(blocks, threads, [&](std::size_t b) {
     const std::size_t begin = b * per_block, end = std::min(n, begin + per_block);
     double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
     std::size_t i = begin;

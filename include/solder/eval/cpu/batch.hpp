@@ -8,7 +8,7 @@
 
 #include "solder/simd.hpp"
 
-namespace solder::cpu {
+namespace solder::eval::cpu {
 
 /// The instruction set solder's CPU kernels are compiled for: the best one the compiler
 /// flags allow (-march=native gives AVX-512 on this project's machines).
@@ -21,7 +21,7 @@ using vec = xsimd::batch<T, A>;
 /// Lanes of a float vector on solder's arch (16 with AVX-512, 8 with AVX2).
 inline constexpr std::size_t float_lanes = vec<float>::size;
 
-}  // namespace solder::cpu
+}  // namespace solder::eval::cpu
 
 namespace solder::simd {
 

@@ -15,7 +15,7 @@
 #include "solder/eval/cpu/loop.hpp"
 #include "solder/expr/contract.hpp"
 
-namespace solder::cpu {
+namespace solder::eval::cpu {
 
 // ---------------------------------------------------------------------------------------------
 // Finding and replacing the product in an expression tree
@@ -80,6 +80,7 @@ struct tile_leaf {
   using expression_tag = solder::expression_tag;
   using value_type = float;
   using shape_type = S;
+  using space_type = host;
   std::size_t batch_ = 1;
   std::size_t batch() const { return batch_; }
 };
@@ -262,7 +263,7 @@ bool same_product(const C& x, const C& y) {
 
 }  // namespace contract_detail
 
-/// assign_all for writes holding a product: one GEMM (cpu::gemm) whose epilogue evaluates every
+/// assign_all for writes holding a product: one GEMM (eval::cpu::gemm) whose epilogue evaluates every
 /// write on each tile. Every write holding a product must hold the same one; the outputs may
 /// not overlap the product's operands (tiles are stored while other threads still read them).
 template <class W0, class... Ws>
@@ -335,4 +336,4 @@ void assign_contract(const W0& w0, const Ws&... ws) {
   }
 }
 
-}  // namespace solder::cpu
+}  // namespace solder::eval::cpu

@@ -8,20 +8,19 @@
 // segment, and an operand broadcast along the row is loaded once and splatted.
 #pragma once
 
-#include <immintrin.h>
-
 #include <array>
 #include <cstring>
 #include <tuple>
 #include <utility>
 
+#include "solder/eval/cpu/access.hpp"
 #include "solder/eval/cpu/batch.hpp"
 #include "solder/eval/cpu/philox.hpp"
 #include "solder/expr/expression.hpp"
 #include "solder/expr/map.hpp"
 #include "solder/expr/random.hpp"
 
-namespace solder::cpu {
+namespace solder::eval::cpu {
 
 /// A run of `len` consecutive output elements starting at column `col` of output row `row`
 /// (rows are all dimensions but the last; in flat mode row is 0 and col the linear index).
@@ -133,14 +132,6 @@ inline constexpr bool same_layout = std::is_same_v<L, Out>;
 template <class E, class Lay, class V>
 struct evaluator;
 
-/// Loads n < V::size elements into a vector, zero-filling the rest (tails of a segment).
-template <class V, class T>
-SOLDER_INLINE V load_partial_from(const T* p, std::size_t n) {
-  alignas(alignment) T buf[V::size] = {};
-  std::memcpy(buf, p, n * sizeof(T));
-  return V::load_aligned(buf);
-}
-
 /// Prefetch distances (bytes ahead) for operands read contiguously, into L2 (the T1 hint): the
 /// random-bit generation of a dropout pass is pure ALU work, and without prefetches running
 /// ahead, memory sits idle while it runs. Measured with a dropout pass on this machine: no
@@ -148,12 +139,6 @@ SOLDER_INLINE V load_partial_from(const T* p, std::size_t n) {
 /// T1 8 KiB ahead 24.8 (non-temporal stores, 64 MiB); T0 (into L1) was slower than none.
 inline constexpr std::size_t prefetch_bytes_cached = 4096;
 inline constexpr std::size_t prefetch_bytes_streaming = 8192;
-
-/// Prefetches the line `Bytes` ahead of p into L2.
-template <std::size_t Bytes, class T>
-SOLDER_INLINE void prefetch_ahead(const T* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(p) + Bytes, _MM_HINT_T1);
-}
 
 /// A tensor operand.
 template <class T, class L, class Lay, class V>
@@ -186,13 +171,13 @@ struct evaluator<tensor_ref<const T, L>, Lay, V> {
   }
   SOLDER_INLINE V load_partial(std::size_t j, std::size_t n) const {
     if constexpr (contiguous)
-      return load_partial_from<V>(p + j, n);
+      return load_first<V>(p + j, n);
     else
       return splat;
   }
   template <std::size_t Bytes>
   SOLDER_INLINE void prefetch(std::size_t j) const {
-    if constexpr (streams) prefetch_ahead<Bytes>(p + j);
+    if constexpr (streams) prefetch_l2<Bytes>(p + j);
   }
 };
 
@@ -305,4 +290,4 @@ struct flat_ok<constant<T>, Out> : std::true_type {};
 template <class Op, class... Args, class Out>
 struct flat_ok<map_node<Op, Args...>, Out> : std::bool_constant<(flat_ok<Args, Out>::value && ...)> {};
 
-}  // namespace solder::cpu
+}  // namespace solder::eval::cpu

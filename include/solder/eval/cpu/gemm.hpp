@@ -15,7 +15,9 @@
 #include <utility>
 
 #include "solder/config.hpp"
+#include "solder/eval/cpu/access.hpp"
 #include "solder/eval/cpu/batch.hpp"
+#include "solder/memory.hpp"
 #include "solder/eval/cpu/gemm_kernel.hpp"
 #include "solder/eval/cpu/parallel.hpp"
 #include "solder/ops/activations.hpp"
@@ -24,7 +26,7 @@
 #include <immintrin.h>
 #endif
 
-namespace solder::cpu {
+namespace solder::eval::cpu {
 
 // ---------------------------------------------------------------------------------------------
 // Blocking
@@ -41,7 +43,7 @@ namespace solder::cpu {
 ///             from memory once per M block, so it is as large as its memory budget allows
 template <std::size_t N, std::size_t K>
 struct gemm_blocking {
-  static_assert(N >= 1 && K >= 1, "solder::cpu::gemm: N and K must be at least 1");
+  static_assert(N >= 1 && K >= 1, "solder::eval::cpu::gemm: N and K must be at least 1");
   using tile = gemm_tile<arch>;
   static constexpr std::size_t lanes = float_lanes;
   static constexpr std::size_t mr = tile::mr;
@@ -166,7 +168,7 @@ SOLDER_INLINE void transpose16(__m512 (&r)[16]) {
 template <std::size_t Rows, std::size_t Stride, bool ZeroFill, class KArg>
 void pack_transposed(const float* src, std::size_t ld, std::size_t rows, KArg k_arg, float* out) {
   const std::size_t K = k_of(k_arg);
-  static_assert(Rows <= Stride, "solder::cpu::pack_transposed: Rows must fit in Stride");
+  static_assert(Rows <= Stride, "solder::eval::cpu::pack_transposed: Rows must fit in Stride");
 #if defined(__AVX512F__)
   if constexpr (std::is_base_of_v<xsimd::avx512f, arch> && Rows <= 16) {
     // 16 k at a time: load the row segments, transpose 16 x 16 in registers, store Rows
@@ -260,33 +262,11 @@ void pack_b_panels(const float* B, std::size_t ldb, KArg k_arg, float* dst, std:
   }
 }
 
-/// A 64-byte aligned float buffer that only grows: the per-thread workspaces below.
-class workspace {
- public:
-  float* get(std::size_t n) {
-    if (n > size_) {
-      std::size_t bytes = (n * sizeof(float) + alignment - 1) / alignment * alignment;
-      void* p = std::aligned_alloc(alignment, bytes);
-      if (!p) throw std::bad_alloc();
-      data_.reset(static_cast<float*>(p));
-      size_ = n;
-    }
-    return data_.get();
-  }
-
- private:
-  struct free_deleter {
-    void operator()(float* p) const noexcept { std::free(p); }
-  };
-  std::unique_ptr<float[], free_deleter> data_;
-  std::size_t size_ = 0;
-};
-
 /// What each thread keeps between calls: packed A, the partial sums, and (for the calls that
 /// pack B themselves) the packed B of the calling thread.
 enum class workspace_slot { packed_a, partial_sums, packed_b, count };
 inline float* thread_workspace(workspace_slot slot, std::size_t n) {
-  thread_local workspace spaces[std::size_t(workspace_slot::count)];
+  thread_local growing_buffer<float> spaces[std::size_t(workspace_slot::count)];
   return spaces[std::size_t(slot)].get(n);
 }
 
@@ -518,12 +498,12 @@ class packed_b {
   /// Floats the packed panels take (N and K rounded up to whole vectors per panel).
   static constexpr std::size_t size = layout::size;
 
-  packed_b() : data_(alloc()) {}
+  packed_b() = default;
   packed_b(const float* B, std::size_t ldb) : packed_b() { pack(B, ldb); }
 
   /// Packs B' from B (leading dimension ldb: at least K when TransB, else at least N).
   void pack(const float* B, std::size_t ldb) {
-    SOLDER_ASSERT(ldb >= (TransB ? K : N), "solder::cpu::packed_b: ldb is smaller than a row of B");
+    SOLDER_ASSERT(ldb >= (TransB ? K : N), "solder::eval::cpu::packed_b: ldb is smaller than a row of B");
     gemm_detail::pack_b_panels<N, TransB>(B, ldb, gemm_detail::static_k<K>{}, data_.get(), 0, layout::panels);
   }
 
@@ -531,16 +511,7 @@ class packed_b {
   const float* data() const { return data_.get(); }
 
  private:
-  struct free_deleter {
-    void operator()(float* p) const noexcept { std::free(p); }
-  };
-  static std::unique_ptr<float[], free_deleter> alloc() {
-    const std::size_t bytes = (size * sizeof(float) + alignment - 1) / alignment * alignment;
-    void* p = std::aligned_alloc(alignment, bytes);
-    if (!p) throw std::bad_alloc();
-    return std::unique_ptr<float[], free_deleter>(static_cast<float*>(p));
-  }
-  std::unique_ptr<float[], free_deleter> data_;
+  aligned_array<float> data_ = allocate_aligned<float>(size);
 };
 
 /// C[M, N] = A' B' with B' pre-packed; A' = A [M, K] or (TransA) A^T for A stored [K, M],
@@ -551,7 +522,7 @@ class packed_b {
 template <std::size_t N, std::size_t K, bool TransA, bool TransB, class Epilogue>
 void gemm(std::size_t M, const float* A, std::size_t lda, const packed_b<N, K, TransB>& B, Epilogue&& epi,
           int threads = solder::num_threads()) {
-  SOLDER_ASSERT(lda >= (TransA ? M : K), "solder::cpu::gemm: lda is smaller than a row of A");
+  SOLDER_ASSERT(lda >= (TransA ? M : K), "solder::eval::cpu::gemm: lda is smaller than a row of A");
   gemm_detail::gemm_packed<N, TransA>(M, gemm_detail::static_k<K>{}, gemm_blocking<N, K>{}, A, lda, B.data(), epi,
                                       threads);
 }
@@ -561,8 +532,8 @@ void gemm(std::size_t M, const float* A, std::size_t lda, const packed_b<N, K, T
 template <std::size_t N, std::size_t K, bool TransA, bool TransB, class Epilogue>
 void gemm(std::size_t M, const float* A, std::size_t lda, const float* B, std::size_t ldb, Epilogue&& epi,
           int threads = solder::num_threads()) {
-  SOLDER_ASSERT(lda >= (TransA ? M : K), "solder::cpu::gemm: lda is smaller than a row of A");
-  SOLDER_ASSERT(ldb >= (TransB ? K : N), "solder::cpu::gemm: ldb is smaller than a row of B");
+  SOLDER_ASSERT(lda >= (TransA ? M : K), "solder::eval::cpu::gemm: lda is smaller than a row of A");
+  SOLDER_ASSERT(ldb >= (TransB ? K : N), "solder::eval::cpu::gemm: ldb is smaller than a row of B");
   if (M == 0) return;
   const float* packed = gemm_detail::pack_b_for_call<N, TransB>(B, ldb, gemm_detail::static_k<K>{}, threads);
   gemm_detail::gemm_packed<N, TransA>(M, gemm_detail::static_k<K>{}, gemm_blocking<N, K>{}, A, lda, packed, epi,
@@ -580,12 +551,12 @@ template <std::size_t N, bool TransA, bool TransB, class Epilogue>
 void gemm_dyn_k(std::size_t M, std::size_t K, const float* A, std::size_t lda, const float* B, std::size_t ldb,
                 Epilogue&& epi, int threads = solder::num_threads()) {
   if constexpr (N >= 1) {
-    SOLDER_ASSERT(lda >= (TransA ? M : K), "solder::cpu::gemm_dyn_k: lda is smaller than a row of A");
-    SOLDER_ASSERT(ldb >= (TransB ? K : N), "solder::cpu::gemm_dyn_k: ldb is smaller than a row of B");
+    SOLDER_ASSERT(lda >= (TransA ? M : K), "solder::eval::cpu::gemm_dyn_k: lda is smaller than a row of A");
+    SOLDER_ASSERT(ldb >= (TransB ? K : N), "solder::eval::cpu::gemm_dyn_k: ldb is smaller than a row of B");
     gemm_detail::gemm_dyn_k_run<N, TransA, TransB>(M, K, A, lda, B, ldb, epi, threads,
                                                    gemm_dyn_k_blocking::for_k(K));
   } else {
-    static_assert(N >= 1, "solder::cpu::gemm_dyn_k: N must be at least 1; N is the number of columns of C");
+    static_assert(N >= 1, "solder::eval::cpu::gemm_dyn_k: N must be at least 1; N is the number of columns of C");
   }
 }
 
@@ -594,30 +565,6 @@ void gemm_dyn_k(std::size_t M, std::size_t K, const float* A, std::size_t lda, c
 // ---------------------------------------------------------------------------------------------
 
 namespace gemm_detail {
-
-/// Stores the first `count` lanes of v at p (count < W); nothing is written past p + count.
-SOLDER_INLINE void store_first(float* p, const vec<float>& v, std::size_t count) {
-#if defined(__AVX512F__)
-  if constexpr (std::is_base_of_v<xsimd::avx512f, arch>) {
-    _mm512_mask_storeu_ps(p, __mmask16((1u << count) - 1u), v);
-    return;
-  }
-#endif
-  alignas(alignment) float lanes[float_lanes];
-  v.store_aligned(lanes);
-  for (std::size_t i = 0; i < count; ++i) p[i] = lanes[i];
-}
-
-/// The first `count` floats at p in the low lanes (count < W), zeros above; reads nothing
-/// past p + count.
-SOLDER_INLINE vec<float> load_first(const float* p, std::size_t count) {
-#if defined(__AVX512F__)
-  if constexpr (std::is_base_of_v<xsimd::avx512f, arch>) return _mm512_maskz_loadu_ps(__mmask16((1u << count) - 1u), p);
-#endif
-  alignas(alignment) float lanes[float_lanes] = {};
-  for (std::size_t i = 0; i < count; ++i) lanes[i] = p[i];
-  return vec<float>::load_aligned(lanes);
-}
 
 /// Stores row `row` of a tile (NV vectors, nr valid columns) at c, through `f` per vector.
 template <std::size_t NV, class F>
@@ -668,7 +615,7 @@ struct bias_relu_epilogue {
 #pragma GCC unroll 8
     for (std::size_t v = 0; v < NV; ++v)
       b[v] = (v + 1) * W <= nr ? vec<float>::load_unaligned(bias + n0 + v * W)
-             : v * W < nr      ? gemm_detail::load_first(bias + n0 + v * W, nr - v * W)
+             : v * W < nr      ? load_first<vec<float>>(bias + n0 + v * W, nr - v * W)
                                : vec<float>(0.0f);
 #pragma GCC unroll 16
     for (std::size_t r = 0; r < MR; ++r)
@@ -703,11 +650,11 @@ struct accumulate_epilogue {
         gemm_detail::store_row<NV>(c, acc[r], nr, [&](const vec<float>& x, std::size_t v) {
           const std::size_t col = v * W;  // store_row asks only for vectors with valid lanes
           const vec<float> old = col + W <= nr ? vec<float>::load_unaligned(c + col)
-                                               : gemm_detail::load_first(c + col, nr - col);
+                                               : load_first<vec<float>>(c + col, nr - col);
           return xsimd::fma(b, old, x);
         });
       }
   }
 };
 
-}  // namespace solder::cpu
+}  // namespace solder::eval::cpu

@@ -10,7 +10,7 @@
 #include "solder/config.hpp"
 #include "solder/eval/cpu/batch.hpp"
 
-namespace solder::cpu {
+namespace solder::eval::cpu {
 
 /// The register tile of the micro-kernel on instruction set A: `mr` rows of C by `nv` vectors
 /// of float, so mr * nv accumulators, nv vectors of B and the A broadcasts fit the register
@@ -81,7 +81,7 @@ void micro_kernel(const tile_job& job, Epilogue& epi) {
   using V = vec<float>;
   constexpr std::size_t W = V::size;
   constexpr std::size_t BS = NV * W;  // floats of B per k step
-  static_assert(R >= 1 && R <= AStride, "solder::cpu::micro_kernel: R must be in [1, AStride]");
+  static_assert(R >= 1 && R <= AStride, "solder::eval::cpu::micro_kernel: R must be in [1, AStride]");
   const float* __restrict a = job.a;
   const float* __restrict b = job.b;
   float* __restrict partial = job.partial;
@@ -153,4 +153,4 @@ inline constexpr std::array<micro_kernel_fn<Epilogue>, AStride> kernel_table =
     make_kernel_table<NV, AStride, Epilogue>(std::make_index_sequence<AStride>{});
 
 }  // namespace gemm_detail
-}  // namespace solder::cpu
+}  // namespace solder::eval::cpu

@@ -5,8 +5,6 @@
 // tensors; contract.hpp runs it over the register tiles of a matrix product.
 #pragma once
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -15,58 +13,20 @@
 #include <type_traits>
 #include <vector>
 
+#include "solder/eval/cpu/chunking.hpp"
 #include "solder/eval/cpu/evaluator.hpp"
 #include "solder/eval/cpu/parallel.hpp"
+#include "solder/memory.hpp"
 #include "solder/expr/reduce.hpp"
+#include "solder/expr/write.hpp"
 
 namespace solder {
 
-/// One output of a fused pass: `out` receives `expr` (an elementwise expression, or a
-/// reduction of one). See assign_all.
-template <class T, class S, class E>
-struct write_target {
-  tensor_ref<T, S> out;
-  E expr;
-};
-
-/// Pairs an output with the expression to evaluate into it, for assign_all.
-template <class T, class S, class E>
-auto write(tensor_ref<T, S> out, const E& e) {
-  return write_target<T, S, leaf_t<E>>{out, as_expr(e)};
-}
-template <class T, class S, class E>
-auto write(tensor<T, S>& out, const E& e) {
-  return write(out.ref(), e);
-}
-
-namespace cpu {
+namespace eval::cpu {
 
 /// Outputs at least this large are written with non-temporal stores (when aligned): beyond the
 /// caches a streaming store saves the read-for-ownership of each line; below, it costs 2-6%.
 inline constexpr std::size_t stream_min_bytes = std::size_t(8) << 20;
-/// Below this many elements a pass runs on the calling thread alone.
-inline constexpr std::size_t parallel_min_elements = std::size_t(1) << 16;
-/// A pass is cut into at most this many chunks (each with its own partial reductions).
-inline constexpr std::size_t max_chunks = 32;
-
-template <class V>
-SOLDER_INLINE void stream_store(typename V::value_type* p, const V& v) {
-  using A = typename V::arch_type;
-  using T = typename V::value_type;
-#if defined(__AVX512F__)
-  if constexpr (std::is_base_of_v<xsimd::avx512f, A> && std::is_same_v<T, float>) {
-    _mm512_stream_ps(p, v);
-    return;
-  }
-#endif
-#if defined(__AVX__)
-  if constexpr (std::is_base_of_v<xsimd::avx, A> && !std::is_base_of_v<xsimd::avx512f, A> && std::is_same_v<T, float>) {
-    _mm256_stream_ps(p, v);
-    return;
-  }
-#endif
-  v.store_aligned(p);
-}
 
 /// A value as T: masks become 1 or 0 (as torch converts bool to float).
 template <class V, class X>
@@ -97,9 +57,7 @@ struct store_sink {
   }
   template <class X>
   SOLDER_INLINE void put_partial(std::size_t j, std::size_t n, const X& x) {
-    alignas(alignment) T buf[V::size];
-    as_value<V>(x).store_aligned(buf);
-    std::memcpy(p + j, buf, n * sizeof(T));
+    store_first(p + j, as_value<V>(x), n);
   }
   SOLDER_INLINE void end_segment() {}
 };
@@ -158,9 +116,8 @@ struct reduce_sink {
 /// Scratch memory for partial reductions, reused across calls (no allocation per pass once warm).
 template <class T>
 T* scratch(std::size_t n) {
-  thread_local std::vector<T, xsimd::aligned_allocator<T, alignment>> buf;
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
+  thread_local growing_buffer<T> buf;
+  return buf.get(n);
 }
 
 /// How a pass is cut: segments of at most segment_elements along rows, grouped into chunks.
@@ -175,10 +132,9 @@ struct partition {
     rows = elements / row_len;
     seg_per_row = (row_len + seg_len - 1) / seg_len;
     segments = rows * seg_per_row;
-    const std::size_t typical = std::min(row_len, seg_len);
-    const std::size_t min_segs = (parallel_min_elements / 4 + typical - 1) / typical;  // >= 16K elements a chunk
-    seg_per_chunk = std::max((segments + max_chunks - 1) / max_chunks, std::max<std::size_t>(min_segs, 1));
-    chunks = (segments + seg_per_chunk - 1) / seg_per_chunk;
+    const chunking parts(segments, std::min(row_len, seg_len));
+    seg_per_chunk = parts.per_chunk;
+    chunks = parts.count;
   }
   segment at(std::size_t s) const {
     const std::size_t r = s / seg_per_row, c = (s % seg_per_row) * seg_len;
@@ -367,6 +323,6 @@ void run_writes(const partition& part, std::size_t batch, const Ws&... ws) {
 template <class W>
 using write_value_t = std::remove_const_t<typename std::remove_cvref_t<decltype(std::declval<W>().out)>::element_type>;
 
-}  // namespace cpu
+}  // namespace eval::cpu
 
 }  // namespace solder

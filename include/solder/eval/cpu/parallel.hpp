@@ -39,7 +39,7 @@ inline void set_num_threads(int n) {
   detail::thread_setting() = n;
 }
 
-namespace cpu {
+namespace eval::cpu {
 
 /// The floating-point control state of the calling thread (SSE's MXCSR: rounding, flush to
 /// zero, denormals are zero), carried into the worker threads of a parallel loop so every
@@ -97,5 +97,5 @@ void parallel_for(std::size_t n, int threads, F&& body) {
   for (std::size_t i = 0; i < n; ++i) body(i);
 }
 
-}  // namespace cpu
+}  // namespace eval::cpu
 }  // namespace solder

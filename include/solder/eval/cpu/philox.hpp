@@ -14,16 +14,9 @@
 #include "solder/eval/cpu/batch.hpp"
 #include "solder/random/philox.hpp"
 
-// GCC 12.2 warns -W(maybe-)uninitialized inside its own AVX-512 intrinsics (the "undefined"
-// source operand of the unmasked forms, GCC bug 105593, fixed in 12.3); the warning names no
-// solder code, and is silenced here for the intrinsics this header calls.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+SOLDER_INTRINSIC_WARNINGS_OFF
 
-namespace solder::cpu {
+namespace solder::eval::cpu {
 
 namespace detail {
 
@@ -271,7 +264,7 @@ SOLDER_INLINE void philox_groups(const philox_stream& s, uint64_t g, uint16_t* o
 template <class A = arch>
 inline void philox_bits16(const detail::philox_stream& s, uint64_t i0, std::size_t n, uint16_t* out) {
   if (n == 0) return;
-  SOLDER_ASSERT(uint64_t(n) - 1 <= UINT64_MAX - i0, "solder::cpu::philox_bits16: i0 + n exceeds 2^64; the element counter must not wrap");
+  SOLDER_ASSERT(uint64_t(n) - 1 <= UINT64_MAX - i0, "solder::eval::cpu::philox_bits16: i0 + n exceeds 2^64; the element counter must not wrap");
   constexpr std::size_t group = random::bits16_group;
   uint64_t g = i0 / group;
   std::size_t done = 0;
@@ -295,15 +288,15 @@ inline void philox_bits16(const detail::philox_stream& s, uint64_t i0, std::size
 
 template <class A = arch>
 inline void philox_bits16(uint64_t seed, uint64_t offset, uint64_t i0, std::size_t n, uint16_t* out) {
-  static_assert(A::supported(), "solder::cpu::philox_bits16: the arch is not enabled by the compiler flags; use solder::cpu::arch or build with its -m flags");
+  static_assert(A::supported(), "solder::eval::cpu::philox_bits16: the arch is not enabled by the compiler flags; use solder::eval::cpu::arch or build with its -m flags");
   philox_bits16<A>(detail::philox_stream(seed, offset), i0, n, out);
 }
 
 /// Loads vec<float, A>::size consecutive uint16 values from p and zero-extends them to uint32.
 template <class A = arch>
 SOLDER_INLINE xsimd::batch<uint32_t, A> load_bits16(const uint16_t* p) {
-  static_assert(xsimd::batch<uint32_t, A>::size == xsimd::batch<float, A>::size, "solder::cpu::load_bits16: uint32 and float batches must have the same lane count");
-  static_assert(A::supported(), "solder::cpu::load_bits16: the arch is not enabled by the compiler flags; use solder::cpu::arch or build with its -m flags");
+  static_assert(xsimd::batch<uint32_t, A>::size == xsimd::batch<float, A>::size, "solder::eval::cpu::load_bits16: uint32 and float batches must have the same lane count");
+  static_assert(A::supported(), "solder::eval::cpu::load_bits16: the arch is not enabled by the compiler flags; use solder::eval::cpu::arch or build with its -m flags");
   if constexpr (detail::philox_avx512<A>) {
 #if defined(__AVX512F__)
     return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -324,7 +317,7 @@ SOLDER_INLINE xsimd::batch<uint32_t, A> load_bits16(const uint16_t* p) {
 /// as a mask for xsimd::select on float batches; any uint32 bits and threshold (0 keeps all lanes).
 template <class A = arch>
 SOLDER_INLINE xsimd::batch_bool<float, A> keep_mask(const xsimd::batch<uint32_t, A>& bits, uint32_t threshold) {
-  static_assert(A::supported(), "solder::cpu::keep_mask: the arch is not enabled by the compiler flags; use solder::cpu::arch or build with its -m flags");
+  static_assert(A::supported(), "solder::eval::cpu::keep_mask: the arch is not enabled by the compiler flags; use solder::eval::cpu::arch or build with its -m flags");
   if constexpr (detail::philox_avx512<A>) {
 #if defined(__AVX512F__)
     return _mm512_cmpge_epu32_mask(bits, _mm512_set1_epi32(int(threshold)));
@@ -361,8 +354,6 @@ SOLDER_INLINE xsimd::batch_bool<float, A> keep_mask16(const uint16_t* p, uint32_
   return keep_mask<A>(load_bits16<A>(p), threshold);
 }
 
-}  // namespace solder::cpu
+}  // namespace solder::eval::cpu
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+SOLDER_INTRINSIC_WARNINGS_ON

@@ -15,7 +15,7 @@
 #include "solder/config.hpp"
 #include "solder/eval/cpu/batch.hpp"
 
-namespace solder::cpu {
+namespace solder::eval::cpu {
 
 /// The vector walk of a row of N floats. A row kernel uses it as
 ///   each([&]<class T>(std::size_t j, T tail) { store(tail, y + j, load(tail, x + j) * 2); });
@@ -113,4 +113,4 @@ struct row {
   }
 };
 
-}  // namespace solder::cpu
+}  // namespace solder::eval::cpu

@@ -1,0 +1,64 @@
+// eval/cpu/executor.hpp: executor<cpu>, the CPU backend as the rest of solder sees it (chosen
+// by tag, backend.hpp): assignment, and the loops and row walks the layers' math from ops/ runs
+// in. Layers, losses and optimizers reach the CPU through these names only.
+#pragma once
+
+#include <cstddef>
+
+#include "solder/backend.hpp"
+#include "solder/eval/cpu/assign.hpp"
+#include "solder/eval/cpu/chunking.hpp"
+#include "solder/eval/cpu/parallel.hpp"
+#include "solder/eval/cpu/row.hpp"
+#include "solder/expr/write.hpp"
+
+namespace solder {
+
+/// The CPU backend: evaluates into host memory.
+template <>
+struct executor<cpu> {
+  /// The vector type of float math on this target (xsimd::batch<float, arch>).
+  using vec = eval::cpu::vec<float>;
+  /// The vector walk of a row of N floats (whole vectors, then a padded tail).
+  template <std::size_t N>
+  using row = eval::cpu::row<N>;
+  /// How a loop over items is cut into chunks, fixed by the sizes alone.
+  using chunking = eval::cpu::chunking;
+  /// Denormals flushed to zero while alive (see eval::cpu::flush_denormals).
+  using flush_denormals = eval::cpu::flush_denormals;
+
+  /// Evaluates several writes in ONE pass over their common shape (see solder::assign_all).
+  template <class W0, class... Ws>
+  static void run(const W0& w0, const Ws&... ws) {
+    eval::cpu::assign_writes(w0, ws...);
+  }
+  /// out = e in one pass.
+  template <class Out, class E>
+  static void assign(const Out& out, const E& e) {
+    run(write(out, e));
+  }
+
+  /// f(r) for every row r of [0, rows) (rows of row_elements elements), over the threads.
+  template <class F>
+  static void for_rows(std::size_t rows, std::size_t row_elements, const F& f) {
+    eval::cpu::for_rows(rows, row_elements, f);
+  }
+  /// The sum of f(r) (a double) over rows, the same bits for any thread count.
+  template <class F>
+  static double sum_rows(std::size_t rows, std::size_t row_elements, const F& f) {
+    return eval::cpu::sum_rows(rows, row_elements, f);
+  }
+  /// f(c) for every chunk c of `parts`, over the threads.
+  template <class F>
+  static void for_chunks(const chunking& parts, std::size_t item_elements, const F& f) {
+    eval::cpu::for_chunks(parts, item_elements, f);
+  }
+  /// f.template operator()<V>(i) for every element i of [0, n): V = vec over whole vectors,
+  /// float over the tail.
+  template <class F>
+  static void for_each_element(std::size_t n, const F& f) {
+    eval::cpu::for_each_element(n, f);
+  }
+};
+
+}  // namespace solder

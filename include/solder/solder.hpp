@@ -1,0 +1,33 @@
+// solder.hpp: the whole CPU library in one include: tensors and expressions, the CPU backend
+// that evaluates them, layers and chains, losses, optimizers, data, files and cost reports.
+// Include order never matters; solder/cuda.hpp adds the CUDA backend to it.
+#pragma once
+
+#include "solder/assign.hpp"
+#include "solder/autodiff/vjp.hpp"
+#include "solder/backend.hpp"
+#include "solder/config.hpp"
+#include "solder/cost.hpp"
+#include "solder/data/csv.hpp"
+#include "solder/data/dataset.hpp"
+#include "solder/expr/contract.hpp"
+#include "solder/expr/operators.hpp"
+#include "solder/expr/reduce.hpp"
+#include "solder/io/safetensors.hpp"
+#include "solder/nn/chain.hpp"
+#include "solder/nn/dense.hpp"
+#include "solder/nn/flatten.hpp"
+#include "solder/nn/fuse.hpp"
+#include "solder/nn/layer_norm.hpp"
+#include "solder/nn/loss.hpp"
+#include "solder/nn/softmax.hpp"
+#include "solder/nn/state.hpp"
+#include "solder/ops.hpp"
+#include "solder/optim/adam.hpp"
+#include "solder/optim/optimizer.hpp"
+#include "solder/optim/schedule.hpp"
+#include "solder/optim/sgd.hpp"
+#include "solder/random/philox.hpp"
+#include "solder/random/seed.hpp"
+#include "solder/shape.hpp"
+#include "solder/tensor.hpp"
