@@ -20,6 +20,7 @@
 #include "common.hpp"
 #include "solder/eval/cpu/gemm.hpp"
 #include "solder/nn/dense.hpp"
+#include "support/gemm_epilogues.hpp"
 
 #if SOLDER_BENCH_HAS_OPENBLAS
 #include <cblas.h>
@@ -245,9 +246,9 @@ void solder_run(problem& pb, int threads) {
 }
 
 // solder_kernel: the GEMM called directly with its hand-written bias + ReLU epilogue
-// (eval::cpu::bias_relu_epilogue), W packed once: what the generic epilogue above is measured against.
+// (solder::test::bias_relu_epilogue), W packed once: what the generic epilogue above is measured against.
 template <std::size_t N, std::size_t K>
-using solder_weights = solder::eval::cpu::packed_b<N, K, /*TransB=*/true>;
+using solder_weights = solder::packed_matrix<N, K, /*TransB=*/true>;
 
 template <std::size_t N, std::size_t K>
 void kernel_prepare(problem& pb, int) {
@@ -256,7 +257,7 @@ void kernel_prepare(problem& pb, int) {
 template <std::size_t N, std::size_t K>
 void kernel_run(problem& pb, int threads) {
   const auto& w = *static_cast<const solder_weights<N, K>*>(pb.solder_weights.get());
-  solder::eval::cpu::gemm<N, K, false, true>(pb.M, pb.x.data(), K, w, solder::eval::cpu::bias_relu_epilogue{pb.b.data(), pb.y.data(), N},
+  solder::eval::cpu::gemm<N, K, false, true>(pb.M, pb.x.data(), K, w, solder::test::bias_relu_epilogue{pb.b.data(), pb.y.data(), N},
                                        threads);
 }
 

@@ -21,6 +21,7 @@
 
 #include "common.hpp"
 #include "solder/eval/cpu/gemm.hpp"
+#include "support/gemm_epilogues.hpp"
 
 namespace {
 
@@ -41,13 +42,13 @@ const float* pack_a_only(const float* A) {
 }
 
 /// The "kernel" call above: panel-major, each tile over all of K, B always panel 0.
-void kernel_rate(const float* A, const float* packed_b, cpu::bias_relu_epilogue epi) {
+void kernel_rate(const float* A, const float* packed_b, solder::test::bias_relu_epilogue epi) {
   using blocking = cpu::gemm_blocking<N, K>;
   constexpr std::size_t MR = blocking::mr, NV = blocking::nv, NR = blocking::nr;
   static_assert(N % NR == 0, "every panel is full at this shape");
   const gd::row_tiles tiling(M, MR);
   const float* packed_a = pack_a_only(A);
-  constexpr auto& kernels = gd::kernel_table<NV, MR, cpu::bias_relu_epilogue>;
+  constexpr auto& kernels = gd::kernel_table<NV, MR, solder::test::bias_relu_epilogue>;
   for (std::size_t p = 0; p < N / NR; ++p)
     for (std::size_t i = 0; i < tiling.count; ++i) {
       gd::tile_job job{};
@@ -67,11 +68,11 @@ void parts_case(benchmark::State& state) {
   fill_uniform(x.span(), 11);
   fill_uniform(w.span(), 12);
   fill_uniform(b.span(), 13, -0.5f, 0.5f);
-  const cpu::packed_b<N, K, /*TransB=*/true> wp(w.data(), K);
+  const solder::packed_matrix<N, K, /*TransB=*/true> wp(w.data(), K);
   const double peak = peak_gflops(1);
 
-  const auto full = [&] { cpu::gemm<N, K, false, true>(M, x.data(), K, wp, cpu::bias_relu_epilogue{b.data(), y.data(), N}, 1); };
-  const auto kernel = [&] { kernel_rate(x.data(), wp.data(), cpu::bias_relu_epilogue{b.data(), y_kernel.data(), N}); };
+  const auto full = [&] { cpu::gemm<N, K, false, true>(M, x.data(), K, wp, solder::test::bias_relu_epilogue{b.data(), y.data(), N}, 1); };
+  const auto kernel = [&] { kernel_rate(x.data(), wp.data(), solder::test::bias_relu_epilogue{b.data(), y_kernel.data(), N}); };
   const auto pack = [&] { pack_a_only(x.data()); };
   full(), kernel(), pack();  // warm-up: workspaces allocated, code paged in
 

@@ -22,6 +22,7 @@
 
 #include "common.hpp"
 #include "solder/nn/dense.hpp"
+#include "support/gemm_epilogues.hpp"
 
 namespace {
 
@@ -73,7 +74,7 @@ struct problem {
     g = solder::where(t2 > 0.0f, t1, 0.0f);                 // relu's backward (t2 = relu(z + b))
     db = solder::sum<0>(g);                                 // the bias gradient
     solder::eval::cpu::gemm_dyn_k<K, true, false>(N, M, g.data(), N, x.data(), K,
-                                            solder::eval::cpu::store_epilogue{layer.linear.weight_grad.data(), K});
+                                            solder::test::store_epilogue{layer.linear.weight_grad.data(), K});
     dx = solder::matmul(g, w());
   }
 };

@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include "solder/eval/cpu/gemm.hpp"
+#include "support/gemm_epilogues.hpp"
 #include "support/data.hpp"
 
 namespace {
@@ -102,18 +103,18 @@ template <std::size_t N, std::size_t K, bool TA, bool TB>
 void check_variant(std::size_t M) {
   const problem p(M, N, K, TA, TB, 17u + std::uint32_t(M));
   auto C = p.output();
-  eval::cpu::gemm<N, K, TA, TB>(M, p.A.data(), p.lda, p.B.data(), p.ldb, eval::cpu::store_epilogue{C.data(), p.ldc}, 1);
+  eval::cpu::gemm<N, K, TA, TB>(M, p.A.data(), p.lda, p.B.data(), p.ldb, solder::test::store_epilogue{C.data(), p.ldc}, 1);
   check_against_reference(p, C, false);
 
-  const eval::cpu::packed_b<N, K, TB> packed(p.B.data(), p.ldb);
+  const solder::packed_matrix<N, K, TB> packed(p.B.data(), p.ldb);
   auto Cb = p.output();
-  eval::cpu::gemm<N, K, TA, TB>(M, p.A.data(), p.lda, packed, eval::cpu::bias_relu_epilogue{p.bias.data(), Cb.data(), p.ldc}, 1);
+  eval::cpu::gemm<N, K, TA, TB>(M, p.A.data(), p.lda, packed, solder::test::bias_relu_epilogue{p.bias.data(), Cb.data(), p.ldc}, 1);
   check_against_reference(p, Cb, true);
 
   auto dyn = p.output(), dyn_b = p.output();
-  eval::cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, eval::cpu::store_epilogue{dyn.data(), p.ldc}, 1);
+  eval::cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, solder::test::store_epilogue{dyn.data(), p.ldc}, 1);
   eval::cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb,
-                             eval::cpu::bias_relu_epilogue{p.bias.data(), dyn_b.data(), p.ldc}, 1);
+                             solder::test::bias_relu_epilogue{p.bias.data(), dyn_b.data(), p.ldc}, 1);
   INFO("runtime K against static K: M " << M << ", N " << N << ", K " << K << ", TransA " << TA << ", TransB "
                                         << TB);
   CHECK(bitwise_equal(C, dyn));
@@ -170,20 +171,20 @@ template <std::size_t N, bool TA, bool TB>
 void check_dyn_k_variant(std::size_t M, std::size_t K) {
   const problem p(M, N, K, TA, TB, 101u + std::uint32_t(M * 7 + K));
   auto P = p.output();
-  eval::cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, eval::cpu::store_epilogue{P.data(), p.ldc}, 1);
+  eval::cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, solder::test::store_epilogue{P.data(), p.ldc}, 1);
   check_against_reference(p, P, false);
 
   const auto before = accumulator(p, 7u + std::uint32_t(K));
   auto added = before, scaled = before;
   eval::cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb,
-                             eval::cpu::accumulate_epilogue{added.data(), p.ldc, 1.0f}, 1);
+                             solder::test::accumulate_epilogue{added.data(), p.ldc, 1.0f}, 1);
   eval::cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb,
-                             eval::cpu::accumulate_epilogue{scaled.data(), p.ldc, 0.5f}, 1);
+                             solder::test::accumulate_epilogue{scaled.data(), p.ldc, 0.5f}, 1);
   auto overwritten = p.output();
   for (std::size_t m = 0; m < M; ++m)
     for (std::size_t n = 0; n < N; ++n) overwritten[m * p.ldc + n] = std::numeric_limits<float>::quiet_NaN();
   eval::cpu::gemm_dyn_k<N, TA, TB>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb,
-                             eval::cpu::accumulate_epilogue{overwritten.data(), p.ldc, 0.0f}, 1);
+                             solder::test::accumulate_epilogue{overwritten.data(), p.ldc, 0.0f}, 1);
 
   auto expect_added = before, expect_scaled = before;
   for (std::size_t m = 0; m < M; ++m)
@@ -221,12 +222,12 @@ TEST_CASE("gemm with a pre-packed B equals gemm packing B per call, bit for bit"
   constexpr std::size_t N = 257, K = 255;
   const std::size_t M = GENERATE(1, 17, 257);
   const problem p(M, N, K, false, true, 5);
-  const eval::cpu::packed_b<N, K, true> packed(p.B.data(), p.ldb);
+  const solder::packed_matrix<N, K, true> packed(p.B.data(), p.ldb);
   auto per_call = p.output(), prepacked = p.output();
   eval::cpu::gemm<N, K, false, true>(M, p.A.data(), p.lda, p.B.data(), p.ldb,
-                               eval::cpu::bias_relu_epilogue{p.bias.data(), per_call.data(), p.ldc}, 2);
+                               solder::test::bias_relu_epilogue{p.bias.data(), per_call.data(), p.ldc}, 2);
   eval::cpu::gemm<N, K, false, true>(M, p.A.data(), p.lda, packed,
-                               eval::cpu::bias_relu_epilogue{p.bias.data(), prepacked.data(), p.ldc}, 2);
+                               solder::test::bias_relu_epilogue{p.bias.data(), prepacked.data(), p.ldc}, 2);
   CHECK(bitwise_equal(per_call, prepacked));
 }
 
@@ -235,13 +236,13 @@ TEST_CASE("gemm gives the same bits for 1 and 2 threads and for any cache blocki
   constexpr std::size_t N = 257, K = 1031;
   const std::size_t M = GENERATE(17, 100, 257);
   const problem p(M, N, K, false, false, 9);
-  const eval::cpu::packed_b<N, K, false> packed(p.B.data(), p.ldb);
+  const solder::packed_matrix<N, K, false> packed(p.B.data(), p.ldb);
   auto one = p.output(), two = p.output(), tiny_one = p.output(), tiny_two = p.output();
-  eval::cpu::gemm<N, K, false, false>(M, p.A.data(), p.lda, packed, eval::cpu::store_epilogue{one.data(), p.ldc}, 1);
-  eval::cpu::gemm<N, K, false, false>(M, p.A.data(), p.lda, packed, eval::cpu::store_epilogue{two.data(), p.ldc}, 2);
+  eval::cpu::gemm<N, K, false, false>(M, p.A.data(), p.lda, packed, solder::test::store_epilogue{one.data(), p.ldc}, 1);
+  eval::cpu::gemm<N, K, false, false>(M, p.A.data(), p.lda, packed, solder::test::store_epilogue{two.data(), p.ldc}, 2);
   // Every element is one FMA chain in increasing k whatever the blocking (partial sums are
   // stored as the floats they are), so even a different K block length gives the same bits.
-  eval::cpu::store_epilogue e1{tiny_one.data(), p.ldc}, e2{tiny_two.data(), p.ldc};
+  solder::test::store_epilogue e1{tiny_one.data(), p.ldc}, e2{tiny_two.data(), p.ldc};
   constexpr eval::cpu::gemm_detail::static_k<K> k{};
   constexpr tiny_blocking<N, K> tiny{};
   eval::cpu::gemm_detail::gemm_packed<N, false>(M, k, tiny, p.A.data(), p.lda, packed.data(), e1, 1);
@@ -256,9 +257,9 @@ TEST_CASE("gemm crosses every block of the driver with a tiny cache blocking", "
   constexpr std::size_t N = 37, K = 23;
   const std::size_t M = GENERATE(1, 29, 257);
   const problem p(M, N, K, true, true, 11);
-  const eval::cpu::packed_b<N, K, true> packed(p.B.data(), p.ldb);
+  const solder::packed_matrix<N, K, true> packed(p.B.data(), p.ldb);
   auto C = p.output();
-  eval::cpu::bias_relu_epilogue e{p.bias.data(), C.data(), p.ldc};
+  solder::test::bias_relu_epilogue e{p.bias.data(), C.data(), p.ldc};
   eval::cpu::gemm_detail::gemm_packed<N, true>(M, eval::cpu::gemm_detail::static_k<K>{}, tiny_blocking<N, K>{}, p.A.data(), p.lda,
                                          packed.data(), e, 2);
   check_against_reference(p, C, true);
@@ -269,7 +270,7 @@ TEST_CASE("gemm's bias_relu epilogue keeps NaN and clamps negatives to +0", "[ge
   const std::size_t M = 3;
   std::vector<float> A(M * K, -1.0f), B(K * N, 1.0f), bias(N, 0.5f), C(M * N, 1.0f);
   A[1 * K + 2] = std::numeric_limits<float>::quiet_NaN();  // row 1 of C is NaN
-  eval::cpu::gemm<N, K, false, false>(M, A.data(), K, B.data(), N, eval::cpu::bias_relu_epilogue{bias.data(), C.data(), N}, 1);
+  eval::cpu::gemm<N, K, false, false>(M, A.data(), K, B.data(), N, solder::test::bias_relu_epilogue{bias.data(), C.data(), N}, 1);
   for (std::size_t n = 0; n < N; ++n) {
     CHECK(std::isnan(C[1 * N + n]));
     CHECK(C[0 * N + n] == 0.0f);  // relu(-3 + 0.5)
@@ -280,7 +281,7 @@ TEST_CASE("gemm's bias_relu epilogue keeps NaN and clamps negatives to +0", "[ge
 TEST_CASE("gemm with M = 0 writes nothing", "[gemm]") {
   constexpr std::size_t N = 3, K = 3;
   std::vector<float> A(K, 1.0f), B(K * N, 1.0f), C(N, 7.0f);
-  eval::cpu::gemm<N, K, false, false>(0, A.data(), K, B.data(), N, eval::cpu::store_epilogue{C.data(), N}, 2);
+  eval::cpu::gemm<N, K, false, false>(0, A.data(), K, B.data(), N, solder::test::store_epilogue{C.data(), N}, 2);
   CHECK(C == std::vector<float>(N, 7.0f));
 }
 
@@ -310,8 +311,8 @@ TEST_CASE("gemm_dyn_k gives the same bits for 1 and 2 threads, any blocking, and
   const std::size_t M = GENERATE(17, 100, 257);
   const problem p(M, N, K, true, false, 13);
   auto fixed = p.output(), one = p.output(), two = p.output(), tiny_one = p.output(), tiny_two = p.output();
-  eval::cpu::gemm<N, K, true, false>(M, p.A.data(), p.lda, p.B.data(), p.ldb, eval::cpu::store_epilogue{fixed.data(), p.ldc}, 2);
-  eval::cpu::store_epilogue e1{one.data(), p.ldc}, e2{two.data(), p.ldc}, e3{tiny_one.data(), p.ldc},
+  eval::cpu::gemm<N, K, true, false>(M, p.A.data(), p.lda, p.B.data(), p.ldb, solder::test::store_epilogue{fixed.data(), p.ldc}, 2);
+  solder::test::store_epilogue e1{one.data(), p.ldc}, e2{two.data(), p.ldc}, e3{tiny_one.data(), p.ldc},
       e4{tiny_two.data(), p.ldc};
   eval::cpu::gemm_dyn_k<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e1, 1);
   eval::cpu::gemm_dyn_k<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e2, 2);
@@ -341,7 +342,7 @@ TEST_CASE("gemm_dyn_k accumulates over micro-batches on 2 threads as one product
   float beta = 0.0f;
   for (const std::size_t part : {1000, 3000, 96}) {
     eval::cpu::gemm_dyn_k<In, true, false>(Out, part, p.A.data() + k0 * p.lda, p.lda, p.B.data() + k0 * p.ldb, p.ldb,
-                                     eval::cpu::accumulate_epilogue{dW.data(), p.ldc, beta}, 2);
+                                     solder::test::accumulate_epilogue{dW.data(), p.ldc, beta}, 2);
     k0 += part, beta = 1.0f;
   }
   // Three sums of at most 3000 terms, then two adds: within the (K + 2) u bound of the whole.
@@ -355,7 +356,7 @@ TEST_CASE("gemm_dyn_k crosses every block of the driver with a tiny cache blocki
   const bool trans_b = GENERATE(false, true);
   const problem p(M, N, K, false, trans_b, 11);
   auto C = p.output();
-  eval::cpu::bias_relu_epilogue e{p.bias.data(), C.data(), p.ldc};
+  solder::test::bias_relu_epilogue e{p.bias.data(), C.data(), p.ldc};
   if (trans_b)
     eval::cpu::gemm_detail::gemm_dyn_k_run<N, false, true>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e, 2,
                                                      tiny_dyn_k_blocking);
@@ -372,8 +373,8 @@ TEST_CASE("gemm_dyn_k with K = 0 hands the epilogue a zero sum and reads neither
   test::fill_uniform(bias, -0.5, 0.5, 3);
   test::fill_uniform(acc, -2.0, 2.0, 4);
   const auto before = acc;
-  eval::cpu::gemm_dyn_k<N, false, false>(M, 0, nullptr, 0, nullptr, N, eval::cpu::bias_relu_epilogue{bias.data(), C.data(), N}, 2);
-  eval::cpu::gemm_dyn_k<N, true, true>(M, 0, nullptr, M, nullptr, 0, eval::cpu::accumulate_epilogue{acc.data(), N, 1.0f}, 2);
+  eval::cpu::gemm_dyn_k<N, false, false>(M, 0, nullptr, 0, nullptr, N, solder::test::bias_relu_epilogue{bias.data(), C.data(), N}, 2);
+  eval::cpu::gemm_dyn_k<N, true, true>(M, 0, nullptr, M, nullptr, 0, solder::test::accumulate_epilogue{acc.data(), N, 1.0f}, 2);
   for (std::size_t m = 0; m < M; ++m)
     for (std::size_t n = 0; n < N; ++n) {
       INFO("m " << m << ", n " << n);
@@ -386,7 +387,7 @@ TEST_CASE("gemm_dyn_k with M = 0 writes nothing", "[gemm][dyn_k]") {
   constexpr std::size_t N = 3;
   const std::size_t K = 5;
   std::vector<float> A(K, 1.0f), B(K * N, 1.0f), C(N, 7.0f);
-  eval::cpu::gemm_dyn_k<N, false, false>(0, K, A.data(), K, B.data(), N, eval::cpu::store_epilogue{C.data(), N}, 2);
+  eval::cpu::gemm_dyn_k<N, false, false>(0, K, A.data(), K, B.data(), N, solder::test::store_epilogue{C.data(), N}, 2);
   CHECK(C == std::vector<float>(N, 7.0f));
 }
 
@@ -398,8 +399,8 @@ TEST_CASE("accumulate_epilogue: beta = 1 keeps Inf and NaN in C, beta = 0 replac
   std::vector<float> C(M * N, 2.0f);
   C[0] = inf, C[N + 16] = -inf, C[2 * N + 5] = nan;
   auto D = C;
-  eval::cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), K, B.data(), N, eval::cpu::accumulate_epilogue{C.data(), N, 1.0f}, 1);
-  eval::cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), K, B.data(), N, eval::cpu::accumulate_epilogue{D.data(), N, 0.0f}, 1);
+  eval::cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), K, B.data(), N, solder::test::accumulate_epilogue{C.data(), N, 1.0f}, 1);
+  eval::cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), K, B.data(), N, solder::test::accumulate_epilogue{D.data(), N, 0.0f}, 1);
   CHECK(C[0] == inf);
   CHECK(C[N + 16] == -inf);
   CHECK(std::isnan(C[2 * N + 5]));
@@ -411,7 +412,7 @@ TEST_CASE("gemm_dyn_k rejects leading dimensions shorter than a row", "[gemm][dy
   constexpr std::size_t N = 17;
   const std::size_t M = 4, K = 9;
   std::vector<float> A(M * K), B(K * N), C(M * N);
-  eval::cpu::store_epilogue e{C.data(), N};
+  solder::test::store_epilogue e{C.data(), N};
   CHECK_THROWS_WITH((eval::cpu::gemm_dyn_k<N, false, false>(M, K, A.data(), K - 1, B.data(), N, e, 1)),
                     "solder::eval::cpu::gemm_dyn_k: lda is smaller than a row of A");
   CHECK_THROWS_WITH((eval::cpu::gemm_dyn_k<N, true, false>(M, K, A.data(), M - 1, B.data(), N, e, 1)),

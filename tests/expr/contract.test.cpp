@@ -57,7 +57,7 @@ void check_linear_forms(std::uint32_t seed) {
   solder::test::fill_uniform(w, -1, 1, seed);
   for (std::size_t n = 0; n < N; ++n)
     for (std::size_t k = 0; k < K; ++k) wt[k * N + n] = w[n * K + k];
-  const solder::eval::cpu::packed_b<N, K, true> packed(w.data(), K);
+  const solder::packed_matrix<N, K, true> packed(w.data(), K);
   for (std::size_t M : {std::size_t(1), std::size_t(3), std::size_t(17), std::size_t(255), std::size_t(257)}) {
     tensor<float, shape<dyn, K>> x(M);
     solder::test::fill_uniform(x, -1, 1, seed + std::uint32_t(M));

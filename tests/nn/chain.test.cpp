@@ -10,6 +10,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -18,9 +19,11 @@
 #include "solder/data/csv.hpp"
 #include "solder/data/dataset.hpp"
 #include "solder/nn/chain.hpp"
+#include "solder/nn/layer_norm.hpp"
 #include "solder/nn/state.hpp"
 #include "solder/optim/adam.hpp"
 #include "solder/optim/schedule.hpp"
+#include "solder/optim/sgd.hpp"
 #include "support/data.hpp"
 #include "support/temp_dir.hpp"
 
@@ -232,4 +235,126 @@ TEST_CASE("chain: run-time errors name the problem", "[chain]") {
   const auto y = labels_for(5, 12);  // labels past the 10 classes
   optim::adamw opt(model.params());
   CHECK_THROWS_AS(model.train_step(x, y, opt), solder::error);
+}
+
+TEST_CASE("chain: layers are reached by the index they were written at", "[chain]") {
+  using model_t = nn::chain<nn::linear<6, 9>, nn::relu, nn::dropout<0.25f>, nn::linear<9, 5>, nn::layer_norm<5>,
+                            nn::bias<5>, nn::tanh>;
+  static_assert(model_t::kernels == 4);  // linear+relu+dropout, linear, layer_norm, bias+tanh
+  model_t model(5);
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(model.layer<0>())>, nn::linear<6, 9>>);
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(model.layer<1>())>, nn::relu>);
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(model.layer<2>())>, nn::dropout<0.25f>>);
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(model.layer<3>())>, nn::linear<9, 5>>);
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(model.layer<4>())>, nn::layer_norm<5>>);
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(model.layer<5>())>, nn::bias<5>>);
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(model.layer<6>())>, nn::tanh>);
+  // The same objects the parameter list views, under the same names.
+  const auto params = model.params();
+  CHECK(params[0].name == "0.weight");
+  CHECK(params[0].value.data() == model.layer<0>().weight.data());
+  CHECK(params[2].name == "3.weight");
+  CHECK(params[2].value.data() == model.layer<3>().weight.data());
+  CHECK(params[4].name == "4.weight");
+  CHECK(params[4].value.data() == model.layer<4>().weight.data());
+  CHECK(params[6].name == "5.bias");
+  CHECK(params[6].value.data() == model.layer<5>().value.data());
+  // Editing a layer through its index changes the model.
+  tensor<float, shape<dyn, 6>> x(3);
+  solder::test::fill_uniform(x, -1, 1, 231);
+  model.eval();
+  const auto before = model.forward(x);
+  model.layer<5>().value.fill(1.0f);
+  const auto after = model.forward(x);
+  CHECK(bit_differences(before.data(), after.data(), before.size()) > 0);
+  const model_t& view = model;
+  CHECK(view.layer<5>().value[0] == 1.0f);
+}
+
+TEST_CASE("chain: a batch passed as a temporary is kept for backward", "[chain][asan]") {
+  // forward(make_batch()) then backward: the chain holds the batch (dW of the first layer reads
+  // it), so the gradients equal those of the same batch held by the caller.
+  auto make_batch = [] {
+    tensor<float, shape<dyn, 64>> x(23);
+    solder::test::fill_uniform(x, -1, 1, 241);
+    return x;
+  };
+  mlp a(9), b(9);
+  a.eval();
+  b.eval();
+  tensor<float, shape<dyn, 10>> dy(23);
+  solder::test::fill_uniform(dy, -1, 1, 242);
+  const auto ya = a.forward(make_batch());
+  make_batch();  // reuses the heap block of the first temporary in most allocators
+  a.backward(dy);
+  const auto x = make_batch();
+  const auto yb = b.forward(x);
+  b.backward(dy);
+  CHECK(bit_differences(ya.data(), yb.data(), ya.size()) == 0);
+  const auto pa = a.params(), pb = b.params();
+  for (std::size_t k = 0; k < pa.size(); ++k) {
+    INFO(pa[k].name);
+    CHECK(bit_differences(pa[k].grad.data(), pb[k].grad.data(), pa[k].grad.size()) == 0);
+  }
+  // A temporary of a static batch shape is kept too.
+  tensor<float, shape<23, 64>> xs;
+  std::memcpy(xs.data(), x.data(), x.size() * sizeof(float));
+  const auto yc = a.forward(tensor<float, shape<23, 64>>(xs));
+  a.backward(dy);
+  CHECK(bit_differences(yc.data(), yb.data(), yc.size()) == 0);
+  CHECK(bit_differences(a.params()[0].grad.data(), pb[0].grad.data(), pb[0].grad.size()) == 0);
+}
+
+TEST_CASE("chain: a result the caller holds never changes or dangles", "[chain][asan]") {
+  mlp model(13);
+  model.eval();
+  tensor<float, shape<dyn, 64>> small(2), large(300);
+  solder::test::fill_uniform(small, -1, 1, 251);
+  solder::test::fill_uniform(large, -1, 1, 252);
+  const auto first = model.forward(small);
+  const std::vector<float> copy(first.begin(), first.end());
+  const auto second = model.forward(large);  // the chain's buffers grow: 300 rows
+  REQUIRE(first.batch() == 2);
+  CHECK(bit_differences(first.data(), copy.data(), copy.size()) == 0);
+  CHECK(second.batch() == 300);
+  // forward_into writes the same values into the caller's tensor, without allocating.
+  tensor<float, shape<dyn, 10>> out(300);
+  model.forward_into(large, out.ref());
+  CHECK(bit_differences(out.data(), second.data(), out.size()) == 0);
+  tensor<float, shape<dyn, 10>> wrong(3);
+  CHECK_THROWS_WITH(model.forward_into(large, wrong.ref()), Catch::Contains("300"));
+}
+
+TEST_CASE("chain: train_step takes any loss of the library", "[chain]") {
+  using reg = nn::chain<nn::linear<6, 16>, nn::tanh, nn::linear<16, 3>>;
+  tensor<float, shape<dyn, 6>> x(32);
+  tensor<float, shape<dyn, 3>> target(32), probs(32);
+  solder::test::fill_uniform(x, -1, 1, 261);
+  solder::test::fill_uniform(target, -1, 1, 262);
+  solder::test::fill_uniform(probs, 0, 1, 263);
+  // One step with a loss equals forward, that loss by hand, backward and the optimizer's step.
+  auto same_as_by_hand = [&](auto loss, const auto& t) {
+    reg a(3), b(3);
+    optim::sgd oa(a.params(), {.lr = 0.1f}), ob(b.params(), {.lr = 0.1f});
+    const float la = a.train_step(x, t, oa, loss);
+    const auto y = b.forward(x);
+    tensor<float, shape<dyn, 3>> dy(32);
+    const float lb = loss(y, t, dy);
+    b.backward(dy);
+    ob.step();
+    CHECK(la == lb);
+    const auto pa = a.params(), pb = b.params();
+    for (std::size_t k = 0; k < pa.size(); ++k) CHECK(bit_differences(pa[k].value.data(), pb[k].value.data(), pa[k].value.size()) == 0);
+  };
+  same_as_by_hand(nn::mse_loss{}, target);
+  same_as_by_hand(nn::bce_with_logits_loss{}, probs);
+  const auto labels = labels_for(32, 3);
+  same_as_by_hand(nn::cross_entropy_loss{0.1f}, std::span<const std::int32_t>(labels));
+  // And the loss goes down over a few steps of each.
+  reg m(4);
+  optim::adamw opt(m.params(), {.lr = 1e-2f});
+  const float l0 = m.train_step(x, target, opt, nn::mse_loss{});
+  float l = l0;
+  for (int i = 0; i < 50; ++i) l = m.train_step(x, target, opt, nn::mse_loss{});
+  CHECK(l < 0.8f * l0);
 }

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <iomanip>
 #include <ostream>
 #include <span>
@@ -26,12 +27,19 @@
 #include <utility>
 #include <vector>
 
-#include "solder/nn/loss.hpp"
+#include "solder/nn/criterion.hpp"
 #include "solder/nn/plan.hpp"
 #include "solder/optim/optimizer.hpp"
 #include "solder/random/seed.hpp"
 
 namespace solder::nn {
+
+namespace detail {
+template <class T>
+inline constexpr bool is_owning_tensor = false;
+template <class T, class S, class Space>
+inline constexpr bool is_owning_tensor<tensor<T, S, Space>> = true;
+}  // namespace detail
 
 /// Per-kernel timings of a chain's forward and backward (chain::profile()).
 struct profile_entry {
@@ -56,8 +64,25 @@ class basic_chain {
   static constexpr bool fused = Fused;
   using input_ref = tensor_ref<const float, shape<dyn, in_features>>;
   using output_ref = tensor_ref<const float, shape<dyn, out_features>>;
+  using input_tensor = tensor<float, shape<dyn, in_features>>;
+  using output_tensor = tensor<float, shape<dyn, out_features>>;
 
   blocks_type blocks;
+
+  static constexpr std::size_t layer_count = sizeof...(Layers);
+
+  /// Layer I as the user wrote it (0-based, as torch's model[I]), whichever block the planner
+  /// put it in: model.layer<0>().weight is the first linear layer's weight.
+  template <std::size_t I>
+  auto& layer() {
+    static_assert(check_layer_index<I>());
+    return layer_in<I>(std::get<block_of_layer<I>>(blocks));
+  }
+  template <std::size_t I>
+  const auto& layer() const {
+    static_assert(check_layer_index<I>());
+    return layer_in<I>(std::get<block_of_layer<I>>(blocks));
+  }
 
   /// Parameters drawn as PyTorch initializes them, layer i from Philox stream (seed, i); each
   /// dropout draws its masks from its own stream.
@@ -93,7 +118,7 @@ class basic_chain {
   }
   mode current_mode() const { return current; }
   /// Whether forward, backward and train_step flush denormals to zero (default: yes; see
-  /// eval::cpu::flush_denormals for why). Off: IEEE gradual underflow, slower late in training.
+  /// eval/cpu/parallel.hpp, flush_denormals, for why). Off: IEEE gradual underflow, slower late in training.
   void set_flush_denormals(bool on) { flush = on; }
   /// Call after changing parameters outside train_step (loading them, editing them): the
   /// packed weights of eval mode are made again.
@@ -111,30 +136,53 @@ class basic_chain {
     });
   }
 
-  /// The model's output for x [batch, In]; valid until the next forward. x must stay valid
-  /// until backward (it is dW's operand for the first layer).
-  output_ref forward(input_ref x) {
-    const eval::cpu::flush_denormals guard(flush);
-    const std::size_t n = x.batch();
-    reserve(n);
-    input = x.data();
-    run_forward(n, std::make_index_sequence<kernels>{});
-    return output_view(n);
+  /// The model's output for x [batch, In]: an owned [batch, Out] tensor, which later calls
+  /// never change. backward reads x (dW of the first layer), so a view x must stay valid until
+  /// then; a temporary tensor is moved into the chain and kept there.
+  output_tensor forward(input_ref x) {
+    run(x);
+    return output_tensor(output_view(batch));
   }
   template <class S>
     requires(S::rank == 2 && S::last == in_features)
-  output_ref forward(tensor_ref<const float, S> x) {
-    return forward(input_ref(x.data(), S::elements(x.batch()) / in_features));
+  output_tensor forward(tensor_ref<const float, S> x) {
+    return forward(as_input(x));
   }
   template <class S>
-  output_ref forward(const tensor<float, S>& x) {
+  output_tensor forward(const tensor<float, S>& x) {
     return forward(x.ref());
+  }
+  template <class S>
+  output_tensor forward(tensor<float, S>&& x) {
+    if constexpr (std::is_same_v<S, typename input_tensor::shape_type>) {
+      held = std::move(x);
+    } else {
+      const input_ref view = as_input(x.ref());
+      held = input_tensor(view.batch(), uninitialized);
+      std::memcpy(held.data(), view.data(), view.size() * sizeof(float));
+    }
+    return forward(input_ref(held.ref()));
+  }
+
+  /// forward without allocating: the output is written into out [batch, Out] (the chain keeps
+  /// its own copy, which backward reads). x as for forward, but a temporary tensor is refused:
+  /// backward would read it after it is gone.
+  template <class X>
+  void forward_into(X&& x, tensor_ref<float, shape<dyn, out_features>> out) {
+    static_assert(std::is_lvalue_reference_v<X> || !detail::is_owning_tensor<std::remove_cvref_t<X>>,
+                  "solder::chain::forward_into: the batch is a temporary tensor, but backward reads it after forward; "
+                  "keep it in a variable (or call forward, which keeps a temporary batch)");
+    run(as_input(x));
+    if (out.batch() != batch)
+      solder::detail::fail("solder::chain::forward_into: out has " + std::to_string(out.batch()) +
+                           " rows, the batch has " + std::to_string(batch));
+    std::memcpy(out.data(), output_view(batch).data(), batch * out_features * sizeof(float));
   }
 
   /// Gradients of every parameter (overwritten) for dL/d(output) = dy, [batch, Out], after the
   /// forward of that batch.
   void backward(output_ref dy) {
-    const eval::cpu::flush_denormals guard(flush);
+    const executor<cpu>::flush_denormals guard(flush);
     const std::size_t n = dy.batch();
     if (n != batch)
       solder::detail::fail("solder::chain::backward: dy has " + std::to_string(n) + " rows, the last forward had " +
@@ -146,16 +194,18 @@ class basic_chain {
   /// dL/d(output) buffer of the chain (the loss writes into it; train_step does).
   tensor_ref<float, shape<dyn, out_features>> output_grad() { return tensor_ref<float, shape<dyn, out_features>>(dout.data(), batch); }
 
-  /// One training step with softmax cross-entropy on integer labels: forward, loss and its
-  /// gradient in one pass, backward, optimizer step. Returns the mean loss.
-  template <class Optimizer>
-  float train_step(input_ref x, std::span<const std::int32_t> labels, Optimizer& opt, float label_smoothing = 0.0f) {
-    const eval::cpu::flush_denormals guard(flush);
-    const output_ref logits = forward(x);
-    const float loss = softmax_cross_entropy(logits, labels, output_grad(), label_smoothing);
+  /// One training step: forward, the loss and its gradient (one pass), backward, the
+  /// optimizer's step. Returns the mean loss. `loss` is any loss of nn/criterion.hpp with the
+  /// target it takes: cross_entropy_loss (integer labels, the default), mse_loss or
+  /// bce_with_logits_loss (a target tensor of the output's shape).
+  template <class Target, class Optimizer, class Loss = cross_entropy_loss>
+  float train_step(input_ref x, const Target& target, Optimizer& opt, const Loss& loss = {}) {
+    const executor<cpu>::flush_denormals guard(flush);
+    run(x);
+    const float value = loss(output_view(batch), target, output_grad());
     backward(output_ref(dout.data(), batch));
     opt.step();
-    return loss;
+    return value;
   }
 
   /// Every parameter with its gradient, named as PyTorch's nn.Sequential names them ("0.weight",
@@ -203,8 +253,73 @@ class basic_chain {
   }
 
  private:
+  template <std::size_t I>
+  static constexpr bool check_layer_index() {
+    if constexpr (I < layer_count) {
+      return true;
+    } else {
+      constexpr fixed_string m = [] {
+        fixed_string s("solder::chain::layer: index ");
+        s.append(I).append(" is out of range; the chain has ").append(layer_count).append(" layers (0 to ");
+        s.append(layer_count - 1).append(")");
+        return s;
+      }();
+      return diagnostic<m>::reported;
+    }
+  }
+  /// The block that holds layer I.
+  template <std::size_t I>
+  static constexpr std::size_t block_of_layer = [] {
+    return []<std::size_t... K>(std::index_sequence<K...>) {
+      std::size_t found = 0;
+      ((std::tuple_element_t<K, groups>::first <= I ? found = K : found), ...);
+      return found;
+    }(std::make_index_sequence<kernels>{});
+  }();
+  /// Layer I inside its block b: a linear block's linear layer and tail, an elementwise
+  /// block's layers, or a layer that is a block of its own.
+  template <std::size_t I, class B>
+  static auto& layer_in(B& b) {
+    using G = std::tuple_element_t<block_of_layer<I>, groups>;
+    constexpr std::size_t at = I - G::first;
+    if constexpr (G::kind == layer_kind::product) {
+      if constexpr (at == 0)
+        return b.linear;
+      else
+        return std::get<at - 1>(b.tail.layers);
+    } else if constexpr (G::kind == layer_kind::elementwise) {
+      return std::get<at>(b.layers);
+    } else {
+      return b;
+    }
+  }
+
+  /// Runs every block on x; the output stays in the last block's buffer.
+  void run(input_ref x) {
+    const executor<cpu>::flush_denormals guard(flush);
+    const std::size_t n = x.batch();
+    reserve(n);
+    input = x.data();
+    run_forward(n, std::make_index_sequence<kernels>{});
+  }
+  template <class S>
+  static input_ref as_input(tensor_ref<const float, S> x) {
+    static_assert(S::rank == 2 && S::last == in_features,
+                  "solder::chain: the input must be [batch, in_features] of the chain's first layer");
+    return input_ref(x.data(), S::elements(x.batch()) / in_features);
+  }
+  template <class S>
+  static input_ref as_input(tensor_ref<float, S> x) {
+    return as_input(tensor_ref<const float, S>(x));
+  }
+  template <class S>
+  static input_ref as_input(const tensor<float, S>& x) {
+    return as_input(x.ref());
+  }
+
   mode current = mode::train;
   bool flush = true;
+  input_tensor held{1};  // a temporary batch forward was given, kept for backward
   std::size_t batch = 0, capacity = 0;
   const float* input = nullptr;     // the last forward's x (views assign elements, so pointers)
   const float* upstream = nullptr;  // the last backward's dy

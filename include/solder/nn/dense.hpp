@@ -20,7 +20,6 @@
 
 #include "solder/autodiff/vjp.hpp"
 #include "solder/assign.hpp"
-#include "solder/eval/cpu/gemm.hpp"
 #include "solder/nn/batch_check.hpp"
 #include "solder/nn/fuse.hpp"
 #include "solder/nn/linear.hpp"
@@ -66,7 +65,7 @@ class dense {
   /// per call) until the weights change. Call it again after changing `linear.weight` (an
   /// optimizer step); weights_changed() returns to packing per call.
   void pack_weights() {
-    if (!packed) packed = std::make_unique<eval::cpu::packed_b<out_features, in_features, true>>();
+    if (!packed) packed = std::make_unique<packed_matrix<out_features, in_features, true>>();
     packed->pack(linear.weight.data(), in_features);
     packed_current = true;
   }
@@ -113,9 +112,8 @@ class dense {
       gate_as<mode::train>(y, dy);
     else
       gate_as<mode::eval>(y, dy);
-    // dW [Out, In] = g^T x: K is the batch, a runtime value.
-    eval::cpu::gemm_dyn_k<in_features, true, false>(out_features, SX::elements(batch) / in_features, gate.data(), out_features,
-                                              x.data(), in_features, eval::cpu::store_epilogue{linear.weight_grad.data(), in_features});
+    // dW [Out, In] = g^T x: the product sums over the batch.
+    assign(linear.weight_grad, matmul(transpose(gate_view<SY>(batch)), x));
   }
 
   /// The expression forward evaluates, for x: tail(x W^T + b).
@@ -126,7 +124,7 @@ class dense {
 
  private:
   mode current = mode::train;
-  std::unique_ptr<eval::cpu::packed_b<out_features, in_features, true>> packed;
+  std::unique_ptr<packed_matrix<out_features, in_features, true>> packed;
   bool packed_current = false;
   tensor<float, shape<dyn, out_features>> gate{1};  // g = dL/dz, grown to the batch, reused
   tensor<float, shape<dyn, out_features>> pre{1};   // z of the last training forward (keeps_preactivation)

@@ -166,29 +166,6 @@ struct evaluator<tile_leaf<S>, Lay, V> {
 // The epilogue
 // ---------------------------------------------------------------------------------------------
 
-/// The epilogue the GEMM sees for every expression: one type, so the GEMM's micro-kernels are
-/// compiled once per program for all expression epilogues (not once per expression: a model of
-/// ten layers would compile them dozens of times). It spills the register tile to an L1 buffer
-/// and calls the expression's row loop through a function pointer, once per tile.
-struct erased_epilogue {
-  const void* self;
-  void (*rows)(const void* self, const float* tile, std::size_t ld, std::size_t m0, std::size_t n0, std::size_t mr,
-               std::size_t nr);
-
-  template <std::size_t MR, std::size_t NV>
-  SOLDER_INLINE void tile(const vec<float> (&acc)[MR][NV], std::size_t m0, std::size_t n0, std::size_t mr,
-                          std::size_t nr) const {
-    constexpr std::size_t W = vec<float>::size;
-    constexpr std::size_t ld = NV * W;
-    alignas(alignment) float buf[MR * ld];
-#pragma GCC unroll 16
-    for (std::size_t r = 0; r < MR; ++r)
-#pragma GCC unroll 8
-      for (std::size_t v = 0; v < NV; ++v) acc[r][v].store_aligned(buf + r * ld + v * W);
-    rows(self, buf, ld, m0, n0, mr, nr);
-  }
-};
-
 /// Runs the writes' expressions over one tile (in an L1 buffer, row r at tile + r * ld): each
 /// of its rows is one segment of the loop nest (loop.hpp), read at the output's coordinates
 /// (row m, columns n0 .. n0 + nr) and stored once.
@@ -239,7 +216,7 @@ struct operand_view<transposed<S>> {
   static constexpr bool trans = true;
   static const float* data(const transposed<S>& t) { return t.ref.data(); }
   static std::size_t ld() { return S::last; }
-  static std::size_t bytes(const transposed<S>&) { return S::size * sizeof(float); }
+  static std::size_t bytes(const transposed<S>& t) { return S::elements(t.batch()) * sizeof(float); }
 };
 
 /// True when [p, p + n) and [q, q + m) overlap.
@@ -328,7 +305,15 @@ void assign_contract(const W0& w0, const Ws&... ws) {
 
   constexpr std::size_t N = C::N, K = C::K;
   constexpr bool TA = C::a_traits::trans;
-  if constexpr (C::b_traits::packed) {
+  if constexpr (K == dyn) {
+    // K is the batch of both operands (dW = g^T x): one run-time inner extent.
+    using BV = contract_detail::operand_view<std::remove_cvref_t<decltype(c.b)>>;
+    const std::size_t k = c.inner();
+    if (C::b_traits::batch(c.b) != k)
+      solder::detail::fail("solder::matmul: the operands' batch sizes differ (" + std::to_string(k) + " vs " +
+                           std::to_string(C::b_traits::batch(c.b)) + "); the product sums over the batch");
+    gemm_dyn_k<N, TA, BV::trans>(M, k, AV::data(c.a), AV::ld(), BV::data(c.b), BV::ld(), epi);
+  } else if constexpr (C::b_traits::packed) {
     gemm<N, K, TA, C::b_traits::trans>(M, AV::data(c.a), AV::ld(), *c.b.packed, epi);
   } else {
     using BV = contract_detail::operand_view<std::remove_cvref_t<decltype(c.b)>>;

@@ -1,266 +1,27 @@
-// eval/cpu/gemm.hpp: C = A' B' on the CPU for a static N and a static or runtime K: cache
-// blocking, packing of A and B into the micro-kernel's panels, the split over threads, and the
-// epilogues that store C.
-//
-// The design, the parameters and measured numbers are in docs/gemm.md.
+// eval/cpu/gemm.hpp: C = A' B' on the CPU for a static N and a static or runtime K: the driver
+// (the loops over the blocks of gemm_blocking.hpp, the packing of gemm_packing.hpp, the
+// micro-kernel of gemm_kernel.hpp, the split over threads) and its entry points. Each tile of
+// C goes to an epilogue once (gemm_epilogue.hpp). The design, the parameters and measured
+// numbers are in docs/gemm.md.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdlib>
-#include <cstring>
-#include <memory>
-#include <new>
 #include <type_traits>
 #include <utility>
 
 #include "solder/config.hpp"
-#include "solder/eval/cpu/access.hpp"
 #include "solder/eval/cpu/batch.hpp"
-#include "solder/memory.hpp"
+#include "solder/eval/cpu/gemm_blocking.hpp"
+#include "solder/eval/cpu/gemm_epilogue.hpp"
 #include "solder/eval/cpu/gemm_kernel.hpp"
+#include "solder/eval/cpu/gemm_packing.hpp"
 #include "solder/eval/cpu/parallel.hpp"
-#include "solder/ops/activations.hpp"
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "solder/memory.hpp"
 
 namespace solder::eval::cpu {
 
-// ---------------------------------------------------------------------------------------------
-// Blocking
-// ---------------------------------------------------------------------------------------------
-
-/// How C = A' B' is cut for static N and K on solder's arch (docs/gemm.md explains each choice
-/// and the measurements behind it). GotoBLAS's loops with the roles of A and B exchanged,
-/// because the micro-kernel's vectors run along N:
-///   mr x nr   the register tile (gemm_tile), nr = nv * W columns
-///   kc        K block: an mr x kc panel of A stays in L1 while the B panels stream past it
-///   nc        N block, in panels of nr: a kc x nc block of B stays in L2 while every tile of
-///             the M block passes over it
-///   mc_max    M block, in tiles of mr: the rows of A packed at once (over all of K); B is read
-///             from memory once per M block, so it is as large as its memory budget allows
-template <std::size_t N, std::size_t K>
-struct gemm_blocking {
-  static_assert(N >= 1 && K >= 1, "solder::eval::cpu::gemm: N and K must be at least 1");
-  using tile = gemm_tile<arch>;
-  static constexpr std::size_t lanes = float_lanes;
-  static constexpr std::size_t mr = tile::mr;
-  static constexpr std::size_t nv = tile::nv;
-  static constexpr std::size_t nr = nv * lanes;
-
-  /// Longest K block: a 14 x 512 panel of A (28 KiB) stays in the 48 KiB L1 next to the B
-  /// stream (AVX2: 6 x 512, 12 KiB). Measured against 256: 3-5% faster at 64 x 1024 x 1024 and
-  /// 256 x 1024 x 2048 (half the partial-sum round trips and block switches).
-  static constexpr std::size_t kc_max = 512;
-  static constexpr std::size_t k_blocks = (K + kc_max - 1) / kc_max;
-  /// K blocks of equal length (the last one shorter by less than k_blocks).
-  static constexpr std::size_t kc = (K + k_blocks - 1) / k_blocks;
-
-  /// Bytes of B one N block may take in L2 (2 MiB per core here): a quarter of it, leaving
-  /// room for the next block arriving and the A panels and partial sums passing through
-  /// (measured: 256 KiB to 512 KiB are best, 1 MiB loses 3-10%). 8 panels at kc = 512.
-  static constexpr std::size_t l2_b_bytes = std::size_t{512} << 10;
-  static constexpr std::size_t panels = (N + nr - 1) / nr;
-  static constexpr std::size_t nc = std::max<std::size_t>(1, l2_b_bytes / (kc * nr * sizeof(float)));  // panels
-
-  /// Bytes of packed A one M block may take: 16 MiB (1024 rows of K = 4096). It is read once
-  /// per N block, from memory; B is read from memory once per M block.
-  static constexpr std::size_t a_block_bytes = std::size_t{16} << 20;
-  static constexpr std::size_t mc_max = std::max<std::size_t>(1, a_block_bytes / (mr * K * sizeof(float)));  // tiles
-};
-
-/// gemm_blocking for a K known only at run time (gemm_dyn_k): the same register tile, budgets
-/// and formulas, evaluated when the call starts (for_k(K) equals gemm_blocking<N, K>).
-struct gemm_dyn_k_blocking {
-  using tile = gemm_tile<arch>;
-  static constexpr std::size_t mr = tile::mr;
-  static constexpr std::size_t nv = tile::nv;
-  static constexpr std::size_t nr = nv * float_lanes;
-
-  std::size_t kc;      // K block (at least 1; K = 0 is one empty block)
-  std::size_t nc;      // N block, panels
-  std::size_t mc_max;  // M block, tiles
-
-  static constexpr gemm_dyn_k_blocking for_k(std::size_t K) {
-    using budgets = gemm_blocking<1, 1>;  // kc_max and the byte budgets depend on neither N nor K
-    const std::size_t k = std::max<std::size_t>(1, K);
-    const std::size_t k_blocks = (k + budgets::kc_max - 1) / budgets::kc_max;
-    const std::size_t kc = (k + k_blocks - 1) / k_blocks;
-    return {kc, std::max<std::size_t>(1, budgets::l2_b_bytes / (kc * nr * sizeof(float))),
-            std::max<std::size_t>(1, budgets::a_block_bytes / (mr * k * sizeof(float)))};
-  }
-};
-
 namespace gemm_detail {
-
-/// Ceiling of a / b.
-constexpr std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
-
-/// K as the packing and the driver below take it: std::integral_constant<std::size_t, K> for a
-/// static K (one instantiation per K, every expression of K folded as before), std::size_t for
-/// a runtime one (one instantiation for all K).
-template <std::size_t K>
-using static_k = std::integral_constant<std::size_t, K>;
-
-/// The value of a K argument (for static_k, a constant the compiler folds).
-template <std::size_t K>
-constexpr std::size_t k_of(static_k<K>) { return K; }
-constexpr std::size_t k_of(std::size_t k) { return k; }
-
-/// The packed layout of B' [K, N] (independent of the cache blocking): panels of nr columns,
-/// panel p at p * K * nr, holding B'[k][p * nr + j] at k * width + j, where width = nr except in
-/// the last panel, which is only as wide as the vectors it needs (edge_nv * W), zero-padded.
-template <std::size_t N>
-struct b_panels {
-  static constexpr std::size_t lanes = float_lanes;
-  static constexpr std::size_t nr = gemm_tile<arch>::nv * lanes;
-  static constexpr std::size_t panels = ceil_div(N, nr);
-  static constexpr std::size_t edge_cols = N - (panels - 1) * nr;  // columns of the last panel
-  static constexpr std::size_t edge_nv = ceil_div(edge_cols, lanes);
-  static constexpr std::size_t edge_width = edge_nv * lanes;
-  static constexpr std::size_t width(std::size_t p) { return p + 1 == panels ? edge_width : nr; }
-  /// Floats B' takes packed.
-  static constexpr std::size_t floats(std::size_t K) { return (panels - 1) * K * nr + K * edge_width; }
-};
-
-/// b_panels for a static K, with its size.
-template <std::size_t N, std::size_t K>
-struct b_layout : b_panels<N> {
-  using blocking = gemm_blocking<N, K>;
-  static constexpr std::size_t size = b_panels<N>::floats(K);  // floats
-};
-
-#if defined(__AVX512F__)
-/// The lane indices of one transpose stage: with h = 8, 4, 2, 1 in turn, row i (bit h clear)
-/// and row i + h exchange their off-diagonal blocks; after the four stages the row and lane
-/// bits have traded places. vpermt2ps indices: 0-15 pick from row i, 16-31 from row i + h.
-template <int H>
-SOLDER_INLINE __m512i transpose_index(bool upper) {
-  alignas(64) int idx[16];
-  for (int l = 0; l < 16; ++l) idx[l] = (l & H) == 0 ? (upper ? l + H : l) : (upper ? 16 + l : 16 + l - H);
-  return _mm512_load_si512(idx);
-}
-template <int H>
-SOLDER_INLINE void transpose_stage(__m512 (&r)[16]) {
-  const __m512i lo = transpose_index<H>(false), hi = transpose_index<H>(true);
-  for (int i = 0; i < 16; ++i)
-    if ((i & H) == 0) {
-      const __m512 a = r[i], b = r[i + H];
-      r[i] = _mm512_permutex2var_ps(a, lo, b);
-      r[i + H] = _mm512_permutex2var_ps(a, hi, b);
-    }
-}
-/// Transposes 16 vectors in place: afterwards r[j] lane i holds what r[i] lane j held.
-/// (Permutes rather than unpacks: GCC 12's unpack intrinsics trip -Wmaybe-uninitialized.)
-SOLDER_INLINE void transpose16(__m512 (&r)[16]) {
-  transpose_stage<8>(r);
-  transpose_stage<4>(r);
-  transpose_stage<2>(r);
-  transpose_stage<1>(r);
-}
-#endif
-
-/// out[k * Stride + r] = src[r * ld + k] for k < K, r < Rows: `rows` (<= Rows) rows of a
-/// row-major matrix, transposed into panel layout. Lanes r in [rows, Rows) are written as 0
-/// when ZeroFill, else left alone.
-template <std::size_t Rows, std::size_t Stride, bool ZeroFill, class KArg>
-void pack_transposed(const float* src, std::size_t ld, std::size_t rows, KArg k_arg, float* out) {
-  const std::size_t K = k_of(k_arg);
-  static_assert(Rows <= Stride, "solder::eval::cpu::pack_transposed: Rows must fit in Stride");
-#if defined(__AVX512F__)
-  if constexpr (std::is_base_of_v<xsimd::avx512f, arch> && Rows <= 16) {
-    // 16 k at a time: load the row segments, transpose 16 x 16 in registers, store Rows
-    // lanes of each column.
-    constexpr __mmask16 lane_mask = __mmask16((1u << Rows) - 1u);
-    for (std::size_t k0 = 0; k0 < K; k0 += 16) {
-      const std::size_t kn = std::min<std::size_t>(16, K - k0);
-      const __mmask16 k_mask = __mmask16((1u << kn) - 1u);
-      __m512 r[16];
-      for (std::size_t i = 0; i < 16; ++i)
-        r[i] = i < rows ? _mm512_maskz_loadu_ps(k_mask, src + i * ld + k0) : _mm512_setzero_ps();
-      transpose16(r);
-      const __mmask16 store_mask = ZeroFill ? lane_mask : __mmask16(lane_mask & ((1u << rows) - 1u));
-      for (std::size_t j = 0; j < kn; ++j) _mm512_mask_storeu_ps(out + (k0 + j) * Stride, store_mask, r[j]);
-    }
-    return;
-  }
-#endif
-  // Chunks of 64 k: the source rows and the destination block stay in L1.
-  constexpr std::size_t chunk = 64;
-  for (std::size_t k0 = 0; k0 < K; k0 += chunk) {
-    const std::size_t k1 = std::min(K, k0 + chunk);
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t k = k0; k < k1; ++k) out[k * Stride + r] = src[r * ld + k];
-    if constexpr (ZeroFill)
-      for (std::size_t r = rows; r < Rows; ++r)
-        for (std::size_t k = k0; k < k1; ++k) out[k * Stride + r] = 0.0f;
-  }
-}
-
-/// The rows of C cut into tiles of nearly equal height: `count` = ceil(M / MR) tiles, tile t
-/// holding rows [M t / count, M (t + 1) / count), MR or a row fewer. (Cutting MR rows at a time
-/// would leave one short tile at the bottom, whose few accumulators cannot keep the FMA units
-/// busy: at 64 x 1024 x 1024 a last tile of 8 rows cost 4%.)
-struct row_tiles {
-  std::size_t M, count;
-  row_tiles(std::size_t m, std::size_t mr) : M(m), count(ceil_div(m, mr)) {}
-  std::size_t begin(std::size_t t) const { return M * t / count; }
-  std::size_t rows(std::size_t t) const { return begin(t + 1) - begin(t); }
-};
-
-/// Packs tiles [t0, t1) of A' (all K columns) into dst: tile t0 + i holds A'[m][k] for its rows
-/// m = begin + r at i * K * MR + k * MR + r. Lanes past a tile's rows are not written (the
-/// micro-kernel for a shorter tile never reads them).
-///   TransA = false: A stored [M, K], A'[m][k] = A[m * lda + k] (a transpose)
-///   TransA = true:  A stored [K, M], A'[m][k] = A[k * lda + m] (rows of a tile are copies)
-template <std::size_t MR, bool TransA, class KArg>
-void pack_a(const float* A, std::size_t lda, const row_tiles& tiling, std::size_t t0, std::size_t t1, KArg k_arg,
-            float* dst) {
-  const std::size_t K = k_of(k_arg);
-  for (std::size_t t = t0; t < t1; ++t) {
-    const std::size_t m0 = tiling.begin(t), rows = tiling.rows(t);
-    float* out = dst + (t - t0) * K * MR;
-    if constexpr (TransA) {
-      for (std::size_t k = 0; k < K; ++k) std::memcpy(out + k * MR, A + k * lda + m0, rows * sizeof(float));
-    } else {
-      pack_transposed<MR, MR, false>(A + m0 * lda, lda, rows, k_arg, out);
-    }
-  }
-}
-
-/// Packs panels [p0, p1) of B' into `dst` (b_panels<N>), zero-padded to the panel width.
-///   TransB = false: B stored [K, N], B'[k][n] = B[k * ldb + n] (rows of a panel are copies)
-///   TransB = true:  B stored [N, K], B'[k][n] = B[n * ldb + k] (a transpose, 16 columns at
-///                   a time)
-template <std::size_t N, bool TransB, class KArg>
-void pack_b_panels(const float* B, std::size_t ldb, KArg k_arg, float* dst, std::size_t p0, std::size_t p1) {
-  const std::size_t K = k_of(k_arg);
-  using L = b_panels<N>;
-  constexpr std::size_t W = L::lanes;
-  for (std::size_t p = p0; p < p1; ++p) {
-    const std::size_t n0 = p * L::nr;
-    const std::size_t width = L::width(p);
-    const std::size_t cols = std::min(width, N - n0);
-    float* out = dst + p * K * L::nr;
-    if constexpr (!TransB) {
-      for (std::size_t k = 0; k < K; ++k) {
-        std::memcpy(out + k * width, B + k * ldb + n0, cols * sizeof(float));
-        std::fill(out + k * width + cols, out + (k + 1) * width, 0.0f);
-      }
-    } else {
-      // One vector's worth of columns at a time (16 with AVX-512, 8 with AVX2).
-      for (std::size_t j = 0; j < width; j += W) {
-        const std::size_t n = j < cols ? std::min(W, cols - j) : 0;
-        if (width == L::nr)
-          pack_transposed<W, L::nr, true>(B + (n0 + j) * ldb, ldb, n, k_arg, out + j);
-        else
-          pack_transposed<W, L::edge_width, true>(B + (n0 + j) * ldb, ldb, n, k_arg, out + j);
-      }
-    }
-  }
-}
 
 /// What each thread keeps between calls: packed A, the partial sums, and (for the calls that
 /// pack B themselves) the packed B of the calling thread.
@@ -484,35 +245,8 @@ void gemm_dyn_k_run(std::size_t M, std::size_t K, const float* A, std::size_t ld
 }  // namespace gemm_detail
 
 // ---------------------------------------------------------------------------------------------
-// Packed B and the entry points
+// The entry points
 // ---------------------------------------------------------------------------------------------
-
-/// B' [K, N] packed once into the micro-kernel's panels (weights frozen for inference, or
-/// packed once per optimizer step) and reused by every call. B' = B [K, N], or (TransB) B^T
-/// for B stored [N, K], as PyTorch stores a linear layer's weight. Row-major, leading
-/// dimension ldb.
-template <std::size_t N, std::size_t K, bool TransB>
-class packed_b {
- public:
-  using layout = gemm_detail::b_layout<N, K>;
-  /// Floats the packed panels take (N and K rounded up to whole vectors per panel).
-  static constexpr std::size_t size = layout::size;
-
-  packed_b() = default;
-  packed_b(const float* B, std::size_t ldb) : packed_b() { pack(B, ldb); }
-
-  /// Packs B' from B (leading dimension ldb: at least K when TransB, else at least N).
-  void pack(const float* B, std::size_t ldb) {
-    SOLDER_ASSERT(ldb >= (TransB ? K : N), "solder::eval::cpu::packed_b: ldb is smaller than a row of B");
-    gemm_detail::pack_b_panels<N, TransB>(B, ldb, gemm_detail::static_k<K>{}, data_.get(), 0, layout::panels);
-  }
-
-  /// The packed panels (gemm_detail::b_layout<N, K>), 64-byte aligned.
-  const float* data() const { return data_.get(); }
-
- private:
-  aligned_array<float> data_ = allocate_aligned<float>(size);
-};
 
 /// C[M, N] = A' B' with B' pre-packed; A' = A [M, K] or (TransA) A^T for A stored [K, M],
 /// row-major with leading dimension lda. Every tile of C goes to the epilogue once, with its
@@ -520,7 +254,7 @@ class packed_b {
 /// store_epilogue). Tiles are disjoint and may reach the epilogue from several threads at once.
 /// The result does not depend on `threads` (bit for bit): threads split M and N, never K.
 template <std::size_t N, std::size_t K, bool TransA, bool TransB, class Epilogue>
-void gemm(std::size_t M, const float* A, std::size_t lda, const packed_b<N, K, TransB>& B, Epilogue&& epi,
+void gemm(std::size_t M, const float* A, std::size_t lda, const packed_matrix<N, K, TransB>& B, Epilogue&& epi,
           int threads = solder::num_threads()) {
   SOLDER_ASSERT(lda >= (TransA ? M : K), "solder::eval::cpu::gemm: lda is smaller than a row of A");
   gemm_detail::gemm_packed<N, TransA>(M, gemm_detail::static_k<K>{}, gemm_blocking<N, K>{}, A, lda, B.data(), epi,
@@ -559,102 +293,5 @@ void gemm_dyn_k(std::size_t M, std::size_t K, const float* A, std::size_t lda, c
     static_assert(N >= 1, "solder::eval::cpu::gemm_dyn_k: N must be at least 1; N is the number of columns of C");
   }
 }
-
-// ---------------------------------------------------------------------------------------------
-// Epilogues
-// ---------------------------------------------------------------------------------------------
-
-namespace gemm_detail {
-
-/// Stores row `row` of a tile (NV vectors, nr valid columns) at c, through `f` per vector.
-template <std::size_t NV, class F>
-SOLDER_INLINE void store_row(float* c, const vec<float> (&row)[NV], std::size_t nr, F&& f) {
-  constexpr std::size_t W = float_lanes;
-  if (nr == NV * W) {
-#pragma GCC unroll 8
-    for (std::size_t v = 0; v < NV; ++v) f(row[v], v).store_unaligned(c + v * W);
-    return;
-  }
-  for (std::size_t v = 0; v < NV && v * W < nr; ++v) {
-    const std::size_t left = nr - v * W;
-    if (left >= W) f(row[v], v).store_unaligned(c + v * W);
-    else store_first(c + v * W, f(row[v], v), left);
-  }
-}
-
-}  // namespace gemm_detail
-
-/// C = A' B': stores each tile at C[m][n] (row-major, leading dimension ldc), never past the
-/// mr x nr valid part of an edge tile.
-struct store_epilogue {
-  float* C;
-  std::size_t ldc;
-
-  template <std::size_t MR, std::size_t NV>
-  SOLDER_INLINE void tile(const vec<float> (&acc)[MR][NV], std::size_t m0, std::size_t n0, std::size_t mr,
-                          std::size_t nr) const {
-#pragma GCC unroll 16
-    for (std::size_t r = 0; r < MR; ++r)
-      if (r < mr)
-        gemm_detail::store_row<NV>(C + (m0 + r) * ldc + n0, acc[r], nr,
-                                   [](const vec<float>& x, std::size_t) { return x; });
-  }
-};
-
-/// C = relu(A' B' + bias), bias [N] added to every row; relu is ops::relu (relu(NaN) = NaN).
-struct bias_relu_epilogue {
-  const float* bias;
-  float* C;
-  std::size_t ldc;
-
-  template <std::size_t MR, std::size_t NV>
-  SOLDER_INLINE void tile(const vec<float> (&acc)[MR][NV], std::size_t m0, std::size_t n0, std::size_t mr,
-                          std::size_t nr) const {
-    constexpr std::size_t W = float_lanes;
-    vec<float> b[NV];
-#pragma GCC unroll 8
-    for (std::size_t v = 0; v < NV; ++v)
-      b[v] = (v + 1) * W <= nr ? vec<float>::load_unaligned(bias + n0 + v * W)
-             : v * W < nr      ? load_first<vec<float>>(bias + n0 + v * W, nr - v * W)
-                               : vec<float>(0.0f);
-#pragma GCC unroll 16
-    for (std::size_t r = 0; r < MR; ++r)
-      if (r < mr)
-        gemm_detail::store_row<NV>(C + (m0 + r) * ldc + n0, acc[r], nr, [&](const vec<float>& x, std::size_t v) {
-          return ops::relu{}.forward(x + b[v]);
-        });
-  }
-};
-
-/// C = beta C + A' B', as fma(beta, C, A' B') (one rounding; beta = 1 gives C + A' B'), for
-/// gradients accumulated over micro-batches. beta = 0 stores A' B' without reading C, so
-/// whatever C held (NaN, Inf, uninitialized memory) is overwritten.
-struct accumulate_epilogue {
-  float* C;
-  std::size_t ldc;
-  float beta = 1.0f;
-
-  template <std::size_t MR, std::size_t NV>
-  SOLDER_INLINE void tile(const vec<float> (&acc)[MR][NV], std::size_t m0, std::size_t n0, std::size_t mr,
-                          std::size_t nr) const {
-    if (beta == 0.0f) {
-      store_epilogue{C, ldc}.template tile<MR, NV>(acc, m0, n0, mr, nr);
-      return;
-    }
-    constexpr std::size_t W = float_lanes;
-    const vec<float> b(beta);
-#pragma GCC unroll 16
-    for (std::size_t r = 0; r < MR; ++r)
-      if (r < mr) {
-        float* c = C + (m0 + r) * ldc + n0;
-        gemm_detail::store_row<NV>(c, acc[r], nr, [&](const vec<float>& x, std::size_t v) {
-          const std::size_t col = v * W;  // store_row asks only for vectors with valid lanes
-          const vec<float> old = col + W <= nr ? vec<float>::load_unaligned(c + col)
-                                               : load_first<vec<float>>(c + col, nr - col);
-          return xsimd::fma(b, old, x);
-        });
-      }
-  }
-};
 
 }  // namespace solder::eval::cpu

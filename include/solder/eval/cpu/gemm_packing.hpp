@@ -1,0 +1,196 @@
+// eval/cpu/gemm_packing.hpp: the CPU GEMM's packed operands: B' in panels of the register
+// tile's width and A' in tiles of its height, each contiguous in k, and packed_matrix, a B'
+// packed once and reused by every call (a weight). The layout is the micro-kernel's
+// (gemm_kernel.hpp); docs/gemm.md has the measurements behind it.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "solder/config.hpp"
+#include "solder/eval/cpu/batch.hpp"
+#include "solder/eval/cpu/gemm_blocking.hpp"
+#include "solder/memory.hpp"
+
+namespace solder::eval::cpu::gemm_detail {
+
+/// The packed layout of B' [K, N] (independent of the cache blocking): panels of nr columns,
+/// panel p at p * K * nr, holding B'[k][p * nr + j] at k * width + j, where width = nr except in
+/// the last panel, which is only as wide as the vectors it needs (edge_nv * W), zero-padded.
+template <std::size_t N>
+struct b_panels {
+  static constexpr std::size_t lanes = float_lanes;
+  static constexpr std::size_t nr = gemm_tile<arch>::nv * lanes;
+  static constexpr std::size_t panels = ceil_div(N, nr);
+  static constexpr std::size_t edge_cols = N - (panels - 1) * nr;  // columns of the last panel
+  static constexpr std::size_t edge_nv = ceil_div(edge_cols, lanes);
+  static constexpr std::size_t edge_width = edge_nv * lanes;
+  static constexpr std::size_t width(std::size_t p) { return p + 1 == panels ? edge_width : nr; }
+  /// Floats B' takes packed.
+  static constexpr std::size_t floats(std::size_t K) { return (panels - 1) * K * nr + K * edge_width; }
+};
+
+/// b_panels for a static K, with its size.
+template <std::size_t N, std::size_t K>
+struct b_layout : b_panels<N> {
+  using blocking = gemm_blocking<N, K>;
+  static constexpr std::size_t size = b_panels<N>::floats(K);  // floats
+};
+
+#if defined(__AVX512F__)
+/// The lane indices of one transpose stage: with h = 8, 4, 2, 1 in turn, row i (bit h clear)
+/// and row i + h exchange their off-diagonal blocks; after the four stages the row and lane
+/// bits have traded places. vpermt2ps indices: 0-15 pick from row i, 16-31 from row i + h.
+template <int H>
+SOLDER_INLINE __m512i transpose_index(bool upper) {
+  alignas(64) int idx[16];
+  for (int l = 0; l < 16; ++l) idx[l] = (l & H) == 0 ? (upper ? l + H : l) : (upper ? 16 + l : 16 + l - H);
+  return _mm512_load_si512(idx);
+}
+template <int H>
+SOLDER_INLINE void transpose_stage(__m512 (&r)[16]) {
+  const __m512i lo = transpose_index<H>(false), hi = transpose_index<H>(true);
+  for (int i = 0; i < 16; ++i)
+    if ((i & H) == 0) {
+      const __m512 a = r[i], b = r[i + H];
+      r[i] = _mm512_permutex2var_ps(a, lo, b);
+      r[i + H] = _mm512_permutex2var_ps(a, hi, b);
+    }
+}
+/// Transposes 16 vectors in place: afterwards r[j] lane i holds what r[i] lane j held.
+/// (Permutes rather than unpacks: GCC 12's unpack intrinsics trip -Wmaybe-uninitialized.)
+SOLDER_INLINE void transpose16(__m512 (&r)[16]) {
+  transpose_stage<8>(r);
+  transpose_stage<4>(r);
+  transpose_stage<2>(r);
+  transpose_stage<1>(r);
+}
+#endif
+
+/// out[k * Stride + r] = src[r * ld + k] for k < K, r < Rows: `rows` (<= Rows) rows of a
+/// row-major matrix, transposed into panel layout. Lanes r in [rows, Rows) are written as 0
+/// when ZeroFill, else left alone.
+template <std::size_t Rows, std::size_t Stride, bool ZeroFill, class KArg>
+void pack_transposed(const float* src, std::size_t ld, std::size_t rows, KArg k_arg, float* out) {
+  const std::size_t K = k_of(k_arg);
+  static_assert(Rows <= Stride, "solder::eval::cpu::pack_transposed: Rows must fit in Stride");
+#if defined(__AVX512F__)
+  if constexpr (std::is_base_of_v<xsimd::avx512f, arch> && Rows <= 16) {
+    // 16 k at a time: load the row segments, transpose 16 x 16 in registers, store Rows
+    // lanes of each column.
+    constexpr __mmask16 lane_mask = __mmask16((1u << Rows) - 1u);
+    for (std::size_t k0 = 0; k0 < K; k0 += 16) {
+      const std::size_t kn = std::min<std::size_t>(16, K - k0);
+      const __mmask16 k_mask = __mmask16((1u << kn) - 1u);
+      __m512 r[16];
+      for (std::size_t i = 0; i < 16; ++i)
+        r[i] = i < rows ? _mm512_maskz_loadu_ps(k_mask, src + i * ld + k0) : _mm512_setzero_ps();
+      transpose16(r);
+      const __mmask16 store_mask = ZeroFill ? lane_mask : __mmask16(lane_mask & ((1u << rows) - 1u));
+      for (std::size_t j = 0; j < kn; ++j) _mm512_mask_storeu_ps(out + (k0 + j) * Stride, store_mask, r[j]);
+    }
+    return;
+  }
+#endif
+  // Chunks of 64 k: the source rows and the destination block stay in L1.
+  constexpr std::size_t chunk = 64;
+  for (std::size_t k0 = 0; k0 < K; k0 += chunk) {
+    const std::size_t k1 = std::min(K, k0 + chunk);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t k = k0; k < k1; ++k) out[k * Stride + r] = src[r * ld + k];
+    if constexpr (ZeroFill)
+      for (std::size_t r = rows; r < Rows; ++r)
+        for (std::size_t k = k0; k < k1; ++k) out[k * Stride + r] = 0.0f;
+  }
+}
+
+/// Packs tiles [t0, t1) of A' (all K columns) into dst: tile t0 + i holds A'[m][k] for its rows
+/// m = begin + r at i * K * MR + k * MR + r. Lanes past a tile's rows are not written (the
+/// micro-kernel for a shorter tile never reads them).
+///   TransA = false: A stored [M, K], A'[m][k] = A[m * lda + k] (a transpose)
+///   TransA = true:  A stored [K, M], A'[m][k] = A[k * lda + m] (rows of a tile are copies)
+template <std::size_t MR, bool TransA, class KArg>
+void pack_a(const float* A, std::size_t lda, const row_tiles& tiling, std::size_t t0, std::size_t t1, KArg k_arg,
+            float* dst) {
+  const std::size_t K = k_of(k_arg);
+  for (std::size_t t = t0; t < t1; ++t) {
+    const std::size_t m0 = tiling.begin(t), rows = tiling.rows(t);
+    float* out = dst + (t - t0) * K * MR;
+    if constexpr (TransA) {
+      for (std::size_t k = 0; k < K; ++k) std::memcpy(out + k * MR, A + k * lda + m0, rows * sizeof(float));
+    } else {
+      pack_transposed<MR, MR, false>(A + m0 * lda, lda, rows, k_arg, out);
+    }
+  }
+}
+
+/// Packs panels [p0, p1) of B' into `dst` (b_panels<N>), zero-padded to the panel width.
+///   TransB = false: B stored [K, N], B'[k][n] = B[k * ldb + n] (rows of a panel are copies)
+///   TransB = true:  B stored [N, K], B'[k][n] = B[n * ldb + k] (a transpose, 16 columns at
+///                   a time)
+template <std::size_t N, bool TransB, class KArg>
+void pack_b_panels(const float* B, std::size_t ldb, KArg k_arg, float* dst, std::size_t p0, std::size_t p1) {
+  const std::size_t K = k_of(k_arg);
+  using L = b_panels<N>;
+  constexpr std::size_t W = L::lanes;
+  for (std::size_t p = p0; p < p1; ++p) {
+    const std::size_t n0 = p * L::nr;
+    const std::size_t width = L::width(p);
+    const std::size_t cols = std::min(width, N - n0);
+    float* out = dst + p * K * L::nr;
+    if constexpr (!TransB) {
+      for (std::size_t k = 0; k < K; ++k) {
+        std::memcpy(out + k * width, B + k * ldb + n0, cols * sizeof(float));
+        std::fill(out + k * width + cols, out + (k + 1) * width, 0.0f);
+      }
+    } else {
+      // One vector's worth of columns at a time (16 with AVX-512, 8 with AVX2).
+      for (std::size_t j = 0; j < width; j += W) {
+        const std::size_t n = j < cols ? std::min(W, cols - j) : 0;
+        if (width == L::nr)
+          pack_transposed<W, L::nr, true>(B + (n0 + j) * ldb, ldb, n, k_arg, out + j);
+        else
+          pack_transposed<W, L::edge_width, true>(B + (n0 + j) * ldb, ldb, n, k_arg, out + j);
+      }
+    }
+  }
+}
+
+}  // namespace solder::eval::cpu::gemm_detail
+
+namespace solder {
+
+/// B' [K, N] packed once into the micro-kernel's panels (weights frozen for inference, or
+/// packed once per optimizer step) and reused by every call. B' = B [K, N], or (TransB) B^T
+/// for B stored [N, K], as PyTorch stores a linear layer's weight. Row-major, leading
+/// dimension ldb.
+template <std::size_t N, std::size_t K, bool TransB>
+class packed_matrix {
+ public:
+  using layout = eval::cpu::gemm_detail::b_layout<N, K>;
+  /// Floats the packed panels take (N and K rounded up to whole vectors per panel).
+  static constexpr std::size_t size = layout::size;
+
+  packed_matrix() = default;
+  packed_matrix(const float* B, std::size_t ldb) : packed_matrix() { pack(B, ldb); }
+
+  /// Packs B' from B (leading dimension ldb: at least K when TransB, else at least N).
+  void pack(const float* B, std::size_t ldb) {
+    SOLDER_ASSERT(ldb >= (TransB ? K : N), "solder::packed_matrix: ldb is smaller than a row of B");
+    eval::cpu::gemm_detail::pack_b_panels<N, TransB>(B, ldb, eval::cpu::gemm_detail::static_k<K>{}, data_.get(), 0, layout::panels);
+  }
+
+  /// The packed panels (eval::cpu::gemm_detail::b_layout<N, K>), 64-byte aligned.
+  const float* data() const { return data_.get(); }
+
+ private:
+  aligned_array<float> data_ = allocate_aligned<float>(size);
+};
+
+}  // namespace solder
