@@ -19,7 +19,7 @@
 
 #include "common.hpp"
 #include "solder/eval/cpu/gemm.hpp"
-#include "solder/nn/dense.hpp"
+#include "solder/nn/linear_block.hpp"
 #include "support/gemm_epilogues.hpp"
 
 #if SOLDER_BENCH_HAS_OPENBLAS
@@ -221,11 +221,11 @@ bool skip_if_unfit(benchmark::State& state, const impl& im) {
   return !why.empty();
 }
 
-// solder: the layer as a user writes it, nn::dense<nn::linear<K, N>, nn::relu> in eval mode
+// solder: the layer as a user writes it, nn::linear_block<nn::linear<K, N>, nn::relu> in eval mode
 // with its weights packed once (pack_weights): one GEMM whose epilogue is the expression
 // relu(tile + b), evaluated on each register tile before its single store.
 template <std::size_t N, std::size_t K>
-using solder_layer = solder::nn::dense<solder::nn::linear<K, N>, solder::nn::relu>;
+using solder_layer = solder::nn::linear_block<solder::nn::linear<K, N>, solder::nn::relu>;
 
 template <std::size_t N, std::size_t K>
 void solder_prepare(problem& pb, int) {

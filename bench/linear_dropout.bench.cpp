@@ -3,7 +3,7 @@
 // the same math run op by op with solder's own kernels.
 //
 // Cases: BM_linear_bias_relu_dropout_{fwd,bwd}/<impl>/<M>x<N>x<K>[/threads:2], impl in
-//   solder   nn::dense<nn::linear<K, N>, nn::relu, nn::dropout<0.1f>>: forward = ONE GEMM with
+//   solder   nn::linear_block<nn::linear<K, N>, nn::relu, nn::dropout<0.1f>>: forward = ONE GEMM with
 //            bias, relu and dropout in its epilogue (weights packed once, as for inference and
 //            once per optimizer step in training); backward = one pass for the gate g and db
 //            (read from the saved output y), then dW = g^T x and dx = g W
@@ -21,7 +21,7 @@
 #include <tuple>
 
 #include "common.hpp"
-#include "solder/nn/dense.hpp"
+#include "solder/nn/linear_block.hpp"
 #include "support/gemm_epilogues.hpp"
 
 namespace {
@@ -37,7 +37,7 @@ enum seed : std::uint64_t { seed_x = 21, seed_w = 22, seed_b = 23, seed_dy = 24 
 /// One shape's layer and data, built outside any timing and kept for the run.
 template <std::size_t N, std::size_t K>
 struct problem {
-  using layer_type = solder::nn::dense<solder::nn::linear<K, N>, solder::nn::relu, solder::nn::dropout<drop_p>>;
+  using layer_type = solder::nn::linear_block<solder::nn::linear<K, N>, solder::nn::relu, solder::nn::dropout<drop_p>>;
   using X = shape<dyn, K>;
   using Y = shape<dyn, N>;
   std::size_t M;

@@ -83,7 +83,7 @@ int main(int argc, char** argv) try {
   const auto [train, test] = data::train_test_split(all, 0.2, seed);
   std::printf("digits: %zu samples (%zu train, %zu held out), 64 features, 10 classes\n\n", all.size(), train.size(),
               test.size());
-  std::cout << "model\n" << summary<model_type>{} << "\n" << plan<model_type>{} << "\n";
+  std::cout << "model\n" << summary<model_type>{} << "\n" << plan_report<model_type>{} << "\n";
 
   model_type model(1);
   optim::adamw opt(model.params(), {.lr = 2e-3f, .weight_decay = 1e-2f});

@@ -50,6 +50,11 @@ struct executor {
   static_assert(never<"solder: no evaluator for this backend is included; include solder/solder.hpp for host "
                       "tensors, or solder/cuda.hpp (compiled by nvcc) for device tensors",
                       Backend>);
+  // Present so that the missing backend is the only error reported.
+  template <class... A>
+  static void run(const A&...) {}
+  template <class... A>
+  static void assign(const A&...) {}
 };
 
 namespace detail {

@@ -2,7 +2,7 @@
 //
 //   static_assert(solder::cost<Model>::params == 109386);
 //   std::cout << solder::summary<Model>{};   // per-layer table, like torchinfo
-//   std::cout << solder::plan<Model>{};      // the kernels the model compiles to
+//   std::cout << solder::plan_report<Model>{};  // the kernels the model compiles to
 //
 // FLOPs count one per add, multiply or compare (2 per FMA), per sample; bytes are the
 // activations each kernel must read and write per sample (float32), and the weights it reads
@@ -17,17 +17,17 @@
 #include <string>
 #include <tuple>
 
-#include "solder/nn/chain.hpp"
+#include "solder/nn/layer_info.hpp"
 
 namespace solder {
 
 namespace detail {
 
-/// Cost of one planned kernel (group G of a chain with Layers), per sample.
-template <class G, class... Layers>
+/// Cost of one planned kernel (group G of a chain with Layers, run as Block), per sample.
+template <class G, class Block, class... Layers>
 struct kernel_cost;
-template <nn::layer_kind K, std::size_t F, class... Ls, class... Layers>
-struct kernel_cost<nn::group<K, F, Ls...>, Layers...> {
+template <nn::layer_kind K, std::size_t F, class... Ls, class Block, class... Layers>
+struct kernel_cost<nn::group<K, F, Ls...>, Block, Layers...> {
   using W = nn::chain_widths<Layers...>;
   static constexpr std::size_t last = F + sizeof...(Ls) - 1;
   static constexpr std::size_t in = F == 0 ? W::input : W::after[F - 1];
@@ -37,9 +37,8 @@ struct kernel_cost<nn::group<K, F, Ls...>, Layers...> {
   static constexpr double backward_flops = nn::group_flops<nn::group<K, F, Ls...>, Layers...>(false);
   /// Floats per sample the kernel keeps for backward beyond its input and output.
   static constexpr std::size_t saved = [] {
-    using B = typename nn::detail::block_of<nn::group<K, F, Ls...>>::type;
-    if constexpr (requires { B::keeps_preactivation; })
-      return B::keeps_preactivation ? out : std::size_t(0);
+    if constexpr (requires { Block::keeps_preactivation; })
+      return Block::keeps_preactivation ? out : std::size_t(0);
     else
       return (nn::layer_info<Ls>::saved_floats(out) + ... + 0);
   }();
@@ -54,15 +53,18 @@ struct kernel_cost<nn::group<K, F, Ls...>, Layers...> {
 
 }  // namespace detail
 
-/// The compile-time cost of a model (a chain), per sample unless the name says otherwise.
-template <class Model>
-struct cost;
-template <bool Fused, class... Layers>
-struct cost<nn::basic_chain<Fused, Layers...>> {
-  using model = nn::basic_chain<Fused, Layers...>;
+namespace detail {
+template <class Model, class LayerList = typename Model::layer_list>
+struct model_cost;
+
+/// The compile-time cost of a model, per sample unless the name says otherwise. Model is a
+/// planned chain: its layer_list, groups (the kernels) and blocks_type.
+template <class Model, class... Layers>
+struct model_cost<Model, std::tuple<Layers...>> {
+  using model = Model;
   using groups = typename model::groups;
   template <std::size_t I>
-  using kernel = detail::kernel_cost<std::tuple_element_t<I, groups>, Layers...>;
+  using kernel = detail::kernel_cost<std::tuple_element_t<I, groups>, std::tuple_element_t<I, typename model::blocks_type>, Layers...>;
   static constexpr std::size_t kernels = model::kernels;
 
   template <class F>
@@ -85,6 +87,13 @@ struct cost<nn::basic_chain<Fused, Layers...>> {
   static constexpr double backward_bytes = over_kernels([](auto k) { return decltype(k)::backward_bytes; });
   static constexpr double weight_bytes = 4.0 * double(params);
 };
+}  // namespace detail
+
+/// The compile-time cost of a model (a chain), per sample unless the name says otherwise:
+/// params, forward_flops, backward_flops, activation_floats and _bytes, forward_bytes,
+/// backward_bytes, weight_bytes, and kernel<I> for each planned kernel.
+template <class Model>
+struct cost : detail::model_cost<Model> {};
 
 // ---------------------------------------------------------------------------------------------
 // Printable views
@@ -106,10 +115,11 @@ inline std::string human(double v) {
 }
 }  // namespace detail
 
-/// The kernels a model compiles to, forward and backward, with FLOPs and bytes per sample.
+/// The report of the kernels a model compiles to, forward and backward, with FLOPs and bytes
+/// per sample (the planner itself is nn/plan.hpp).
 template <class Model>
-struct plan {
-  friend std::ostream& operator<<(std::ostream& os, plan) {
+struct plan_report {
+  friend std::ostream& operator<<(std::ostream& os, plan_report) {
     using C = cost<Model>;
     os << "plan: " << Model::kernels << " kernels forward (" << (Model::fused ? "fused" : "unfused, one per layer") << ")\n";
     os << "  " << std::left << std::setw(4) << "#" << std::setw(40) << "kernel" << std::setw(10) << "layers" << std::right
@@ -133,7 +143,7 @@ struct plan {
     std::ostringstream layers;
     layers << G::first;
     if (G::size > 1) layers << "-" << G::first + G::size - 1;
-    os << "  " << std::left << std::setw(4) << I << std::setw(40) << (Model::template kernel_name<G>() + " (" + kind + ")")
+    os << "  " << std::left << std::setw(4) << I << std::setw(40) << (nn::group_name<G>() + " (" + kind + ")")
        << std::setw(10) << layers.str() << std::right << std::setw(14) << detail::human(K::forward_flops) << std::setw(13)
        << detail::human(K::forward_bytes) << std::setw(14) << detail::human(K::backward_flops) << std::setw(13)
        << detail::human(K::backward_bytes) << "\n";
@@ -143,11 +153,11 @@ struct plan {
 /// A per-layer table of a model, like torchinfo's: name, output shape, parameters, forward
 /// FLOPs per sample, and the activation memory each layer keeps (0 inside a fused kernel:
 /// only a kernel's output is stored).
-template <class Model>
+template <class Model, class LayerList = typename Model::layer_list>
 struct summary;
-template <bool Fused, class... Layers>
-struct summary<nn::basic_chain<Fused, Layers...>> {
-  using model = nn::basic_chain<Fused, Layers...>;
+template <class Model, class... Layers>
+struct summary<Model, std::tuple<Layers...>> {
+  using model = Model;
   friend std::ostream& operator<<(std::ostream& os, summary) {
     using W = nn::chain_widths<Layers...>;
     using C = cost<model>;

@@ -15,7 +15,7 @@
 #include "solder/expr/reduce.hpp"
 #include "solder/io/safetensors.hpp"
 #include "solder/nn/chain.hpp"
-#include "solder/nn/dense.hpp"
+#include "solder/nn/linear_block.hpp"
 #include "solder/nn/flatten.hpp"
 #include "solder/nn/fuse.hpp"
 #include "solder/nn/layer_norm.hpp"

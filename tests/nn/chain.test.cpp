@@ -70,7 +70,7 @@ TEST_CASE("chain: the plan names its kernels and prints", "[chain]") {
   CHECK(mlp::kernel_name<std::tuple_element_t<0, mlp::groups>>() == "linear+relu+dropout");
   CHECK(mlp::kernel_name<std::tuple_element_t<2, mlp::groups>>() == "linear");
   std::ostringstream p, s;
-  p << plan<mlp>{};
+  p << plan_report<mlp>{};
   s << summary<mlp>{};
   CHECK(p.str().find("3 kernels") != std::string::npos);
   CHECK(s.str().find("50826 parameters") != std::string::npos);

@@ -55,6 +55,7 @@ class basic_chain {
   static_assert(check_chain<Layers...>());
 
  public:
+  using layer_list = std::tuple<Layers...>;
   using widths = chain_widths<Layers...>;
   using groups = typename plan_groups<Fused, Layers...>::type;
   using blocks_type = typename blocks_of<groups>::type;
@@ -75,13 +76,17 @@ class basic_chain {
   /// put it in: model.layer<0>().weight is the first linear layer's weight.
   template <std::size_t I>
   auto& layer() {
-    static_assert(check_layer_index<I>());
-    return layer_in<I>(std::get<block_of_layer<I>>(blocks));
+    if constexpr (check_layer_index<I>())
+      return layer_in<I>(std::get<block_of_layer<I>>(blocks));
+    else
+      return blocks;  // not reached: the index check failed to compile
   }
   template <std::size_t I>
   const auto& layer() const {
-    static_assert(check_layer_index<I>());
-    return layer_in<I>(std::get<block_of_layer<I>>(blocks));
+    if constexpr (check_layer_index<I>())
+      return layer_in<I>(std::get<block_of_layer<I>>(blocks));
+    else
+      return blocks;
   }
 
   /// Parameters drawn as PyTorch initializes them, layer i from Philox stream (seed, i); each
@@ -245,11 +250,7 @@ class basic_chain {
   /// The name of the kernel group G runs as, e.g. "linear+relu+dropout".
   template <class G>
   static std::string kernel_name() {
-    std::string s;
-    [&]<layer_kind K, std::size_t F, class... Ls>(std::type_identity<group<K, F, Ls...>>) {
-      ((s += (s.empty() ? "" : "+"), s += Ls::name), ...);
-    }(std::type_identity<G>{});
-    return s;
+    return group_name<G>();
   }
 
  private:

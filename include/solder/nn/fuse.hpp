@@ -163,7 +163,7 @@ class fuse {
 
   /// dL/dx as an expression of the saved output y and dy (see backward_from_output): the
   /// gradient every bias of the run receives too. For a layer that fuses this run into the
-  /// epilogue of its product (nn::dense).
+  /// epilogue of its product (nn::linear_block).
   template <mode M, class Y, class G>
   auto gate_from_output(const Y& y, const G& dy) const
     requires output_backward_in<M>

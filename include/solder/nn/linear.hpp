@@ -36,7 +36,7 @@ inline void fill_uniform_philox(float* p, std::size_t n, float bound, std::uint6
 
 /// y = x W^T (+ b). W [Out, In] and b [Out] as PyTorch stores them, so a state_dict loads as is;
 /// initialized as PyTorch does (kaiming_uniform with a = sqrt(5), i.e. W and b uniform in
-/// [-1/sqrt(In), 1/sqrt(In))), from `seed`. On its own it is one GEMM; nn::dense fuses the
+/// [-1/sqrt(In), 1/sqrt(In))), from `seed`. On its own it is one GEMM; nn::linear_block fuses the
 /// activation and dropout after it into the GEMM's epilogue.
 template <std::size_t In, std::size_t Out, bool Bias = true>
 struct linear {

@@ -1,8 +1,8 @@
-// nn/dense.hpp: a linear layer and the elementwise layers after it as ONE kernel forward
+// nn/linear_block.hpp: a linear layer and the elementwise layers after it as ONE kernel forward
 // (the GEMM with the activation and dropout in its epilogue) and a fused backward (one
 // elementwise pass for the gate and the bias gradient, then dW = g^T x and dx = g W as GEMMs).
 //
-//   nn::dense<nn::linear<64, 128>, nn::relu, nn::dropout<0.1f>> layer;
+//   nn::linear_block<nn::linear<64, 128>, nn::relu, nn::dropout<0.1f>> layer;
 //   layer.forward(x, y);           // y = dropout(relu(x W^T + b)): one GEMM
 //   layer.backward(x, y, dy, dx);  // dW, db and dx
 //
@@ -34,10 +34,10 @@ inline constexpr bool is_linear<linear<In, Out, B>> = true;
 }  // namespace detail
 
 template <class Linear, class... Tail>
-class dense {
-  static_assert(detail::is_linear<Linear>, "solder::nn::dense: the first layer must be an nn::linear");
+class linear_block {
+  static_assert(detail::is_linear<Linear>, "solder::nn::linear_block: the first layer must be an nn::linear");
   static_assert((std::tuple_size_v<decltype(std::declval<Tail&>().params())> + ... + 0) == 0,
-                "solder::nn::dense: the layers after the linear one must have no parameters (activations, dropout)");
+                "solder::nn::linear_block: the layers after the linear one must have no parameters (activations, dropout)");
 
  public:
   static constexpr std::size_t in_features = Linear::in_features;
@@ -49,7 +49,7 @@ class dense {
   Linear linear;
   tail_type tail;
 
-  explicit dense(std::uint64_t seed = 0) : linear(seed) {}
+  explicit linear_block(std::uint64_t seed = 0) : linear(seed) {}
 
   void train() {
     current = mode::train;
@@ -107,7 +107,7 @@ class dense {
     static_assert(check_shapes<SX, SY>());
     const std::size_t batch = dy.batch();
     if (x.batch() != batch || y.batch() != batch)
-      detail::batches_differ("solder::nn::dense::backward", {{"x", x.batch()}, {"y", y.batch()}, {"dy", batch}});
+      detail::batches_differ("solder::nn::linear_block::backward", {{"x", x.batch()}, {"y", y.batch()}, {"dy", batch}});
     if (current == mode::train)
       gate_as<mode::train>(y, dy);
     else
@@ -138,7 +138,7 @@ class dense {
       return true;
     } else {
       constexpr fixed_string m = [] {
-        fixed_string s("solder::nn::dense: the output of a layer with input ");
+        fixed_string s("solder::nn::linear_block: the output of a layer with input ");
         solder::detail::append_shape<SX>(s);
         s.append(" must have shape ");
         solder::detail::append_shape<want>(s);
@@ -203,7 +203,7 @@ class dense {
       finish(tail.template gate_from_output<M>(y, dy));
     } else {
       if (M == mode::eval || pre_batch != batch)
-        solder::detail::fail("solder::nn::dense::backward: this layer's backward needs the pre-activation of a training-mode "
+        solder::detail::fail("solder::nn::linear_block::backward: this layer's backward needs the pre-activation of a training-mode "
                              "forward on the same batch (" + std::to_string(batch) + " rows)");
       const tensor_ref<const float, SY> z(pre.data(), batch);
       const auto grads = vjp([&](const auto& zv) { return tail.template expression<M>(zv); }, dy, z);

@@ -1,4 +1,4 @@
-// tests/nn/dense.test.cpp: nn::linear and nn::dense. The forward against a double loop and
+// tests/nn/linear_block.test.cpp: nn::linear and nn::linear_block. The forward against a double loop and
 // against the unfused composition (product stored, then its own elementwise pass) bit for bit;
 // every gradient (dW, db, dx) against a double reference whose formula is itself checked by
 // central finite differences of the loss; training and eval modes, dropout's mask, static and
@@ -12,7 +12,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "solder/nn/dense.hpp"
+#include "solder/nn/linear_block.hpp"
 #include "support/data.hpp"
 #include "support/reference.hpp"
 
@@ -175,7 +175,7 @@ double relu_d(double z) { return z > 0 ? z : 0.0; }
 
 }  // namespace
 
-TEST_CASE("linear: PyTorch's initialization, reproducible from the seed", "[nn][dense]") {
+TEST_CASE("linear: PyTorch's initialization, reproducible from the seed", "[nn][linear_block]") {
   nn::linear<100, 30> a(7), b(7), c(8);
   const float bound = 0.1f;  // 1 / sqrt(100)
   double sum = 0;
@@ -190,8 +190,8 @@ TEST_CASE("linear: PyTorch's initialization, reproducible from the seed", "[nn][
   CHECK(bit_differences(a.weight.data(), c.weight.data(), a.weight.size()) > 2900);
 }
 
-TEST_CASE("dense: linear + relu + dropout, forward and backward", "[nn][dense]") {
-  using Layer = nn::dense<nn::linear<29, 37>, nn::relu, nn::dropout<0.2f>>;
+TEST_CASE("linear_block: linear + relu + dropout, forward and backward", "[nn][linear_block]") {
+  using Layer = nn::linear_block<nn::linear<29, 37>, nn::relu, nn::dropout<0.2f>>;
   static_assert(!Layer::keeps_preactivation);
   Layer layer(3);
   for (std::size_t M : {std::size_t(1), std::size_t(17), std::size_t(64)})
@@ -201,29 +201,29 @@ TEST_CASE("dense: linear + relu + dropout, forward and backward", "[nn][dense]")
   check_layer<Layer, shape<5, 29>, shape<5, 37>>(fixed, 5, true, relu_d, "relu + dropout(0.2), static batch");
 }
 
-TEST_CASE("dense: activations whose derivative needs the pre-activation", "[nn][dense]") {
-  using Gelu = nn::dense<nn::linear<29, 37>, nn::gelu, nn::dropout<0.1f>>;
+TEST_CASE("linear_block: activations whose derivative needs the pre-activation", "[nn][linear_block]") {
+  using Gelu = nn::linear_block<nn::linear<29, 37>, nn::gelu, nn::dropout<0.1f>>;
   static_assert(Gelu::keeps_preactivation);
   Gelu g(5);
   check_layer<Gelu, shape<dyn, 29>, shape<dyn, 37>>(g, 20, true, [](double z) { return ref::gelu(z); }, "gelu + dropout");
-  using Tanh = nn::dense<nn::linear<29, 37>, nn::tanh, nn::dropout<0.1f>>;
+  using Tanh = nn::linear_block<nn::linear<29, 37>, nn::tanh, nn::dropout<0.1f>>;
   Tanh t(6);
   check_layer<Tanh, shape<dyn, 29>, shape<dyn, 37>>(t, 20, true, [](double z) { return std::tanh(z); }, "tanh + dropout");
-  using Sig = nn::dense<nn::linear<29, 37>, nn::sigmoid, nn::dropout<0.3f>>;
+  using Sig = nn::linear_block<nn::linear<29, 37>, nn::sigmoid, nn::dropout<0.3f>>;
   static_assert(!Sig::keeps_preactivation);
   Sig s(7);
   check_layer<Sig, shape<dyn, 29>, shape<dyn, 37>>(s, 20, true, [](double z) { return ref::sigmoid(z); }, "sigmoid + dropout");
 }
 
-TEST_CASE("dense: a linear layer alone, with and without bias", "[nn][dense]") {
-  nn::dense<nn::linear<29, 37>> plain(8);
+TEST_CASE("linear_block: a linear layer alone, with and without bias", "[nn][linear_block]") {
+  nn::linear_block<nn::linear<29, 37>> plain(8);
   check_layer<decltype(plain), shape<dyn, 29>, shape<dyn, 37>>(plain, 9, true, [](double z) { return z; }, "linear");
-  nn::dense<nn::linear<29, 37, false>, nn::relu> nobias(9);
+  nn::linear_block<nn::linear<29, 37, false>, nn::relu> nobias(9);
   check_layer<decltype(nobias), shape<dyn, 29>, shape<dyn, 37>>(nobias, 9, true, relu_d, "linear without bias + relu");
 }
 
-TEST_CASE("dense: the fused forward equals the product followed by its own pass", "[nn][dense]") {
-  nn::dense<nn::linear<64, 300>, nn::relu, nn::dropout<0.1f>> layer(11);
+TEST_CASE("linear_block: the fused forward equals the product followed by its own pass", "[nn][linear_block]") {
+  nn::linear_block<nn::linear<64, 300>, nn::relu, nn::dropout<0.1f>> layer(11);
   tensor<float, shape<dyn, 64>> x(50);
   tensor<float, shape<dyn, 300>> y(50), z(50), y_ref(50);
   solder::test::fill_uniform(x, -1, 1, 111);
@@ -234,8 +234,8 @@ TEST_CASE("dense: the fused forward equals the product followed by its own pass"
   CHECK(bit_differences(y.data(), y_ref.data(), y.size()) == 0);
 }
 
-TEST_CASE("dense: packed weights give the same results; weights_changed returns to packing per call", "[nn][dense]") {
-  nn::dense<nn::linear<64, 300>, nn::relu> layer(12);
+TEST_CASE("linear_block: packed weights give the same results; weights_changed returns to packing per call", "[nn][linear_block]") {
+  nn::linear_block<nn::linear<64, 300>, nn::relu> layer(12);
   tensor<float, shape<dyn, 64>> x(33);
   tensor<float, shape<dyn, 300>> y1(33), y2(33), y3(33);
   solder::test::fill_uniform(x, -1, 1, 121);
@@ -251,8 +251,8 @@ TEST_CASE("dense: packed weights give the same results; weights_changed returns 
   CHECK(changed > 0);
 }
 
-TEST_CASE("dense: gradients do not depend on the thread count", "[nn][dense]") {
-  nn::dense<nn::linear<64, 300>, nn::gelu, nn::dropout<0.1f>> layer(13);
+TEST_CASE("linear_block: gradients do not depend on the thread count", "[nn][linear_block]") {
+  nn::linear_block<nn::linear<64, 300>, nn::gelu, nn::dropout<0.1f>> layer(13);
   tensor<float, shape<dyn, 64>> x(300), dx1(300), dx2(300);
   tensor<float, shape<dyn, 300>> y(300), dy(300);
   solder::test::fill_uniform(x, -1, 1, 131);
@@ -271,8 +271,8 @@ TEST_CASE("dense: gradients do not depend on the thread count", "[nn][dense]") {
   CHECK(bit_differences(db1.data(), layer.linear.bias_grad.data(), db1.size()) == 0);
 }
 
-TEST_CASE("dense: run-time errors name the problem", "[nn][dense]") {
-  nn::dense<nn::linear<8, 4>, nn::gelu> layer(14);
+TEST_CASE("linear_block: run-time errors name the problem", "[nn][linear_block]") {
+  nn::linear_block<nn::linear<8, 4>, nn::gelu> layer(14);
   tensor<float, shape<dyn, 8>> x(3), dx(3);
   tensor<float, shape<dyn, 4>> y(3), dy(3), y5(5);
   CHECK_THROWS_WITH(layer.forward(x, y5), Catch::Contains("batch size"));
