@@ -16,6 +16,7 @@
 #include "solder/eval/cpu/access.hpp"
 #include "solder/eval/cpu/batch.hpp"
 #include "solder/eval/cpu/philox.hpp"
+#include "solder/expr/broadcast.hpp"
 #include "solder/expr/expression.hpp"
 #include "solder/expr/map.hpp"
 #include "solder/expr/random.hpp"
@@ -91,38 +92,6 @@ template <class Out, bool Flat>
 struct layout {
   using shape = Out;
   static constexpr bool flat = Flat;
-};
-
-/// How an operand of shape L sits in the output of shape Out (rows mode): the stride of each
-/// output row dimension in the operand (0 where broadcast), and whether it varies along a row.
-template <class L, class Out>
-struct broadcast_map {
-  static constexpr std::size_t R = Out::rank;
-  static constexpr std::size_t lead = R - L::rank;  // output dimensions L does not have
-  /// True when the operand has the row's extent (read contiguously), false when it is splatted.
-  static constexpr bool inner = L::rank > 0 && L::last != 1;
-  static constexpr std::array<std::size_t, (R > 1 ? R - 1 : 1)> strides = [] {
-    std::array<std::size_t, (R > 1 ? R - 1 : 1)> s{};
-    for (std::size_t d = 0; d + 1 < R; ++d)
-      s[d] = (d >= lead && L::extents[d - lead] != 1) ? L::strides[d - lead] : 0;
-    return s;
-  }();
-  /// Offset of output row `row`'s first element in the operand.
-  static SOLDER_INLINE std::size_t row_offset(std::size_t row) {
-    if constexpr (R <= 1) {
-      return 0;
-    } else if constexpr (R == 2) {
-      return row * strides[0];
-    } else {
-      std::size_t off = 0;
-      for (std::size_t d = R - 1; d-- > 0;) {
-        const std::size_t e = d == 0 ? row + 1 : Out::extents[d];  // the leading extent may be dyn
-        off += (row % e) * strides[d];
-        row /= e;
-      }
-      return off;
-    }
-  }
 };
 
 /// True when an operand of shape L is read flat in an output of shape Out (identical shapes).
