@@ -1,12 +1,14 @@
 // tests/cuda/ops_device.cu: every op of solder/ops.hpp, forward and each differentiable
-// gradient, instantiated on float in a __global__ kernel and compared with the same templates
-// run on the host. Exits 77 (ctest's skip code) where no CUDA device is present.
+// gradient (from the output too, where an op gives one), and the optimizer updates of
+// solder/ops/optimizer.hpp, instantiated on float in a __global__ kernel and compared with the
+// same templates run on the host. Exits 77 (ctest's skip code) where no CUDA device is present.
 #include <cuda_runtime.h>
 
 #include <math.h>
 #include <stdio.h>
 
 #include "solder/ops.hpp"
+#include "solder/ops/optimizer.hpp"
 
 namespace {
 
@@ -27,6 +29,59 @@ SOLDER_HD void binary(const Op& op, float a, float b, float*& out) {
   *out++ = y;
   *out++ = op.template backward<0>(a, b, y, g);
   *out++ = op.template backward<1>(a, b, y, g);
+}
+
+/// The gradient from the output y = op(x): the op's own function and the map node's op.
+template <class Op>
+SOLDER_HD void from_output(const Op& op, float x, float*& out) {
+  const float y = op.forward(x), g = upstream;
+  *out++ = op.backward_from_output(y, g);
+  *out++ = solder::ops::gradient_from_output<Op>{op}.forward(y, g);
+}
+
+/// The same after a dropout that kept the element: y = scale op(x).
+template <class Op>
+SOLDER_HD void from_output_dropout(const Op& op, float x, float*& out) {
+  const float scale = 1.25f, y = scale * op.forward(x), g = upstream;
+  *out++ = op.backward_from_output(y, g, scale);
+  *out++ = solder::ops::gradient_from_output<Op, true>{op, scale}.forward(y, g);
+}
+
+/// One step of every optimizer update at weight w and gradient g, the state derived from them.
+/// The learning rates are not round numbers, so no update cancels to a tiny difference whose
+/// relative error the tolerance below could not cover.
+SOLDER_HD void optimizer_steps(float w, float g, float*& out) {
+  namespace ops = solder::ops;
+  float ws = w, b = 0.25f * w;
+  ops::sgd_update(3.1e-3f, 0.9f, 0.1f, 1.7e-2f, false, false)(ws, g, b);
+  *out++ = ws;
+  *out++ = b;
+  ws = w;
+  b = 0.0f;
+  ops::sgd_update(3.1e-3f, 0.9f, 0.0f, 0.0f, true, true)(ws, g, b);
+  *out++ = ws;
+  *out++ = b;
+  float wa = w, m = 0.5f * g, v = 0.75f * g * g;
+  ops::adam_update<true>(1.3e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f, 3)(wa, g, m, v);
+  *out++ = wa;
+  *out++ = m;
+  *out++ = v;
+  wa = w;
+  m = 0.5f * g;
+  v = 0.75f * g * g;
+  ops::adam_update<false>(1.3e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f, 3)(wa, g, m, v);
+  *out++ = wa;
+  *out++ = m;
+  *out++ = v;
+  float gc = g;
+  ops::clip_scale(1.0f, 7.0)(gc);
+  *out++ = gc;
+  float acc = w;
+  ops::grad_fold{3.0f, false, false}(acc, g);
+  *out++ = acc;
+  acc = w;
+  ops::grad_fold{3.0f, false, true}(acc, g);
+  *out++ = acc;
 }
 
 template <class Op>
@@ -63,6 +118,12 @@ SOLDER_HD int evaluate(float a, float b, float* out) {
   unary(ops::silu{}, a, out);
   unary(ops::softplus{}, a, out);
   unary(ops::softplus{2.0f, 10.0f}, a, out);
+  // gradients from the output
+  from_output(ops::relu{}, a, out);
+  from_output(ops::sigmoid{}, a, out);
+  from_output(ops::tanh{}, a, out);
+  from_output_dropout(ops::relu{}, a, out);
+  from_output_dropout(ops::sigmoid{}, a, out);
   // comparisons, where, min, max, clamp
   comparison(ops::less{}, a, b, out);
   comparison(ops::less_equal{}, a, b, out);
@@ -80,11 +141,13 @@ SOLDER_HD int evaluate(float a, float b, float* out) {
   binary(ops::min{}, a, b, out);
   unary(ops::clamp{-1.0f, 2.0f}, a, out);
   unary(ops::clamp{}, a, out);
+  // optimizer updates, weight a and gradient b
+  optimizer_steps(a, b, out);
   return static_cast<int>(out - first);
 }
 
 /// Results per input pair (checked against evaluate's count on the host).
-constexpr int per_input = 67;
+constexpr int per_input = 90;
 
 __global__ void evaluate_all(const float* a, const float* b, float* out, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -301,6 +302,57 @@ TEST_CASE("fuse: bias_relu_dropout's backward from the output equals the one fro
     check_output_backward<shape<17, 255>, 255, bias_relu_dropout<255, 0.5f>>(1, train);
     check_output_backward<shape<dyn, 257>, 257, bias_relu_dropout<257, 0.1f>>(5, train);
   }
+}
+
+TEST_CASE("fuse: relu, sigmoid and tanh backward from the output equals the one from the input, NaN and Inf included", "[nn]") {
+  // Without a dropout the gradient from y is the op's own backward (ops::gradient_from_output):
+  // the same float operations on the same y as the backward from x, so every bit of dx agrees,
+  // at a NaN or infinite input too. db sums the same terms in the same order, but where a term
+  // is a product (sigmoid, tanh) the compiler may fuse it into the accumulating add (an FMA) in
+  // one loop nest and not the other, and every partial sum may then round differently: each
+  // of the two sums is within (rows - 1) u sum|dx| of the exact one (Higham 4.2), so they are
+  // within twice rows u sum|dx| of each other (relu's terms are selects: exact). The sign of a
+  // NaN sum is not defined.
+  using namespace solder::nn;
+  constexpr std::size_t N = 37;
+  auto check = [](auto layer, const char* what, bool exact_db) {
+    INFO(what);
+    setup<shape<5, N>, N, decltype(layer)> s(1, 881);
+    s.layer = layer;
+    solder::test::fill_uniform(s.layer.template layer<0>().value, -1, 1, 882);
+    s.x[3] = std::numeric_limits<float>::quiet_NaN();
+    s.x[40] = std::numeric_limits<float>::infinity();
+    s.x[77] = -std::numeric_limits<float>::infinity();
+    s.dy[100] = std::numeric_limits<float>::infinity();
+    s.layer.forward(s.x, s.y);
+    s.layer.backward(s.x, s.dy, s.dx);
+    const auto dx_from_input = s.dx;
+    const tensor<float, shape<N>> db_from_input = s.bias_grad();
+    s.dx.fill(-7.0f);
+    s.layer.backward_from_output(s.y, s.dy, s.dx);
+    CHECK(bit_differences(s.dx.data(), dx_from_input.data(), s.dx.size()) == 0);
+    CHECK(std::isnan(s.dx[3]));  // a NaN input gives a NaN gradient from y as from x
+    if (exact_db) {
+      CHECK(bit_differences(s.bias_grad().data(), db_from_input.data(), N) == 0);
+    } else {
+      const std::size_t rows = s.dx.size() / N;
+      for (std::size_t j = 0; j < N; ++j) {
+        double abs_sum = 0;
+        for (std::size_t i = j; i < s.dx.size(); i += N) abs_sum += std::fabs(s.dx[i]);
+        const float got = s.bias_grad()[j], want = db_from_input[j];
+        CAPTURE(j);
+        if (std::isnan(want))
+          CHECK(std::isnan(got));
+        else if (std::isinf(want))
+          CHECK(got == want);
+        else
+          CHECK_THAT(got, WithinAbs(want, 2 * double(rows) * unit_roundoff * abs_sum));
+      }
+    }
+  };
+  check(fuse<bias<N>, relu>{}, "bias, relu", true);
+  check(fuse<bias<N>, sigmoid>{}, "bias, sigmoid", false);
+  check(fuse<bias<N>, solder::nn::tanh>{}, "bias, tanh", false);
 }
 
 TEST_CASE("fuse: which layer runs have a backward from the output", "[nn]") {

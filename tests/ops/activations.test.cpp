@@ -1,5 +1,6 @@
 // tests/ops/activations.test.cpp: tanh, sigmoid, relu, leaky_relu, elu, gelu, gelu_tanh, silu,
-// softplus on float, double and xsimd batches, against tests/support/reference.hpp.
+// softplus on float, double and xsimd batches, against tests/support/reference.hpp; the
+// gradients of relu, sigmoid and tanh from their output against their backward.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -309,4 +310,107 @@ TEST_CASE("softplus: forward, gradient, threshold, beta member", "[ops]") {
   check_forward(sharp, ref2, xs, one_libm);
   check_backward(sharp, ref2, xs, one_libm, {5.0});
   check_rows(sharp, {{5.5f, 5.5f, 1.0f}, {-inf, 0.0f, 0.0f}, {qnan, qnan, qnan}});
+}
+
+// ---- gradients from the output ----------------------------------------------------------
+
+static_assert(ops::DifferentiableFromOutput<ops::relu> && ops::ZeroAtZero<ops::relu>);
+static_assert(ops::DifferentiableFromOutput<ops::sigmoid> && ops::ZeroAtZero<ops::sigmoid>);
+static_assert(ops::DifferentiableFromOutput<ops::tanh> && !ops::ZeroAtZero<ops::tanh>);  // tanh'(0) = 1
+static_assert(!ops::DifferentiableFromOutput<ops::gelu> && !ops::DifferentiableFromOutput<ops::leaky_relu>);
+static_assert(ops::gradient_from_output<ops::sigmoid>::flops == ops::sigmoid::flops);
+static_assert(ops::gradient_from_output<ops::relu, true>::flops == ops::relu::flops + ops::dropout::flops);
+
+namespace {
+
+/// Bitwise equality of doubles, NaN matching NaN.
+bool same64(double got, double want) {
+  if (std::isnan(want)) return std::isnan(got);
+  return got == want && std::signbit(got) == std::signbit(want);
+}
+
+/// Inputs x and upstream gradients g: a sweep with random g, then every special x against
+/// every special g (NaN, +-inf, +-0, huge).
+struct grad_points {
+  std::vector<float> xs, gs;
+  explicit grad_points(double lo, double hi, std::uint32_t seed) {
+    xs = test::uniform(257, lo, hi, seed);
+    gs = test::uniform(257, -2.0, 2.0, seed + 1);
+    const std::vector<float> special_g = {1.5f, -0.75f, 0.0f, -0.0f, inf, -inf, qnan, 1e30f};
+    for (float x : test::special_values())
+      for (float g : special_g) {
+        xs.push_back(x);
+        gs.push_back(g);
+      }
+  }
+};
+
+/// backward_from_output(y, g) against backward<0>(x, y, g) at y = forward(x), bit for bit, on
+/// float, double and batch lanes.
+template <class Op>
+[[gnu::noinline]] void check_from_output(const Op& op, const grad_points& p) {
+  const auto from_y = on_lanes([&](const vecf& x, const vecf& g) { return op.backward_from_output(op.forward(x), g); }, p.xs, p.gs);
+  const auto from_x = on_lanes([&](const vecf& x, const vecf& g) { return op.template backward<0>(x, op.forward(x), g); }, p.xs, p.gs);
+  for (std::size_t i = 0; i < p.xs.size(); ++i) {
+    const float x = p.xs[i], g = p.gs[i];
+    CAPTURE(x, g);
+    const float y = op.forward(x);
+    CHECK(same(op.backward_from_output(y, g), op.template backward<0>(x, y, g)));
+    const double y64 = op.forward(double(x));
+    CHECK(same64(op.backward_from_output(y64, double(g)), op.template backward<0>(double(x), y64, double(g))));
+    CHECK(same(from_y[i], from_x[i]));
+    // the map node's op gives the same
+    CHECK(same(ops::gradient_from_output<Op>{op}.forward(y, g), op.backward_from_output(y, g)));
+  }
+}
+
+/// With a dropout after the op: backward_from_output(y, g, scale) at y = keep ? scale f(x) : 0
+/// against the mask-regenerating chain, the op's backward of keep ? g scale : 0 (dropout's
+/// backward first). A zero y gives +0 whatever g holds: dropped elements (+0 from the mask too,
+/// but for a NaN x, whose NaN the op's backward keeps) and kept ones where f'(x) = 0 (the chain
+/// gives a zero too, or NaN from inf * 0 where g is not finite). Other kept elements give the
+/// chain within `t` (bitwise where t.ulps is 0).
+template <class Op>
+[[gnu::noinline]] void check_from_output_dropout(const Op& op, const grad_points& p, float scale, tolerance t) {
+  const ops::dropout drop{scale};
+  const auto keep = [](std::size_t i) { return i % 3 != 0; };
+  std::vector<float> ys(p.xs.size());
+  for (std::size_t i = 0; i < p.xs.size(); ++i) ys[i] = drop.forward(keep(i), op.forward(p.xs[i]));
+  const auto lanes = on_lanes([&](const vecf& y, const vecf& g) { return op.backward_from_output(y, g, vecf(scale)); }, ys, p.gs);
+  for (std::size_t i = 0; i < p.xs.size(); ++i) {
+    const float x = p.xs[i], g = p.gs[i], y = ys[i];
+    CAPTURE(x, g, y, keep(i));
+    const float got = op.backward_from_output(y, g, scale);
+    CHECK(same(lanes[i], got));
+    CHECK(same(ops::gradient_from_output<Op, true>{op, scale}.forward(y, g), got));
+    const float chain = op.template backward<0>(x, op.forward(x), drop.backward<1>(keep(i), op.forward(x), y, g));
+    if (y == 0.0f) {
+      CHECK(same(got, 0.0f));
+      if (keep(i) && std::isfinite(g)) CHECK(chain == 0.0f);
+      continue;
+    }
+    if (t.ulps == 0 || !std::isfinite(g))
+      CHECK(same(got, chain));
+    else
+      check_near(got, chain, {t.ulps, t.abs * std::fabs(g * scale)});
+  }
+}
+
+}  // namespace
+
+TEST_CASE("relu, sigmoid, tanh: the gradient from the output is backward's, bit for bit", "[ops]") {
+  check_from_output(ops::relu{}, grad_points(-1e3, 1e3, 40));
+  check_from_output(ops::sigmoid{}, grad_points(-30, 30, 42));
+  check_from_output(ops::tanh{}, grad_points(-8, 8, 44));
+}
+
+TEST_CASE("relu, sigmoid: the gradient from the output after a dropout", "[ops]") {
+  for (float scale : {1.0f / 0.9f, 2.0f, 1.0f / 0.3f}) {
+    CAPTURE(scale);
+    // relu: g scale or 0 selected by y's sign, exactly as the mask and x select them
+    check_from_output_dropout(ops::relu{}, grad_points(-1e3, 1e3, 46), scale, {0, 0.0});
+    // sigmoid: s = y / scale recovers sigmoid(x) to an ulp, which 1 - s turns into up to
+    // 2 eps absolute where s is near 1 (from_y, twice over: y's rounding and the division's)
+    check_from_output_dropout(ops::sigmoid{}, grad_points(-30, 30, 48), scale, {16, 2 * eps});
+  }
 }

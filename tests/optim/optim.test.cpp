@@ -1,8 +1,9 @@
 // tests/optim/optim.test.cpp: SGD, Adam and AdamW over several steps against double
 // references of torch.optim's update rules written here (weights and state), their known
 // first steps, gradient-norm clipping, gradient accumulation, the learning-rate schedules at
-// known steps (at run time and in constant expressions), a small training run, and the errors
-// for bad hyperparameters and parameters.
+// known steps (at run time and in constant expressions), a small training run, the errors
+// for bad hyperparameters and parameters, and the per-element updates of ops/optimizer.hpp on
+// float, double and the CPU vector type against the same references.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -11,16 +12,20 @@
 #include <limits>
 #include <numbers>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "solder/eval/cpu/batch.hpp"
 #include "solder/nn/loss.hpp"
+#include "solder/ops/optimizer.hpp"
 #include "solder/optim/adam.hpp"
 #include "solder/optim/optimizer.hpp"
 #include "solder/optim/schedule.hpp"
 #include "solder/optim/sgd.hpp"
 #include "support/data.hpp"
+#include "support/reference.hpp"
 
 namespace {
 
@@ -535,4 +540,148 @@ TEST_CASE("optim: adamw with warmup and cosine fits free logits to their labels"
   CHECK(first > 1.5f);
   CHECK(loss < 0.05f);
   CHECK(solder::nn::accuracy(logits, labels) == 1.0f);
+}
+
+// ---- the per-element updates (ops/optimizer.hpp) on every value type ----------------------
+
+namespace {
+
+/// Up to four per-element values (weight, gradient, state...) of n elements.
+using slots = std::array<std::vector<float>, 4>;
+
+/// f on every element of `in`, with V = float or double one element at a time, or V a vector
+/// type one vector at a time (the last one padded with 1); the results in double.
+template <class V, class F>
+std::array<std::vector<double>, 4> on_values(const F& f, const slots& in) {
+  const std::size_t n = in[0].size();
+  std::array<std::vector<double>, 4> out;
+  for (auto& o : out) o.resize(n);
+  if constexpr (std::is_arithmetic_v<V>) {
+    for (std::size_t i = 0; i < n; ++i) {
+      std::array<V, 4> x{V(in[0][i]), V(in[1][i]), V(in[2][i]), V(in[3][i])};
+      f(x);
+      for (std::size_t k = 0; k < 4; ++k) out[k][i] = double(x[k]);
+    }
+  } else {
+    for (std::size_t i = 0; i < n; i += V::size) {
+      const std::size_t m = std::min<std::size_t>(V::size, n - i);
+      alignas(solder::alignment) float lanes[V::size];
+      std::array<V, 4> x;
+      for (std::size_t k = 0; k < 4; ++k) {
+        std::fill_n(lanes, V::size, 1.0f);
+        std::copy_n(in[k].begin() + std::ptrdiff_t(i), m, lanes);
+        x[k] = V::load_aligned(lanes);
+      }
+      f(x);
+      for (std::size_t k = 0; k < 4; ++k) {
+        x[k].store_aligned(lanes);
+        std::copy_n(lanes, m, out[k].begin() + std::ptrdiff_t(i));
+      }
+    }
+  }
+  return out;
+}
+
+/// Elements of got outside step_tol_u u (1 + |want|) of want.
+std::size_t mismatches64(const std::vector<double>& got, const std::vector<double>& want) {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) bad += !(std::fabs(got[i] - want[i]) <= step_tol_u * u * (1 + std::fabs(want[i])));
+  return bad;
+}
+
+/// Random weights, gradients and state of a tail size (37: whole vectors and a tail).
+slots random_slots(std::uint32_t seed) {
+  slots s;
+  for (std::size_t k = 0; k < 4; ++k) s[k] = solder::test::uniform(37, -1, 1, seed + std::uint32_t(k));
+  for (float& v : s[3]) v = v * v;  // Adam's v is a sum of squares
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("optim: ops::sgd_update on float, double and vectors follows torch.optim.SGD", "[optim]") {
+  namespace ops = solder::ops;
+  using vecf = solder::eval::cpu::vec<float>;
+  struct config {
+    float lr, momentum, dampening, weight_decay;
+    bool nesterov, first;
+  };
+  const config c = GENERATE(config{0.1f, 0.0f, 0.0f, 0.0f, false, false},   // plain
+                            config{0.2f, 0.0f, 0.0f, 0.1f, false, true},     // decay, no buffer
+                            config{0.1f, 0.9f, 0.0f, 0.0f, false, true},     // the first buffer is g
+                            config{0.05f, 0.9f, 0.5f, 1e-2f, false, false},  // dampening, decay
+                            config{0.1f, 0.9f, 0.0f, 1e-2f, true, false});   // Nesterov
+  INFO("lr " << c.lr << ", momentum " << c.momentum << ", dampening " << c.dampening << ", weight_decay "
+             << c.weight_decay << ", nesterov " << c.nesterov << ", first " << c.first);
+  const slots in = random_slots(71);
+  sgd_reference ref{c.lr, c.momentum, c.dampening, c.weight_decay, c.nesterov, to_double(in[0].data(), 37),
+                    to_double(in[2].data(), 37)};
+  ref.has_buf = !c.first;
+  ref.step(in[1].data());
+  const ops::sgd_update update(c.lr, c.momentum, c.dampening, c.weight_decay, c.nesterov, c.first);
+  const auto f = [&](auto& x) {
+    if (c.momentum != 0)
+      update(x[0], x[1], x[2]);
+    else
+      update(x[0], x[1]);
+  };
+  for (const auto& got : {on_values<float>(f, in), on_values<double>(f, in), on_values<vecf>(f, in)}) {
+    CHECK(mismatches64(got[0], ref.w) == 0);
+    if (c.momentum != 0) CHECK(mismatches64(got[2], ref.buf) == 0);
+  }
+}
+
+TEST_CASE("optim: ops::adam_update on float, double and vectors follows torch.optim.Adam and AdamW", "[optim]") {
+  namespace ops = solder::ops;
+  using vecf = solder::eval::cpu::vec<float>;
+  const bool decoupled = GENERATE(false, true);
+  const float weight_decay = GENERATE(0.0f, 0.1f);
+  INFO((decoupled ? "adamw" : "adam") << ", weight_decay " << weight_decay);
+  const slots in = random_slots(81);
+  constexpr float lr = 1e-2f, beta1 = 0.8f, beta2 = 0.99f, eps = 1e-6f;
+  adam_reference ref{lr, beta1, beta2, eps, weight_decay, decoupled, to_double(in[0].data(), 37),
+                     to_double(in[2].data(), 37), to_double(in[3].data(), 37)};
+  ref.t = 2;  // the update of step 3
+  ref.step(in[1].data());
+  const auto check = [&](const auto& update) {
+    const auto f = [&](auto& x) { update(x[0], x[1], x[2], x[3]); };
+    for (const auto& got : {on_values<float>(f, in), on_values<double>(f, in), on_values<vecf>(f, in)}) {
+      CHECK(mismatches64(got[0], ref.w) == 0);
+      CHECK(mismatches64(got[2], ref.m) == 0);
+      std::size_t bad_v = 0;
+      for (std::size_t i = 0; i < 37; ++i) bad_v += !WithinRel(ref.v[i], adam_v_rel).match(got[3][i]);
+      CHECK(bad_v == 0);
+    }
+  };
+  if (decoupled)
+    check(ops::adam_update<true>(lr, beta1, beta2, eps, weight_decay, 3));
+  else
+    check(ops::adam_update<false>(lr, beta1, beta2, eps, weight_decay, 3));
+}
+
+TEST_CASE("optim: ops::clip_scale and ops::grad_fold", "[optim]") {
+  namespace ops = solder::ops;
+  using vecf = solder::eval::cpu::vec<float>;
+  const ops::clip_scale clip(1.0f, 4.0);
+  CHECK(clip.scales());
+  CHECK(clip.coefficient == 1.0 / (4.0 + 1e-6));
+  CHECK(clip.scale == float(1.0 / (4.0 + 1e-6)));
+  CHECK_FALSE(ops::clip_scale(10.0f, 4.0).scales());
+  CHECK(ops::clip_scale(1.0f, double(qnan)).scales());  // a NaN coefficient scales, as torch's clamp passes it on
+  CHECK(ops::clip_scale(1.0f, double(infty)).scale == 0.0f);
+  const slots in = random_slots(91);
+  const auto scaled = on_values<vecf>([&](auto& x) { clip(x[1]); }, in);
+  for (std::size_t i = 0; i < 37; ++i) CHECK(float(scaled[1][i]) == in[1][i] * clip.scale);
+
+  // acc = g, acc + g, (acc + g) / N: the first fold never reads acc (NaN there stays unread)
+  float acc = qnan;
+  ops::grad_fold{3.0f, true, false}(acc, -0.0f);
+  CHECK(std::signbit(acc));  // g itself, -0 kept (0 + -0 would give +0)
+  acc = 1.5f;
+  ops::grad_fold{3.0f, false, false}(acc, 2.0f);
+  CHECK(acc == 3.5f);
+  ops::grad_fold{3.0f, false, true}(acc, 2.5f);
+  CHECK(acc == 2.0f);
+  const auto folded = on_values<vecf>([](auto& x) { ops::grad_fold{4.0f, false, true}(x[0], x[1]); }, in);
+  for (std::size_t i = 0; i < 37; ++i) CHECK(float(folded[0][i]) == (in[0][i] + in[1][i]) / 4.0f);
 }

@@ -59,51 +59,6 @@ struct activation {
   }
 };
 
-/// An activation's derivative written with its output y = f(x) alone, where that exists, so a
-/// backward pass can read the output it saved (which the next layer keeps anyway) instead of x.
-/// `zero_at_zero`: f'(x) = 0 wherever f(x) = 0, so a dropout after f needs no mask either: a
-/// zero output is a dropped element or a zero derivative, and both give a zero gradient.
-template <class Op>
-struct output_derivative {
-  static constexpr bool exists = false;
-};
-template <>
-struct output_derivative<ops::relu> {
-  static constexpr bool exists = true;
-  static constexpr bool zero_at_zero = true;
-  /// dL/dx from g = dL/dy, y = scale * keep * relu(x) (with Dropout; else y = relu(x)).
-  template <bool Dropout, class Y, class G>
-  static auto grad(const Y& y, const G& g, float scale) {
-    if constexpr (Dropout)
-      return where(y > 0.0f, g * scale, 0.0f);
-    else
-      return where(y > 0.0f, g, 0.0f);
-  }
-};
-template <>
-struct output_derivative<ops::sigmoid> {
-  static constexpr bool exists = true;
-  static constexpr bool zero_at_zero = true;  // sigmoid(x) = 0 only where it underflows, with f' = 0
-  /// s = sigmoid(x) = y / scale where kept: dL/dx = g scale s (1 - s) = g y (1 - y / scale).
-  template <bool Dropout, class Y, class G>
-  static auto grad(const Y& y, const G& g, float scale) {
-    if constexpr (Dropout)
-      return g * y * (1.0f - y * (1.0f / scale));
-    else
-      return g * y * (1.0f - y);
-  }
-};
-template <>
-struct output_derivative<ops::tanh> {
-  static constexpr bool exists = true;
-  static constexpr bool zero_at_zero = false;  // tanh(0) = 0 with slope 1: a dropout needs its mask
-  template <bool Dropout, class Y, class G>
-  static auto grad(const Y& y, const G& g, float) {
-    static_assert(!Dropout, "tanh's zero output does not tell a dropped element");
-    return g * (1.0f - y * y);
-  }
-};
-
 using relu = activation<ops::relu>;
 using gelu = activation<ops::gelu>;
 using gelu_tanh = activation<ops::gelu_tanh>;

@@ -10,6 +10,7 @@
 #include "solder/autodiff/vjp.hpp"
 #include "solder/assign.hpp"
 #include "solder/nn/elementwise.hpp"
+#include "solder/ops/activations.hpp"
 
 namespace solder::nn {
 
@@ -40,9 +41,18 @@ constexpr std::size_t leading_biases() {
   return n;
 }
 
+/// Index of the first activation among the layers (sizeof...(Layers) if none).
+template <class... Layers>
+constexpr std::size_t first_activation() {
+  std::size_t i = 0;
+  bool found = false;
+  ((found = found || !std::is_void_v<typename activation_of<Layers>::type>, i += !found), ...);
+  return i;
+}
+
 /// Whether the layers' backward follows from their output alone: biases, then at most one
-/// activation with an output_derivative, then at most one dropout if that derivative is zero
-/// wherever the activation's output is (relu, sigmoid).
+/// activation whose op differentiates from its output (ops::DifferentiableFromOutput), then at
+/// most one dropout if that op's derivative is zero wherever its output is (ops::ZeroAtZero).
 template <class... Layers>
 constexpr bool output_backward() {
   using L = std::tuple<Layers...>;
@@ -56,12 +66,12 @@ constexpr bool output_backward() {
     using Op = typename activation_of<std::tuple_element_t<nb, L>>::type;
     if constexpr (std::is_void_v<Op>) {
       return false;
-    } else if constexpr (!output_derivative<Op>::exists) {
+    } else if constexpr (!ops::DifferentiableFromOutput<Op>) {
       return false;
     } else if constexpr (rest == 1) {
       return true;
     } else {
-      return is_dropout<std::tuple_element_t<nb + 1, L>> && output_derivative<Op>::zero_at_zero;
+      return is_dropout<std::tuple_element_t<nb + 1, L>> && ops::ZeroAtZero<Op>;
     }
   }
 }
@@ -144,7 +154,8 @@ class fuse {
 
   /// The same gradients as backward, read from y = forward(x) instead of x: one pass over y and
   /// dy, no random bits drawn. A chain keeps y anyway (the next layer's input), so this form
-  /// needs no saved tensor of its own. (At a NaN input the two differ: y > 0 is false there.)
+  /// needs no saved tensor of its own. (A NaN input dropped by a dropout gives a NaN gradient
+  /// from x, where relu's gate meets it, and +0 from y.)
   template <class S>
   void backward_from_output(tensor_ref<const float, S> y, tensor_ref<const float, S> dy, tensor_ref<float, S> dx)
     requires output_backward
@@ -162,33 +173,27 @@ class fuse {
   }
 
   /// dL/dx as an expression of the saved output y and dy (see backward_from_output): the
-  /// gradient every bias of the run receives too. For a layer that fuses this run into the
-  /// epilogue of its product (nn::linear_block).
+  /// gradient every bias of the run receives too, a map node over ops::gradient_from_output. For
+  /// a layer that fuses this run into the epilogue of its product (nn::linear_block).
   template <mode M, class Y, class G>
   auto gate_from_output(const Y& y, const G& dy) const
     requires output_backward_in<M>
   {
-    constexpr std::size_t nb = detail::leading_biases<Layers...>();
-    if constexpr (nb == sizeof...(Layers)) {
-      return as_expr(dy);
-    } else if constexpr (M == mode::eval) {
-      // The one activation among the dropouts (none: the gradient passes through).
-      using acts = decltype(std::tuple_cat(std::conditional_t<std::is_void_v<typename detail::activation_of<Layers>::type>, std::tuple<>,
-                                                              std::tuple<typename detail::activation_of<Layers>::type>>{}...));
-      if constexpr (std::tuple_size_v<acts> == 0)
-        return as_expr(dy);
-      else
-        return output_derivative<std::tuple_element_t<0, acts>>::template grad<false>(y, dy, 1.0f);
+    constexpr std::size_t na = detail::first_activation<Layers...>();
+    if constexpr (na == sizeof...(Layers)) {
+      return as_expr(dy);  // biases, and in evaluation mode dropouts: the gradient passes through
     } else {
-      using Op = typename detail::activation_of<std::tuple_element_t<nb, std::tuple<Layers...>>>::type;
-      if constexpr (nb + 2 == sizeof...(Layers)) {
-        using D = std::tuple_element_t<nb + 1, std::tuple<Layers...>>;
-        if constexpr (D::p > 0.0f)
-          return output_derivative<Op>::template grad<true>(y, dy, std::get<nb + 1>(layers).scale());
+      using Op = typename detail::activation_of<std::tuple_element_t<na, std::tuple<Layers...>>>::type;
+      const Op& op = std::get<na>(layers).op;
+      if constexpr (M == mode::train && na + 1 < sizeof...(Layers)) {
+        // output_backward admits one layer after the activation: a dropout, whose scale is in y.
+        const auto& drop = std::get<na + 1>(layers);
+        if constexpr (std::remove_cvref_t<decltype(drop)>::p > 0.0f)
+          return map(ops::gradient_from_output<Op, true>{op, drop.scale()}, y, dy);
         else
-          return output_derivative<Op>::template grad<false>(y, dy, 1.0f);
+          return map(ops::gradient_from_output<Op>{op}, y, dy);
       } else {
-        return output_derivative<Op>::template grad<false>(y, dy, 1.0f);
+        return map(ops::gradient_from_output<Op>{op}, y, dy);
       }
     }
   }

@@ -1,12 +1,21 @@
 // ops/activations.hpp: the activation ops (tanh, sigmoid, relu, leaky_relu, elu, gelu,
-// gelu_tanh, silu, softplus), forward and derivative written once for every value type.
+// gelu_tanh, silu, softplus), forward and derivative written once for every value type, and
+// gradient_from_output, the gradient of relu, sigmoid or tanh formed from the output alone.
 //
 // Contract and conventions as in ops/arithmetic.hpp and docs/ops.md. Shared NaN rule: a NaN
 // input gives a NaN output and a NaN gradient (piecewise ops use simd::keep_nan for the
 // latter, since their gates would otherwise turn NaN into 0 or g). Kinks follow PyTorch.
+//
+// An op whose backward reads x only through y = f(x) says so with two traits, so a backward
+// pass can read the output it keeps anyway instead of a saved input:
+//   from_output    backward_from_output(y, g) = backward<0>(x, y, g), bit for bit
+//   zero_at_zero   f'(x) = 0 wherever f(x) = 0, so a dropout after the op needs no mask either:
+//                  a zero output is a dropped element or a zero derivative, both a zero
+//                  gradient; backward_from_output(y, g, scale) takes y = scale keep f(x).
 #pragma once
 
 #include "solder/config.hpp"
+#include "solder/ops/dropout.hpp"
 #include "solder/simd.hpp"
 
 namespace solder::ops {
@@ -22,6 +31,14 @@ struct tanh {
   SOLDER_HD SOLDER_INLINE V backward(const V& /*x*/, const V& y, const V& g) const {
     static_assert(I == 0, "solder::ops::tanh: backward<I> takes I = 0 (one argument)");
     return g * simd::fma(simd::neg(y), y, V(1));
+  }
+
+  static constexpr bool from_output = true;
+  static constexpr bool zero_at_zero = false;  // tanh(0) = 0 with slope 1: a dropout needs its mask
+  /// dL/dx from y = tanh(x) and g = dL/dy: backward reads y only.
+  template <class V>
+  SOLDER_HD SOLDER_INLINE V backward_from_output(const V& y, const V& g) const {
+    return backward<0>(y, y, g);
   }
 };
 
@@ -39,6 +56,22 @@ struct sigmoid {
     static_assert(I == 0, "solder::ops::sigmoid: backward<I> takes I = 0 (one argument)");
     return g * (y * (V(1) - y));
   }
+
+  static constexpr bool from_output = true;
+  static constexpr bool zero_at_zero = true;  // sigmoid(x) = 0 only where it underflows, with slope 0
+  /// dL/dx from y = sigmoid(x) and g = dL/dy: backward reads y only.
+  template <class V>
+  SOLDER_HD SOLDER_INLINE V backward_from_output(const V& y, const V& g) const {
+    return backward<0>(y, y, g);
+  }
+  /// dL/dx from y = scale keep sigmoid(x) (a dropout after the op) and g = dL/dy: backward at
+  /// s = y / scale (sigmoid(x) to within one rounding) for the gradient g scale where kept, +0
+  /// where y = 0 (dropped, or sigmoid underflowed with slope 0), whatever g holds.
+  template <class V>
+  SOLDER_HD SOLDER_INLINE V backward_from_output(const V& y, const V& g, const V& scale) const {
+    const V s = y / scale;
+    return simd::select(y == V(0), V(0), backward<0>(s, s, g * scale));
+  }
 };
 
 /// y = max(x, 0); relu'(0) = 0 as in PyTorch. relu(NaN) = NaN, relu(-0) = +0, and the
@@ -54,6 +87,21 @@ struct relu {
   SOLDER_HD SOLDER_INLINE V backward(const V& x, const V& /*y*/, const V& g) const {
     static_assert(I == 0, "solder::ops::relu: backward<I> takes I = 0 (one argument)");
     return simd::select(V(0) < x, g, simd::keep_nan(x, V(0)));
+  }
+
+  static constexpr bool from_output = true;
+  static constexpr bool zero_at_zero = true;
+  /// dL/dx from y = relu(x) and g = dL/dy: backward with y for x, which it may be since y > 0
+  /// exactly where x > 0 and y is NaN exactly where x is.
+  template <class V>
+  SOLDER_HD SOLDER_INLINE V backward_from_output(const V& y, const V& g) const {
+    return backward<0>(y, y, g);
+  }
+  /// dL/dx from y = scale keep relu(x) (a dropout after the op, scale >= 1) and g = dL/dy:
+  /// g scale where y > 0 (kept and x > 0), NaN where y is (kept and x NaN), else +0.
+  template <class V>
+  SOLDER_HD SOLDER_INLINE V backward_from_output(const V& y, const V& g, const V& scale) const {
+    return backward<0>(y, y, g * scale);
   }
 };
 
@@ -192,6 +240,48 @@ struct softplus {
     static_assert(I == 0, "solder::ops::softplus: backward<I> takes I = 0 (one argument)");
     const V bx = x * V(beta);
     return simd::select(V(threshold) < bx, g, g * simd::sigmoid(bx));
+  }
+};
+
+/// An op whose gradient follows from its output (see from_output above).
+template <class Op>
+concept DifferentiableFromOutput = requires {
+  requires Op::from_output;
+};
+/// ... and whose derivative is 0 wherever its output is, so a dropout after it needs no mask.
+template <class Op>
+concept ZeroAtZero = DifferentiableFromOutput<Op> && requires {
+  requires Op::zero_at_zero;
+};
+
+/// dx = gradient_from_output(y, g): the gradient of activation Act from its output and the
+/// upstream gradient g = dL/dy, where y = Act(x), or with Dropout, y = scale keep Act(x). The
+/// elementwise node a backward pass builds from a saved output; not differentiable itself.
+template <class Act, bool Dropout = false>
+struct gradient_from_output {
+  static_assert(DifferentiableFromOutput<Act>,
+                "solder::ops::gradient_from_output: the op does not give its gradient from its output; use its backward");
+  static_assert(!Dropout || ZeroAtZero<Act>,
+                "solder::ops::gradient_from_output: the op's zero output does not tell a dropped element; the "
+                "dropout's mask is needed");
+
+  static constexpr int arity = 2;
+  static constexpr const char* name = "gradient_from_output";
+  /// The derivative costs what the op does (the convention of the layers' backward FLOPs),
+  /// plus the dropout's scaling.
+  static constexpr int flops = Act::flops + (Dropout ? dropout::flops : 0);
+  static constexpr bool differentiable(int /*arg*/) { return false; }
+
+  Act act{};
+  /// The dropout's 1 / (1 - p); unused without Dropout.
+  float scale = 1;
+
+  template <class V>
+  SOLDER_HD SOLDER_INLINE V forward(const V& y, const V& g) const {
+    if constexpr (Dropout)
+      return act.backward_from_output(y, g, V(scale));
+    else
+      return act.backward_from_output(y, g);
   }
 };
 

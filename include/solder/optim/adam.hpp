@@ -1,14 +1,15 @@
 // optim/adam.hpp: Adam (L2 weight decay) and AdamW (decoupled weight decay), with
-// torch.optim.Adam's and torch.optim.AdamW's semantics; one fused pass per parameter tensor.
+// torch.optim.Adam's and torch.optim.AdamW's semantics; one fused pass per parameter tensor, the
+// per-element update being ops::adam_update.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "solder/ops/optimizer.hpp"
 #include "solder/optim/optimizer.hpp"
 
 namespace solder::optim {
@@ -53,38 +54,20 @@ class basic_adam {
   /// One update of every parameter from its gradient.
   void step() {
     ++steps_;
-    // The per-step scalars in double, rounded once to float, as PyTorch's Python floats are.
-    const double t = double(steps_);
-    const double bias1 = 1.0 - std::pow(double(opt_.beta1), t);
-    const double bias2 = 1.0 - std::pow(double(opt_.beta2), t);
-    const float step_size = float(double(opt_.lr) / bias1);
-    const float bias2_sqrt = float(std::sqrt(bias2));
-    const float decay = Decoupled ? float(1.0 - double(opt_.lr) * double(opt_.weight_decay)) : opt_.weight_decay;
-    const bool has_decay = opt_.weight_decay != 0.0f;
-    const float one_minus_beta1 = float(1.0 - double(opt_.beta1));
-    const float one_minus_beta2 = float(1.0 - double(opt_.beta2));
-    const float beta2 = opt_.beta2, eps = opt_.eps;
+    const ops::adam_update<Decoupled> update(opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, steps_);
     for (std::size_t k = 0; k < params_.size(); ++k) {
       float* w = params_[k].value.data();
-      const float* gp = params_[k].grad.data();
+      const float* g = params_[k].grad.data();
       float* m = m_[k].data();
       float* v = v_[k].data();
-      detail::for_each_element(params_[k].value.size(), [=]<class V>(std::size_t i) {
+      executor<cpu>::for_each_element(params_[k].value.size(), [=]<class V>(std::size_t i) SOLDER_INLINE_LAMBDA {
         V wi = detail::load<V>(w + i);
-        V g = detail::load<V>(gp + i);
-        if (has_decay) {
-          if constexpr (Decoupled)
-            wi = wi * V(decay);
-          else
-            g = g + V(decay) * wi;
-        }
-        const V mi = detail::load<V>(m + i);
-        const V mn = mi + V(one_minus_beta1) * (g - mi);
-        const V vn = detail::load<V>(v + i) * V(beta2) + V(one_minus_beta2) * g * g;
-        detail::store(m + i, mn);
-        detail::store(v + i, vn);
-        const V denom = simd::sqrt(vn) / V(bias2_sqrt) + V(eps);
-        detail::store(w + i, wi - V(step_size) * (mn / denom));
+        const V gi = detail::load<V>(g + i);
+        V mi = detail::load<V>(m + i), vi = detail::load<V>(v + i);
+        update(wi, gi, mi, vi);
+        detail::store(m + i, mi);
+        detail::store(v + i, vi);
+        detail::store(w + i, wi);
       });
     }
   }

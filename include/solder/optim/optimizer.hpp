@@ -1,21 +1,21 @@
 // optim/optimizer.hpp: what every optimizer shares: the parameter view (`param`), zero_grad,
-// gradient-norm clipping, gradient accumulation over micro-batches, and the parallel
-// elementwise loop the fused updates run in.
+// gradient-norm clipping and gradient accumulation over micro-batches. The per-element math
+// lives in ops/optimizer.hpp; it runs here through executor<cpu>'s element loop.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <concepts>
-#include <cstring>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "solder/assign.hpp"
+#include "solder/backend.hpp"
 #include "solder/config.hpp"
-#include "solder/eval/cpu/batch.hpp"
-#include "solder/eval/cpu/parallel.hpp"
+#include "solder/ops/optimizer.hpp"
 #include "solder/shape.hpp"
 #include "solder/tensor.hpp"
 
@@ -75,8 +75,10 @@ inline std::vector<tensor<float, shape<dyn>>> make_state(std::span<const param> 
   return state;
 }
 
-/// Loads and stores that read the same for a float (the tail) and an xsimd batch (the body),
-/// so an update is written once as a template over its value type.
+/// Loads and stores that read the same for a float (the tail) and a vector (the body), so the
+/// loops below call one ops/ functor for both. The loop bodies are forced inline
+/// (SOLDER_INLINE_LAMBDA): with a functor inlined into them they can outgrow GCC's inlining
+/// limit, and a call per vector costs more than the update itself.
 template <class V>
 SOLDER_INLINE V load(const float* p) {
   if constexpr (std::is_same_v<V, float>)
@@ -90,37 +92,16 @@ SOLDER_INLINE void store(float* p, const V& v) {
   v.store_unaligned(p);
 }
 
-/// Elements per task of the elementwise loop; a multiple of every vector width.
-inline constexpr std::size_t block_elements = std::size_t(1) << 14;
-/// Below this many elements the loop runs on the calling thread.
-inline constexpr std::size_t parallel_min_elements = std::size_t(1) << 16;
+/// Elements per block of sum_of_squares: a block sums in double with four interleaved
+/// accumulators (independent additions keep the adder busy); the blocks are then added in the
+/// fixed order of executor<cpu>::sum_rows.
+inline constexpr std::size_t square_sum_block = 1024;
 
-/// Runs f.template operator()<V>(i) for every element index i of [0, n): xsimd batches over
-/// the body, V = float on the tail. Elementwise, so the thread count never changes a result.
-template <class F>
-void for_each_element(std::size_t n, const F& f) {
-  using V = eval::cpu::vec<float>;
-  const std::size_t blocks = (n + block_elements - 1) / block_elements;
-  const int threads = n >= parallel_min_elements ? num_threads() : 1;
-  eval::cpu::parallel_for(blocks, threads, [&](std::size_t b) {
-    const F body = f;  // a local copy: the stores cannot alias its captured pointers and scalars
-    const std::size_t end = std::min(n, (b + 1) * block_elements);
-    std::size_t i = b * block_elements;
-    for (; i + V::size <= end; i += V::size) body.template operator()<V>(i);
-    for (; i < end; ++i) body.template operator()<float>(i);
-  });
-}
-
-/// sum x_i^2 of n floats in double, in a fixed order (blocks in order, each with 4
-/// interleaved accumulators); blocks may run on several threads without changing the sum.
+/// sum x_i^2 of n floats in double, the same bits for any thread count.
 inline double sum_of_squares(const float* x, std::size_t n) {
-  constexpr std::size_t max_blocks = 64;
-  const std::size_t per_block = std::max(block_elements, (n + max_blocks - 1) / max_blocks);
-  const std::size_t blocks = (n + per_block - 1) / per_block;
-  double partial[max_blocks];
-  const int threads = n >= parallel_min_elements ? num_threads() : 1;
-  eval::cpu::parallel_for(blocks, threads, [&](std::size_t b) {
-    const std::size_t begin = b * per_block, end = std::min(n, begin + per_block);
+  const std::size_t blocks = (n + square_sum_block - 1) / square_sum_block;
+  return executor<cpu>::sum_rows(blocks, square_sum_block, [=](std::size_t b) {
+    const std::size_t begin = b * square_sum_block, end = std::min(n, begin + square_sum_block);
     double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
     std::size_t i = begin;
     for (; i + 4 <= end; i += 4) {
@@ -130,11 +111,8 @@ inline double sum_of_squares(const float* x, std::size_t n) {
       a3 += double(x[i + 3]) * x[i + 3];
     }
     for (; i < end; ++i) a0 += double(x[i]) * x[i];
-    partial[b] = (a0 + a1) + (a2 + a3);
+    return (a0 + a1) + (a2 + a3);
   });
-  double total = 0;
-  for (std::size_t b = 0; b < blocks; ++b) total += partial[b];
-  return total;
 }
 
 }  // namespace detail
@@ -169,13 +147,14 @@ inline float clip_grad_norm(std::span<const param> params, float max_norm, bool 
     solder::detail::fail(std::string(who) + ": the gradient norm is " + (std::isnan(norm) ? "NaN" : "infinite") +
                          "; parameter '" + culprit->name +
                          "' has a non-finite gradient (pass error_if_nonfinite = false to clip anyway)");
-  const double coef = double(max_norm) / (norm + 1e-6);
-  if (!(coef >= 1.0)) {  // NaN scales too, as torch's clamp(coef, max=1) passes it on
-    const float scale = float(coef);
+  const ops::clip_scale clip(max_norm, norm);
+  if (clip.scales()) {
     for (const param& p : params) {
       float* g = p.grad.data();
-      detail::for_each_element(p.grad.size(), [=]<class V>(std::size_t i) {
-        detail::store(g + i, detail::load<V>(g + i) * V(scale));
+      executor<cpu>::for_each_element(p.grad.size(), [=]<class V>(std::size_t i) SOLDER_INLINE_LAMBDA {
+        V gi = detail::load<V>(g + i);
+        clip(gi);
+        detail::store(g + i, gi);
       });
     }
   }
@@ -206,19 +185,15 @@ class grad_accumulator {
   bool accumulate() {
     const bool last = pending_ + 1 == micro_batches_;
     if (micro_batches_ > 1) {
-      const bool first = pending_ == 0;
-      const float n = float(micro_batches_);
+      const ops::grad_fold fold{float(micro_batches_), pending_ == 0, last};
       for (std::size_t k = 0; k < params_.size(); ++k) {
         float* g = params_[k].grad.data();
         float* s = sums_[k].data();
-        detail::for_each_element(params_[k].grad.size(), [=]<class V>(std::size_t i) {
-          const V gi = detail::load<V>(g + i);
-          if (first)
-            detail::store(s + i, gi);
-          else if (!last)
-            detail::store(s + i, detail::load<V>(s + i) + gi);
-          else
-            detail::store(g + i, (detail::load<V>(s + i) + gi) / V(n));
+        float* out = last ? g : s;  // the mean replaces the gradient; a partial sum stays in s
+        executor<cpu>::for_each_element(params_[k].grad.size(), [=]<class V>(std::size_t i) SOLDER_INLINE_LAMBDA {
+          V acc = fold.first ? V(0.0f) : detail::load<V>(s + i);  // the first fold reads no sum
+          fold(acc, detail::load<V>(g + i));
+          detail::store(out + i, acc);
         });
       }
     }

@@ -1,5 +1,6 @@
 // optim/sgd.hpp: stochastic gradient descent with momentum, dampening, Nesterov momentum and
-// L2 weight decay, with torch.optim.SGD's semantics; one fused pass per parameter tensor.
+// L2 weight decay, with torch.optim.SGD's semantics; one fused pass per parameter tensor, the
+// per-element update being ops::sgd_update.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "solder/ops/optimizer.hpp"
 #include "solder/optim/optimizer.hpp"
 
 namespace solder::optim {
@@ -47,24 +49,27 @@ class sgd {
 
   /// One update of every parameter from its gradient.
   void step() {
-    const bool first = steps_ == 0;
-    const float lr = opt_.lr, mu = opt_.momentum, damp = 1.0f - opt_.dampening, wd = opt_.weight_decay;
-    const bool nesterov = opt_.nesterov, has_momentum = mu != 0.0f, has_decay = wd != 0.0f;
+    const ops::sgd_update update(opt_.lr, opt_.momentum, opt_.dampening, opt_.weight_decay, opt_.nesterov, steps_ == 0);
     for (std::size_t k = 0; k < params_.size(); ++k) {
       float* w = params_[k].value.data();
-      const float* gp = params_[k].grad.data();
-      float* b = has_momentum ? momentum_[k].data() : nullptr;
-      detail::for_each_element(params_[k].value.size(), [=]<class V>(std::size_t i) {
-        const V wi = detail::load<V>(w + i);
-        V g = detail::load<V>(gp + i);
-        if (has_decay) g = g + V(wd) * wi;
-        if (has_momentum) {
-          const V bi = first ? g : V(mu) * detail::load<V>(b + i) + V(damp) * g;
+      const float* g = params_[k].grad.data();
+      if (momentum_.empty()) {
+        executor<cpu>::for_each_element(params_[k].value.size(), [=]<class V>(std::size_t i) SOLDER_INLINE_LAMBDA {
+          V wi = detail::load<V>(w + i);
+          update(wi, detail::load<V>(g + i));
+          detail::store(w + i, wi);
+        });
+      } else {
+        float* b = momentum_[k].data();
+        executor<cpu>::for_each_element(params_[k].value.size(), [=]<class V>(std::size_t i) SOLDER_INLINE_LAMBDA {
+          V wi = detail::load<V>(w + i);
+          const V gi = detail::load<V>(g + i);
+          V bi = detail::load<V>(b + i);
+          update(wi, gi, bi);
           detail::store(b + i, bi);
-          g = nesterov ? g + V(mu) * bi : bi;
-        }
-        detail::store(w + i, wi - V(lr) * g);
-      });
+          detail::store(w + i, wi);
+        });
+      }
     }
     ++steps_;
   }

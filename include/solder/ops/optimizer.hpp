@@ -1,0 +1,148 @@
+// ops/optimizer.hpp: the per-element math of training: the SGD, Adam and AdamW updates, the
+// gradient-clipping scale and the gradient-accumulation fold, written once for every value type.
+//
+// Each is a functor whose members are its hyperparameters (or the per-step scalars derived from
+// them) and whose `operator()` updates one element, or one vector of elements, held in
+// registers: the caller loads the weight, gradient and state, calls it, and stores what changed.
+// optim/ runs them through executor<cpu>::for_each_element; a CUDA kernel runs the same bodies
+// one element per thread. The operation order is part of the contract: it fixes the bits.
+#pragma once
+
+#include <math.h>
+
+#include <cstdint>
+
+#include "solder/config.hpp"
+#include "solder/simd.hpp"
+
+namespace solder::ops {
+
+/// torch.optim.SGD, one element (w the weight, g its gradient, b its momentum buffer):
+///   g = g + weight_decay w
+///   b = g on the first step, else momentum b + (1 - dampening) g     (when momentum != 0)
+///   g = nesterov ? g + momentum b : b                                 (when momentum != 0)
+///   w = w - lr g
+/// Called with (w, g) where momentum is 0 (torch keeps no buffer then), with (w, g, b) otherwise.
+struct sgd_update {
+  float lr, momentum;
+  /// 1 - dampening
+  float damping;
+  float weight_decay;
+  bool nesterov;
+  /// The first step of the optimizer: the buffer starts as the gradient itself (torch clones it).
+  bool first;
+  bool has_decay;
+
+  SOLDER_HD sgd_update(float lr, float momentum, float dampening, float weight_decay, bool nesterov, bool first)
+      : lr(lr),
+        momentum(momentum),
+        damping(1.0f - dampening),
+        weight_decay(weight_decay),
+        nesterov(nesterov),
+        first(first),
+        has_decay(weight_decay != 0.0f) {}
+
+  /// Without momentum.
+  template <class V>
+  SOLDER_HD SOLDER_INLINE void operator()(V& w, V g) const {
+    if (has_decay) g = g + V(weight_decay) * w;
+    w = w - V(lr) * g;
+  }
+  /// With the momentum buffer b.
+  template <class V>
+  SOLDER_HD SOLDER_INLINE void operator()(V& w, V g, V& b) const {
+    if (has_decay) g = g + V(weight_decay) * w;
+    b = first ? g : V(momentum) * b + V(damping) * g;
+    g = nesterov ? g + V(momentum) * b : b;
+    w = w - V(lr) * g;
+  }
+};
+
+/// torch.optim.Adam (Decoupled = false: L2 decay through the gradient) and torch.optim.AdamW
+/// (Decoupled = true: decoupled decay), one element at step t = 1, 2, ... (w the weight, g its
+/// gradient, m and v its moments):
+///   w = w (1 - lr weight_decay)              (AdamW)
+///   g = g + weight_decay w                   (Adam)
+///   m = m + (1 - beta1) (g - m)              (torch's lerp, = beta1 m + (1 - beta1) g)
+///   v = beta2 v + (1 - beta2) g^2
+///   w = w - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+/// eps is added outside the square root, after the bias correction, as PyTorch does.
+template <bool Decoupled>
+struct adam_update {
+  /// lr / (1 - beta1^t)
+  float step_size;
+  /// sqrt(1 - beta2^t)
+  float bias2_sqrt;
+  /// AdamW: the factor 1 - lr weight_decay; Adam: weight_decay.
+  float decay;
+  bool has_decay;
+  float one_minus_beta1, beta2, one_minus_beta2, eps;
+
+  /// The scalars of step t from the hyperparameters: in double, rounded once to float, as
+  /// PyTorch's Python floats are.
+  SOLDER_HD adam_update(float lr, float beta1, float beta2, float eps, float weight_decay, std::int64_t t)
+      : step_size(float(double(lr) / (1.0 - ::pow(double(beta1), double(t))))),
+        bias2_sqrt(float(::sqrt(1.0 - ::pow(double(beta2), double(t))))),
+        decay(Decoupled ? float(1.0 - double(lr) * double(weight_decay)) : weight_decay),
+        has_decay(weight_decay != 0.0f),
+        one_minus_beta1(float(1.0 - double(beta1))),
+        beta2(beta2),
+        one_minus_beta2(float(1.0 - double(beta2))),
+        eps(eps) {}
+
+  template <class V>
+  SOLDER_HD SOLDER_INLINE void operator()(V& w, V g, V& m, V& v) const {
+    if (has_decay) {
+      if constexpr (Decoupled)
+        w = w * V(decay);
+      else
+        g = g + V(decay) * w;
+    }
+    m = m + V(one_minus_beta1) * (g - m);
+    v = v * V(beta2) + V(one_minus_beta2) * g * g;
+    const V denom = simd::sqrt(v) / V(bias2_sqrt) + V(eps);
+    w = w - V(step_size) * (m / denom);
+  }
+};
+
+/// Gradient-norm clipping (torch.nn.utils.clip_grad_norm_), one gradient element:
+///   coefficient = max_norm / (norm + 1e-6)   (in double)
+///   g = g * coefficient                      (rounded to float), where scales()
+struct clip_scale {
+  double coefficient;
+  float scale;
+
+  SOLDER_HD clip_scale(float max_norm, double norm) : coefficient(double(max_norm) / (norm + 1e-6)), scale(float(coefficient)) {}
+  /// Whether the gradients are scaled: the coefficient is below 1, or NaN (torch's
+  /// clamp(coefficient, max=1) passes a NaN on).
+  SOLDER_HD bool scales() const { return !(coefficient >= 1.0); }
+
+  template <class V>
+  SOLDER_HD SOLDER_INLINE void operator()(V& g) const {
+    g = g * V(scale);
+  }
+};
+
+/// Gradient accumulation over N micro-batches, one element: `acc` holds the running sum of the
+/// earlier micro-batches' gradients (unread on the first) and g this micro-batch's gradient;
+/// afterwards acc holds
+///   g                    on the first micro-batch
+///   acc + g              on the middle ones
+///   (acc + g) / N        on the last: the mean gradient, which the caller stores as the gradient
+struct grad_fold {
+  float micro_batches;
+  bool first = false;
+  bool last = false;
+
+  template <class V>
+  SOLDER_HD SOLDER_INLINE void operator()(V& acc, const V& g) const {
+    if (first)
+      acc = g;
+    else if (!last)
+      acc = acc + g;
+    else
+      acc = (acc + g) / V(micro_batches);
+  }
+};
+
+}  // namespace solder::ops
