@@ -21,7 +21,7 @@
 #include <utility>
 
 #include "common.hpp"
-#include "solder/nn/fuse.hpp"
+#include "solder/nn/elementwise_block.hpp"
 
 namespace {
 

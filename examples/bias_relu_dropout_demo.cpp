@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "solder/nn/fuse.hpp"
+#include "solder/nn/elementwise_block.hpp"
 
 using namespace solder;
 

@@ -17,7 +17,7 @@
 #include "solder/nn/chain.hpp"
 #include "solder/nn/linear_block.hpp"
 #include "solder/nn/flatten.hpp"
-#include "solder/nn/fuse.hpp"
+#include "solder/nn/elementwise_block.hpp"
 #include "solder/nn/layer_norm.hpp"
 #include "solder/nn/loss.hpp"
 #include "solder/nn/softmax.hpp"

@@ -1,5 +1,5 @@
 // nn/elementwise.hpp: the elementwise layers (bias, activations, dropout). Each one only says
-// how it transforms an expression; nn::fuse turns a run of them into one pass forward and one
+// how it transforms an expression; nn::elementwise_block turns a run of them into one pass forward and one
 // pass backward.
 #pragma once
 

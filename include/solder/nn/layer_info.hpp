@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "solder/diagnostic.hpp"
+#include "solder/ops.hpp"
 #include "solder/nn/elementwise.hpp"
 #include "solder/nn/linear.hpp"
 
@@ -40,8 +41,9 @@ struct layer_info<linear<In, Out, B>> {
   static constexpr layer_kind kind = layer_kind::product;
   static constexpr std::size_t in = In, out = Out;
   static constexpr std::size_t parameters = In * Out + (B ? Out : 0);
-  static constexpr double forward_flops(std::size_t) { return 2.0 * In * Out + (B ? Out : 0); }
-  static constexpr double backward_flops(std::size_t) { return 4.0 * In * Out + (B ? Out : 0); }
+  // 2 FLOPs per multiply-add of the product (dW and dx backward), and the bias add.
+  static constexpr double forward_flops(std::size_t) { return 2.0 * In * Out + (B ? ops::add::flops * Out : 0); }
+  static constexpr double backward_flops(std::size_t) { return 4.0 * In * Out + (B ? ops::add::flops * Out : 0); }
   static constexpr std::size_t saved_floats(std::size_t) { return 0; }
 };
 template <std::size_t N>
@@ -49,8 +51,8 @@ struct layer_info<bias<N>> {
   static constexpr layer_kind kind = layer_kind::elementwise;
   static constexpr std::size_t in = N, out = N;
   static constexpr std::size_t parameters = N;
-  static constexpr double forward_flops(std::size_t) { return N; }
-  static constexpr double backward_flops(std::size_t) { return N; }
+  static constexpr double forward_flops(std::size_t) { return double(ops::add::flops) * N; }
+  static constexpr double backward_flops(std::size_t) { return double(ops::add::flops) * N; }  // db's sum
   static constexpr std::size_t saved_floats(std::size_t) { return 0; }
 };
 template <class Op>
@@ -67,8 +69,9 @@ struct layer_info<dropout<P>> {
   static constexpr layer_kind kind = layer_kind::elementwise;
   static constexpr std::size_t in = 0, out = 0;
   static constexpr std::size_t parameters = 0;
-  static constexpr double forward_flops(std::size_t f) { return 2.0 * double(f); }  // compare, multiply
-  static constexpr double backward_flops(std::size_t f) { return 2.0 * double(f); }
+  // The keep mask's compare, then ops::dropout's multiply.
+  static constexpr double forward_flops(std::size_t f) { return double(1 + ops::dropout::flops) * double(f); }
+  static constexpr double backward_flops(std::size_t f) { return double(1 + ops::dropout::flops) * double(f); }
   static constexpr std::size_t saved_floats(std::size_t) { return 0; }  // the mask is regenerated
 };
 

@@ -21,7 +21,7 @@
 #include "solder/autodiff/vjp.hpp"
 #include "solder/assign.hpp"
 #include "solder/nn/batch_check.hpp"
-#include "solder/nn/fuse.hpp"
+#include "solder/nn/elementwise_block.hpp"
 #include "solder/nn/linear.hpp"
 
 namespace solder::nn {
@@ -42,7 +42,7 @@ class linear_block {
  public:
   static constexpr std::size_t in_features = Linear::in_features;
   static constexpr std::size_t out_features = Linear::out_features;
-  using tail_type = fuse<Tail...>;
+  using tail_type = elementwise_block<Tail...>;
   /// Whether the layer keeps z = x W^T + b for backward (else it needs only x and y).
   static constexpr bool keeps_preactivation = !tail_type::output_backward;
 

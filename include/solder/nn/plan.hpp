@@ -1,9 +1,10 @@
 // nn/plan.hpp: the planner: the layer list of a chain is grouped into kernels at compile time
-// with Boost.Hana, from what each layer is (nn/layer_info.hpp, which cost.hpp reads too). A linear layer
-// and the parameter-free elementwise layers after it become one nn::linear_block (one GEMM forward);
-// any other run of elementwise layers becomes one nn::fuse (one pass); every other layer is a
-// block of its own. The unfused policy makes every layer its own block (one kernel per op), as
-// an eager framework runs the model: the comparison the flagship example prints.
+// with Boost.Hana, from what each layer is (nn/layer_info.hpp, which cost.hpp reads too). A
+// linear layer and the parameter-free elementwise layers after it become one nn::linear_block
+// (one GEMM forward); any other run of elementwise layers becomes one nn::elementwise_block
+// (one pass); every other layer is a block of its own. The unfused policy makes every layer its
+// own block (one kernel per op), as an eager framework runs the model: the comparison the
+// flagship example prints.
 #pragma once
 
 #include <boost/hana/append.hpp>
@@ -20,7 +21,7 @@
 #include <type_traits>
 
 #include "solder/nn/elementwise.hpp"
-#include "solder/nn/fuse.hpp"
+#include "solder/nn/elementwise_block.hpp"
 #include "solder/nn/layer_info.hpp"
 #include "solder/nn/linear.hpp"
 #include "solder/nn/linear_block.hpp"
@@ -45,7 +46,7 @@ struct block_of<group<layer_kind::product, F, Lin, Tail...>> {
 };
 template <std::size_t F, class... Ls>
 struct block_of<group<layer_kind::elementwise, F, Ls...>> {
-  using type = fuse<Ls...>;
+  using type = elementwise_block<Ls...>;
 };
 template <std::size_t F, class L>
 struct block_of<group<layer_kind::block, F, L>> {

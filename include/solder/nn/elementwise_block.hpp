@@ -1,5 +1,5 @@
-// nn/fuse.hpp: a run of elementwise layers as ONE pass forward and ONE pass backward.
-// fuse<bias<N>, relu, dropout<0.1f>>: y = dropout(relu(x + b)) in one loop; backward gives dx
+// nn/elementwise_block.hpp: a run of elementwise layers as ONE pass forward and ONE pass backward.
+// elementwise_block<bias<N>, relu, dropout<0.1f>>: y = dropout(relu(x + b)) in one loop; backward gives dx
 // and db (the column sums of the gated gradient) together in one loop, the dropout mask
 // regenerated from its counter.
 #pragma once
@@ -84,7 +84,7 @@ constexpr bool output_backward_eval() {
 }  // namespace detail
 
 template <class... Layers>
-class fuse {
+class elementwise_block {
  public:
   /// Whether backward_from_output is available: the gradient follows from the saved output y
   /// alone (no x, no regenerated dropout mask). True for bias, relu/sigmoid, dropout chains.
@@ -282,6 +282,6 @@ class fuse {
 
 /// The named fusion: y = dropout(relu(x + b)), one pass each way.
 template <std::size_t N, float P>
-using bias_relu_dropout = fuse<bias<N>, relu, dropout<P>>;
+using bias_relu_dropout = elementwise_block<bias<N>, relu, dropout<P>>;
 
 }  // namespace solder::nn

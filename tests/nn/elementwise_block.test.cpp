@@ -1,4 +1,4 @@
-// tests/nn/fuse.test.cpp: nn::fuse through its named instance nn::bias_relu_dropout: the fused
+// tests/nn/elementwise_block.test.cpp: nn::elementwise_block through its named instance nn::bias_relu_dropout: the fused
 // forward and backward against the unfused composition and scalar loops, eval mode, the
 // dropout keep rate, the backward's mask, fresh masks per step, static and dynamic batches.
 #include <algorithm>
@@ -16,7 +16,7 @@
 #include "solder/assign.hpp"
 #include "solder/expr/operators.hpp"
 #include "solder/expr/reduce.hpp"
-#include "solder/nn/fuse.hpp"
+#include "solder/nn/elementwise_block.hpp"
 #include "support/data.hpp"
 
 namespace {
@@ -137,28 +137,28 @@ void check_against_unfused(std::size_t batch) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE_SIG("fuse: bias_relu_dropout equals the unfused composition", "[nn]", ((int B, int N), B, N),
+TEMPLATE_TEST_CASE_SIG("elementwise_block: bias_relu_dropout equals the unfused composition", "[nn]", ((int B, int N), B, N),
                        (3, 37), (1, 257), (17, 255)) {
   check_against_unfused<shape<B, N>, N, 0.1f>(1);
 }
 
-TEST_CASE("fuse: bias_relu_dropout with p = 0.5 equals the unfused composition", "[nn]") {
+TEST_CASE("elementwise_block: bias_relu_dropout with p = 0.5 equals the unfused composition", "[nn]") {
   check_against_unfused<shape<3, 37>, 37, 0.5f>(1);
 }
 
-TEST_CASE("fuse: bias_relu_dropout on a dynamic batch equals the unfused composition", "[nn]") {
+TEST_CASE("elementwise_block: bias_relu_dropout on a dynamic batch equals the unfused composition", "[nn]") {
   const std::size_t batch = GENERATE(1, 3, 100);
   check_against_unfused<shape<dyn, 37>, 37, 0.1f>(batch);
 }
 
-TEST_CASE("fuse: a batch mismatch between input and output throws solder::error", "[nn]") {
+TEST_CASE("elementwise_block: a batch mismatch between input and output throws solder::error", "[nn]") {
   solder::nn::bias_relu_dropout<37, 0.1f> layer;
   tensor<float, shape<dyn, 37>> x(3), y(4), dy(3), dx(4);
   CHECK_THROWS_AS(layer.forward(x, y), solder::error);
   CHECK_THROWS_AS(layer.backward(x, dy, dx), solder::error);
 }
 
-TEST_CASE("fuse: eval mode is relu(x + b), forward and backward", "[nn]") {
+TEST_CASE("elementwise_block: eval mode is relu(x + b), forward and backward", "[nn]") {
   constexpr std::size_t N = 37;
   using S = shape<3, N>;
   setup<S, N, solder::nn::bias_relu_dropout<N, 0.5f>> s(1, 811);
@@ -185,7 +185,7 @@ TEST_CASE("fuse: eval mode is relu(x + b), forward and backward", "[nn]") {
   }
 }
 
-TEMPLATE_TEST_CASE_SIG("fuse: the dropout keep rate is 1 - p within 5 sigma over 1M elements", "[nn]",
+TEMPLATE_TEST_CASE_SIG("elementwise_block: the dropout keep rate is 1 - p within 5 sigma over 1M elements", "[nn]",
                        ((int Percent), Percent), (10), (50)) {
   constexpr float p = Percent / 100.0f;
   constexpr std::size_t N = 1024;
@@ -203,7 +203,7 @@ TEMPLATE_TEST_CASE_SIG("fuse: the dropout keep rate is 1 - p within 5 sigma over
   CHECK(std::fabs(rate - (1.0 - double(p))) <= keep_rate_sigmas * sigma);
 }
 
-TEST_CASE("fuse: backward uses the forward's mask", "[nn]") {
+TEST_CASE("elementwise_block: backward uses the forward's mask", "[nn]") {
   // dy = 1 and every pre-activation positive: dx = scale where the forward kept, 0 elsewhere,
   // so y > 0 exactly where dx != 0.
   auto check_masks = [](auto& layer, auto& x, auto& y, auto& dy, auto& dx, const std::string& what) {
@@ -230,7 +230,7 @@ TEST_CASE("fuse: backward uses the forward's mask", "[nn]") {
   for (int step = 0; step < 3; ++step) check_masks(layer, x, y, dy, dx, "[17, 255], step " + std::to_string(step));
 }
 
-TEST_CASE("fuse: successive training forwards draw different masks", "[nn]") {
+TEST_CASE("elementwise_block: successive training forwards draw different masks", "[nn]") {
   constexpr std::size_t N = 257;
   solder::nn::bias_relu_dropout<N, 0.5f> layer;
   tensor<float, shape<4, N>> x, y1, y2, dy, dx;
@@ -254,7 +254,7 @@ TEST_CASE("fuse: successive training forwards draw different masks", "[nn]") {
   CHECK(mismatched == 0);
 }
 
-TEST_CASE("fuse: backward overwrites the bias gradient", "[nn]") {
+TEST_CASE("elementwise_block: backward overwrites the bias gradient", "[nn]") {
   constexpr std::size_t N = 37;
   using S = shape<3, N>;
   setup<S, N, solder::nn::bias_relu_dropout<N, 0.1f>> s(1, 851);
@@ -294,7 +294,7 @@ void check_output_backward(std::size_t batch, bool train) {
 
 }  // namespace
 
-TEST_CASE("fuse: bias_relu_dropout's backward from the output equals the one from the input", "[nn]") {
+TEST_CASE("elementwise_block: bias_relu_dropout's backward from the output equals the one from the input", "[nn]") {
   using solder::nn::bias_relu_dropout;
   static_assert(bias_relu_dropout<37, 0.1f>::output_backward);
   for (bool train : {true, false}) {
@@ -304,7 +304,7 @@ TEST_CASE("fuse: bias_relu_dropout's backward from the output equals the one fro
   }
 }
 
-TEST_CASE("fuse: relu, sigmoid and tanh backward from the output equals the one from the input, NaN and Inf included", "[nn]") {
+TEST_CASE("elementwise_block: relu, sigmoid and tanh backward from the output equals the one from the input, NaN and Inf included", "[nn]") {
   // Without a dropout the gradient from y is the op's own backward (ops::gradient_from_output):
   // the same float operations on the same y as the backward from x, so every bit of dx agrees,
   // at a NaN or infinite input too. db sums the same terms in the same order, but where a term
@@ -350,25 +350,25 @@ TEST_CASE("fuse: relu, sigmoid and tanh backward from the output equals the one 
       }
     }
   };
-  check(fuse<bias<N>, relu>{}, "bias, relu", true);
-  check(fuse<bias<N>, sigmoid>{}, "bias, sigmoid", false);
-  check(fuse<bias<N>, solder::nn::tanh>{}, "bias, tanh", false);
+  check(elementwise_block<bias<N>, relu>{}, "bias, relu", true);
+  check(elementwise_block<bias<N>, sigmoid>{}, "bias, sigmoid", false);
+  check(elementwise_block<bias<N>, solder::nn::tanh>{}, "bias, tanh", false);
 }
 
-TEST_CASE("fuse: which layer runs have a backward from the output", "[nn]") {
+TEST_CASE("elementwise_block: which layer runs have a backward from the output", "[nn]") {
   using namespace solder::nn;
-  static_assert(fuse<bias<8>>::output_backward);
-  static_assert(fuse<bias<8>, relu>::output_backward);
-  static_assert(fuse<bias<8>, sigmoid, dropout<0.1f>>::output_backward);
-  static_assert(fuse<bias<8>, solder::nn::tanh>::output_backward);
-  static_assert(!fuse<bias<8>, solder::nn::tanh, dropout<0.1f>>::output_backward);  // tanh(0) = 0 with slope 1
-  static_assert(!fuse<bias<8>, gelu>::output_backward);                 // gelu is not invertible
-  static_assert(!fuse<bias<8>, relu, relu>::output_backward);
-  static_assert(!fuse<relu, bias<8>>::output_backward);
+  static_assert(elementwise_block<bias<8>>::output_backward);
+  static_assert(elementwise_block<bias<8>, relu>::output_backward);
+  static_assert(elementwise_block<bias<8>, sigmoid, dropout<0.1f>>::output_backward);
+  static_assert(elementwise_block<bias<8>, solder::nn::tanh>::output_backward);
+  static_assert(!elementwise_block<bias<8>, solder::nn::tanh, dropout<0.1f>>::output_backward);  // tanh(0) = 0 with slope 1
+  static_assert(!elementwise_block<bias<8>, gelu>::output_backward);                 // gelu is not invertible
+  static_assert(!elementwise_block<bias<8>, relu, relu>::output_backward);
+  static_assert(!elementwise_block<relu, bias<8>>::output_backward);
   SUCCEED();
 }
 
-TEST_CASE("fuse: sigmoid and tanh backward from the output agree with the mask-regenerating backward", "[nn]") {
+TEST_CASE("elementwise_block: sigmoid and tanh backward from the output agree with the mask-regenerating backward", "[nn]") {
   // Different formulas (s(1 - s) from y against the op's derivative at x): equal within a few ulps
   // of the larger of |dx| and |dy| (the derivative's rounding).
   auto check = [](auto& layer, const char* what) {
@@ -387,8 +387,8 @@ TEST_CASE("fuse: sigmoid and tanh backward from the output agree with the mask-r
     CHECK(bad == 0);
     for (std::size_t j = 0; j < N; ++j) CHECK_THAT(layer.template layer<0>().grad[j], WithinAbs(db_in[j], 9 * 4e-6));
   };
-  solder::nn::fuse<solder::nn::bias<37>, solder::nn::sigmoid, solder::nn::dropout<0.3f>> sig;
+  solder::nn::elementwise_block<solder::nn::bias<37>, solder::nn::sigmoid, solder::nn::dropout<0.3f>> sig;
   check(sig, "bias, sigmoid, dropout(0.3)");
-  solder::nn::fuse<solder::nn::bias<37>, solder::nn::tanh> th;
+  solder::nn::elementwise_block<solder::nn::bias<37>, solder::nn::tanh> th;
   check(th, "bias, tanh");
 }
