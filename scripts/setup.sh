@@ -8,7 +8,7 @@ set -euo pipefail
 
 packages=(
   cmake ninja-build g++ make pkg-config
-  libxsimd-dev xtl-dev libxtensor-dev libboost-dev catch2
+  libxsimd-dev xtl-dev libxtensor-dev libboost-dev nlohmann-json3-dev catch2
   libbenchmark-dev libeigen3-dev libopenblas-dev libdnnl-dev
   # Debian's dnnl-config.cmake requires OpenCL (its GPU runtime) but the package only
   # recommends it, and recommends are not installed below.

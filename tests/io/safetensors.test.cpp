@@ -331,6 +331,116 @@ TEST_CASE("bad safetensors files throw, naming the problem, and leave the destin
   }
 }
 
+TEST_CASE("safetensors headers that JSON allows and the format does not are refused", "[io][safetensors]") {
+  // Duplicate keys (which a JSON parser may silently resolve), numbers that are not 64-bit
+  // integers, true/false/null, invalid UTF-8, NUL bytes, and what follows the closing brace.
+  temp_dir dir("st_strict");
+  two_destinations dst;
+  const auto rejects = [&](const std::string& header, const std::string& what) {
+    INFO(header);
+    const fs::path p = dir.write("strict.safetensors", layout(header, good_data()));
+    CHECK_THROWS_WITH(io::load_safetensors(p, dst.refs()), Contains(what) && Contains("strict.safetensors"));
+    CHECK_THROWS_WITH(io::read_safetensors_header(p), Contains(what));
+    CHECK(dst.untouched());
+  };
+  const auto edit = [](std::string from, std::string to) {
+    std::string h = good_header;
+    const auto at = h.find(from);
+    REQUIRE(at != std::string::npos);
+    return h.replace(at, from.size(), to);
+  };
+  const std::string nul(1, '\0');
+
+  SECTION("duplicate keys, at any depth, compared after unescaping") {
+    rejects(edit(R"("b")", R"("a")"), "malformed JSON header at byte 57: duplicate key \"a\"");
+    rejects(edit(R"("b")", R"("\u0061")"), "malformed JSON header at byte 57: duplicate key \"a\"");
+    rejects(edit(R"("data_offsets":[24,32])", R"("data_offsets":[24,32],"shape":[2])"), "duplicate key \"shape\"");
+    rejects(edit(R"("data_offsets":[0,24])", R"("data_offsets":[0,24],"data_offsets":[0,24])"),
+            "duplicate key \"data_offsets\"");
+    rejects(edit(R"({"a":)", R"({"__metadata__":{},"__metadata__":{"k":"v"},"a":)"),
+            "malformed JSON header at byte 19: duplicate key \"__metadata__\"");
+    rejects(edit(R"({"a":)", R"({"__metadata__":{"k":"1","k":"2"},"a":)"), "duplicate key \"k\"");
+    // Many members: past the size where members are searched one by one.
+    std::string many = R"({"__metadata__":{)", tensors;
+    for (int i = 0; i < 40; ++i) many += "\"m" + std::to_string(i) + "\":\"v\",";
+    rejects(edit(R"({"a":)", many + R"("m7":"w"},"a":)"), "duplicate key \"m7\"");
+    for (int i = 0; i < 40; ++i)
+      tensors += "\"e" + std::to_string(i) + R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)";
+    rejects(edit(R"({"a":)", "{" + tensors + R"("e39":{},"a":)"), "duplicate key \"e39\"");
+  }
+  SECTION("numbers must be 64-bit integers, not negative where a size or offset belongs") {
+    rejects(edit("[0,24]", "[0,24.0]"), "fraction or an exponent");
+    rejects(edit("[0,24]", "[0,2.4e1]"), "fraction or an exponent");
+    rejects(edit("[0,24]", "[0,24E0]"), "fraction or an exponent");
+    rejects(edit("[0,24]", "[0,-0.0]"), "fraction or an exponent");
+    rejects(edit("[2,3]", "[1e3,3]"), "fraction or an exponent");
+    rejects(edit("[2,3]", "[2.,3]"), "fraction or an exponent");
+    rejects(edit("[2,3]", "[2e+,3]"), "fraction or an exponent");
+    rejects(edit("[2,3]", "[1e999,3]"), "fraction or an exponent");
+    rejects(edit("[0,24]", "[-1,24]"), "tensor 'a' has a negative number in \"data_offsets\"");
+    rejects(edit("[2,3]", "[2,-1]"), "tensor 'a' has a negative number in \"shape\"");
+    rejects(edit("[2,3]", "[-9223372036854775809,3]"), "tensor 'a' has a negative number in \"shape\"");
+    rejects(edit("[2,3]", "[99999999999999999999,3]"), "at byte 48: integer too large for 64 bits");
+    rejects(edit("[2,3]", "[-18446744073709551616,3]"), "integer too large for 64 bits");
+    rejects(edit("[2,3]", "[1" + std::string(400, '0') + ",3]"), "integer too large for 64 bits");
+    rejects(edit("[0,24]", "[00,24]"), "a number must not have leading zeros");
+    rejects(edit("[0,24]", "[0,-024]"), "a number must not have leading zeros");
+    // 2^64 - 1 is an integer: the offsets are then refused for what they say.
+    rejects(edit("[0,24]", "[0,18446744073709551615]"), "past the end of the data");
+  }
+  SECTION("true, false and null") {
+    rejects(edit(R"("F32","shape":[2,3])", R"(true,"shape":[2,3])"), "true, false and null have no place");
+    rejects(edit("[0,24]", "[0,false]"), "true, false and null have no place");
+    rejects(edit("[2,3]", "[null]"), "true, false and null have no place");
+    rejects(edit(R"({"a":)", R"({"__metadata__":{"k":null},"a":)"), "true, false and null have no place");
+    rejects(edit("[2,3]", "[tru]"), "expected a value, found 't'");
+  }
+  SECTION("invalid UTF-8 anywhere in the header") {
+    rejects(edit(R"("b")", "\"\xed\xa0\x80\""), "the header is not valid UTF-8");      // an encoded surrogate
+    rejects(edit(R"("b")", "\"\xf4\x90\x80\x80\""), "the header is not valid UTF-8");  // above U+10FFFF
+    rejects(edit(R"("b")", "\"b\xe2\x82\""), "the header is not valid UTF-8");         // a cut sequence
+    rejects(edit(R"({"a":)", "{\"__metadata__\":{\"k\":\"\xc3\"},\"a\":"), "the header is not valid UTF-8");
+  }
+  SECTION("NUL bytes, a byte-order mark, comments, deep nesting") {
+    rejects(good_header + nul, "at byte 112: unexpected byte 0x00 after the end of the top-level value");
+    rejects(good_header + "  " + nul + R"({"c":1})", "at byte 114: unexpected byte 0x00 after the end");
+    rejects(edit("[2,3]", "[2," + nul + "]"), "expected a value, found byte 0x00");
+    rejects(edit(R"("b")", "\"b" + nul + "\""), "raw control character byte 0x00 in a string");
+    rejects("\xef\xbb\xbf" + good_header, "the header does not start with '{'");
+    rejects(edit(R"(,"b")", R"(,/**/"b")"), "expected a string key, found '/'");
+    rejects(R"({"a":)" + std::string(64, '[') + "1" + std::string(64, ']') + "}", "nested deeper than 64 levels");
+    rejects(R"({"a":)" + std::string(63, '[') + "1" + std::string(63, ']') + "}",
+            "tensor 'a' is not described by an object");
+  }
+  SECTION("whitespace between tokens is allowed") {
+    const std::string spaced =
+        " {\r\n\t\"a\" : { \"dtype\" : \"F32\" , \"shape\" : [ 2 , 3 ] , \"data_offsets\" : [ 0 , 24 ] } ,"
+        "\n\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[24,32]}\t} ";
+    rejects(spaced, "the header does not start with '{'");
+    io::load_safetensors(dir.write("spaced.safetensors", layout(spaced.substr(1), good_data())), dst.refs());
+    CHECK(dst.a == std::vector<float>{1, 2, 3, 4, 5, 6});
+    CHECK(dst.b == std::vector<float>{-1, -2});
+  }
+}
+
+TEST_CASE("safetensors headers escape exactly the control characters, quote and backslash", "[io][safetensors]") {
+  temp_dir dir("st_escape");
+  const float one = 1.0f;
+  // '/' and DEL stay as they are, as does UTF-8; U+0001 becomes \u0001, a newline \n.
+  io::save_safetensors(dir.path / "e.safetensors", {{"q\"\\/\x01\x7f\xc3\xa9", {}, &one}}, {{"k\n", "\t"}});
+  const std::string header =
+      "{\"__metadata__\":{\"k\\n\":\"\\t\"},\"q\\\"\\\\/\\u0001\x7f\xc3\xa9\":"
+      R"({"dtype":"F32","shape":[],"data_offsets":[0,4]}})"
+      " ";
+  REQUIRE(header.size() == 96);
+  CHECK(read_bytes(dir.path / "e.safetensors") ==
+        layout(header, std::string(reinterpret_cast<const char*>(&one), sizeof one)));
+  const io::safetensors_header h = io::read_safetensors_header(dir.path / "e.safetensors");
+  REQUIRE(h.tensors.size() == 1);
+  CHECK(h.tensors[0].name == "q\"\\/\x01\x7f\xc3\xa9");
+  CHECK(h.metadata == io::safetensors_metadata{{"k\n", "\t"}});
+}
+
 TEST_CASE("every truncation and many corruptions of a file either load or throw solder::error", "[io][safetensors]") {
   // No crash, no other exception, and a failed load writes nothing (run under ASan in CI).
   temp_dir dir("st_fuzz");

@@ -1,6 +1,7 @@
 // io/safetensors.hpp: float32 tensors to and from safetensors files (Hugging Face's format: an
-// 8-byte little-endian header length, a JSON header, the raw little-endian data), with a
-// strict header parser; loading is all-or-nothing and saving replaces the file atomically.
+// 8-byte little-endian header length, a JSON header, the raw little-endian data). The header is
+// read and written with nlohmann-json and checked strictly; loading is all-or-nothing and
+// saving replaces the file atomically.
 #pragma once
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -21,12 +23,15 @@
 #include <string_view>
 #include <system_error>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #if __has_include(<unistd.h>)
 #include <unistd.h>  // fsync: the data is on disk before the rename makes it visible
 #endif
+
+#include <nlohmann/json.hpp>
 
 #include "solder/config.hpp"
 
@@ -139,314 +144,360 @@ inline bool valid_utf8(std::string_view s) {
   return true;
 }
 
-inline void append_utf8(std::string& out, std::uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
-}
+/// The JSON of a header; its objects keep their members in file order.
+using header_json = nlohmann::ordered_json;
 
-/// A JSON value of the subset a safetensors header uses: objects, arrays, strings, integers.
-struct json {
-  enum class kind { object, array, string, integer };
-  kind type = kind::integer;
-  bool negative = false;  // integer: sign and magnitude
-  std::uint64_t magnitude = 0;
-  std::string text;               // string
-  std::vector<std::string> keys;  // object: keys, in file order
-  std::vector<json> items;        // object: values (same order as keys); array: elements
+/// A header's top-level members (tensor entries and "__metadata__") in file order. A vector of
+/// them moves on growth, where a header_json object's would copy them (its keys are const).
+using header_members = std::vector<std::pair<std::string, header_json>>;
+
+/// A pointer into the header text that counts the bytes nlohmann's lexer has taken from it, so
+/// that what the SAX handler below refuses can be placed at a byte.
+struct counting_iterator {
+  using iterator_category = std::input_iterator_tag;
+  using value_type = char;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char*;
+  using reference = const char&;
+  const char* at = nullptr;
+  std::size_t* taken = nullptr;
+
+  reference operator*() const { return *at; }
+  counting_iterator& operator++() {
+    ++at;
+    ++*taken;
+    return *this;
+  }
+  counting_iterator operator++(int) {
+    counting_iterator before = *this;
+    ++*this;
+    return before;
+  }
+  bool operator==(const counting_iterator& other) const { return at == other.at; }
 };
 
-/// A strict parser of that subset (RFC 8259 syntax): no trailing commas, no comments, no
-/// duplicate keys, no leading zeros, no fractions or exponents; strings with every JSON escape
-/// (\u with four hex digits, surrogate pairs included) and no raw control characters.
-/// true/false/null are not part of the format and are refused.
-class json_parser {
+/// Parses a header (text starting with '{') with nlohmann-json's SAX interface. nlohmann enforces
+/// RFC 8259 (syntax, escapes, surrogate pairs, no raw control characters, no leading zeros);
+/// this handler adds what JSON allows and the format does not: duplicate keys in any object,
+/// fractions, exponents, true, false, null, integers beyond 64 bits, nesting deeper than 64
+/// levels, and anything after the closing brace. nlohmann's errors are reworded so that every
+/// message says what is wrong, and at which byte, in the terms of a safetensors header.
+class header_reader {
  public:
-  json_parser(std::string_view text, std::string context) : s_(text), context_(std::move(context)) {}
+  header_reader(std::string_view text, const char* who, const std::filesystem::path& path)
+      : s_(text), who_(who), path_(path) {}
 
-  json parse_document() {
-    skip_space();
-    json v = value(0);
-    skip_space();
-    if (pos_ != s_.size()) error("unexpected " + describe_here() + " after the end of the top-level value");
-    return v;
+  header_members parse() {
+    const counting_iterator first{s_.data(), &taken_}, last{s_.data() + s_.size(), nullptr};
+    if (!header_json::sax_parse(first, last, this)) fail(taken_, "the JSON parser stopped early");  // refusals throw
+    // nlohmann takes a NUL byte outside a string for the end of the input.
+    if (taken_ < s_.size() || s_.back() == '\0')
+      fail(taken_ - 1, "unexpected " + describe(taken_ - 1) + " after the end of the top-level value");
+    return std::move(top_);
+  }
+
+  // The SAX events, called by nlohmann's parser; a refusal throws solder::error. A value deeper
+  // than max_depth is refused before anything else is said about it.
+  bool null() { refuse_literal(4); }
+  bool boolean(bool value) { refuse_literal(value ? 4 : 5); }
+  bool number_integer(header_json::number_integer_t v) {
+    if (too_deep()) refuse_depth(number_start());
+    return add(v);
+  }
+  bool number_unsigned(header_json::number_unsigned_t v) {
+    if (too_deep()) refuse_depth(number_start());
+    return add(v);
+  }
+  bool number_float(header_json::number_float_t, const std::string& text) {
+    // The number ends one byte before taken_ (nlohmann read a byte past it), or at taken_ when
+    // it ends the header; a float is never followed by a digit.
+    const std::size_t start = s_.rfind(text, taken_ - text.size());
+    if (too_deep()) refuse_depth(start);
+    // nlohmann reads an integer beyond 64 bits as a double. One below -2^63 still has a 64-bit
+    // magnitude: an integer, refused as negative wherever the format wants a number.
+    if (text[0] == '-' && text.find_first_of(".eE") == std::string::npos &&
+        overflow_at(std::string_view(text).substr(1)) == std::string_view::npos)
+      return add(std::numeric_limits<std::int64_t>::min());
+    refuse_number(start, text);
+  }
+  bool string(std::string& v) {
+    if (too_deep()) refuse_depth(string_start(taken_));
+    return add(std::move(v));
+  }
+  bool binary(header_json::binary_t&) { return false; }  // only the binary formats produce these
+  bool start_object(std::size_t) {
+    if (open_.empty()) {  // the header itself, whose members go to top_
+      open_.push_back({nullptr, {}});
+      return true;
+    }
+    header_json object = header_json::object();
+    object.get_ref<header_json::object_t&>().reserve(4);  // a tensor entry's 3 members, without regrowth
+    return open(std::move(object));
+  }
+  bool start_array(std::size_t) {
+    header_json array = header_json::array();
+    array.get_ref<header_json::array_t&>().reserve(4);  // a shape's usual extents
+    return open(std::move(array));
+  }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(std::string& k) {
+    frame& f = open_.back();
+    return f.value == nullptr ? add_key(f, top_, k) : add_key(f, f.value->get_ref<header_json::object_t&>(), k);
+  }
+
+  /// nlohmann's syntax and lexer errors. `position` counts the bytes read, the one that failed
+  /// (or the end of the input) included; `token` is what the lexer holds of the last token.
+  bool parse_error(std::size_t position, const std::string& token, const header_json::exception& e) {
+    const std::size_t failed = std::min(position - 1, s_.size());  // s_.size(): the end
+    const std::size_t end = std::min(position, s_.size());         // one past the last byte read
+    if (e.id == 406) {  // a number beyond a double: 1e999, or an integer of 400 digits
+      if (too_deep()) refuse_depth(end - token.size());
+      refuse_number(end - token.size(), token);
+    }
+    // "[json.exception.parse_error.101] parse error at line 1, column 9: syntax error while
+    // parsing <context> - <problem>", where the problem is "unexpected <token>[; expected ...]"
+    // or a lexer message, "invalid ...; last read: '<token>'[; expected ...]".
+    const std::string_view what = e.what();
+    const std::size_t c = what.find("while parsing "), dash = what.find(" - ", c);
+    if (c == std::string_view::npos || dash == std::string_view::npos) fail(failed, std::string(what));
+    const std::string_view context = what.substr(c + 14, dash - c - 14);
+    const std::string_view problem = what.substr(dash + 3);
+    const std::string_view lexer = problem.substr(0, problem.find("; last read: '"));
+
+    // Where the offending token starts: the messages name a token by its first byte.
+    std::size_t start = failed;  // one byte: a structural character, the end, a NUL
+    if (lexer.starts_with("invalid literal")) {
+      while (start > 0 && s_[start - 1] >= 'a' && s_[start - 1] <= 'z') --start;  // back to its t, f or n
+    } else if (lexer.starts_with("invalid")) {  // a string or number, read up to the failing byte
+      const bool control = failed < s_.size() && static_cast<unsigned char>(s_[failed]) < 0x20;
+      start = end - (token.size() - (control ? 7 : 0));  // nlohmann shows a control byte as <U+00XX>
+    } else if (problem.starts_with("unexpected string literal") || problem.starts_with("unexpected number literal")) {
+      start = end - token.size();
+    } else if (problem.starts_with("unexpected true literal") || problem.starts_with("unexpected null literal")) {
+      start = end - 4;
+    } else if (problem.starts_with("unexpected false literal")) {
+      start = end - 5;
+    }
+    const std::string found = describe(start);
+
+    if (context == "value" && what.ends_with("; expected end of input"))
+      fail(start, "unexpected " + found + " after the end of the top-level value");
+    if (context == "value" && too_deep()) refuse_depth(start);
+    if (context == "object separator") fail(start, "expected ':' after an object key, found " + found);
+    if (context == "object" || context == "array") {
+      // nlohmann reads "02" as the numbers 0 and 2, the second where a ',' belongs.
+      if (start > 0 && start < s_.size() && s_[start - 1] == '0' && s_[start] >= '0' && s_[start] <= '9') {
+        const std::string_view run = s_.substr(start - 1, s_.find_first_not_of("0123456789", start) - (start - 1));
+        if (const std::size_t over = overflow_at(run); over != std::string_view::npos)
+          fail(start - 1 + over, "integer too large for 64 bits");  // met first, reading the digits
+        fail(start - 1, "a number must not have leading zeros");
+      }
+      fail(start, context == "object" ? "expected ',' or '}' in an object, found " + found
+                                      : "expected ',' or ']' in an array, found " + found);
+    }
+    // Where a key or a value belongs, the lexer's complaint about a string or number is the precise one.
+    if (lexer.starts_with("invalid string")) refuse_string(lexer, failed, end);
+    if (context == "value" && lexer.starts_with("invalid number")) {
+      if (lexer.ends_with("after '-'")) fail(failed, "expected digits, found " + describe(failed));
+      refuse_number(start, s_.substr(start, failed - start));  // "1." or "1e": a fraction or exponent begun
+    }
+    if (context == "object key") fail(start, "expected a string key, found " + found);
+    fail(start, "expected a value, found " + (start < s_.size() ? found : "the end of the header"));
   }
 
  private:
-  static constexpr int max_depth = 64;  // the format nests 3 deep; this only guards the stack
+  static constexpr std::size_t max_depth = 64;     // the format nests 3 deep
+  static constexpr std::size_t small_object = 16;  // members searched one by one for a duplicate
 
-  [[noreturn]] void error(const std::string& what) const {
-    solder::detail::fail(context_ + ": malformed JSON header at byte " + std::to_string(pos_) + ": " + what);
+  struct frame {
+    header_json* value;                    // an open object or array; nullptr: the header (top_)
+    std::unordered_set<std::string> keys;  // a large object's keys, for the duplicate check
+  };
+
+  [[noreturn]] void fail(std::size_t at, const std::string& what) const {
+    st_fail(who_, path_, "malformed JSON header at byte " + std::to_string(at) + ": " + what);
   }
-  std::string describe_here() const {
-    if (pos_ >= s_.size()) return "end of the header";
-    const auto c = static_cast<unsigned char>(s_[pos_]);
+
+  std::string describe(std::size_t i) const {
+    if (i >= s_.size()) return "end of the header";
+    const auto c = static_cast<unsigned char>(s_[i]);
     if (c >= 0x20 && c < 0x7F) return std::string("'") + char(c) + "'";
     return "byte 0x" + std::string(1, "0123456789abcdef"[c >> 4]) + "0123456789abcdef"[c & 15];
   }
-  void skip_space() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
-  }
-  void expect(char c, const char* what) {
-    if (pos_ >= s_.size() || s_[pos_] != c) error(std::string("expected ") + what + ", found " + describe_here());
-    ++pos_;
-  }
 
-  json value(int depth) {
-    if (depth > max_depth) error("nested deeper than " + std::to_string(max_depth) + " levels");
-    if (pos_ >= s_.size()) error("expected a value, found the end of the header");
-    const char c = s_[pos_];
-    if (c == '{') return object(depth);
-    if (c == '[') return array(depth);
-    if (c == '"') {
-      json v;
-      v.type = json::kind::string;
-      v.text = string();
-      return v;
-    }
-    if (c == '-' || (c >= '0' && c <= '9')) return integer();
-    if (s_.substr(pos_, 4) == "true" || s_.substr(pos_, 5) == "false" || s_.substr(pos_, 4) == "null")
-      error("true, false and null have no place in a safetensors header");
-    error("expected a value, found " + describe_here());
-  }
-
-  json object(int depth) {
-    json v;
-    v.type = json::kind::object;
-    ++pos_;  // '{'
-    skip_space();
-    if (pos_ < s_.size() && s_[pos_] == '}') {
-      ++pos_;
-      return v;
-    }
+  /// Where the string whose closing quote is at end - 1 opens: the nearest quote before it that
+  /// no backslash escapes.
+  std::size_t string_start(std::size_t end) const {
+    std::size_t q = end - 1;
     for (;;) {
-      skip_space();
-      if (pos_ >= s_.size() || s_[pos_] != '"') error("expected a string key, found " + describe_here());
-      const std::size_t key_at = pos_;
-      std::string key = string();
-      // Linear search is fine for the small inner objects; the top level is checked in bulk below.
-      if (depth > 0 && std::find(v.keys.begin(), v.keys.end(), key) != v.keys.end()) {
-        pos_ = key_at;
-        error("duplicate key \"" + key + "\"");
-      }
-      v.keys.push_back(std::move(key));
-      skip_space();
-      expect(':', "':' after an object key");
-      skip_space();
-      v.items.push_back(value(depth + 1));
-      skip_space();
-      if (pos_ < s_.size() && s_[pos_] == ',') {
-        ++pos_;
-        continue;
-      }
-      expect('}', "',' or '}' in an object");
-      break;
-    }
-    if (depth == 0) {
-      std::vector<std::size_t> order(v.keys.size());
-      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-      std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return v.keys[a] < v.keys[b]; });
-      for (std::size_t i = 1; i < order.size(); ++i)
-        if (v.keys[order[i]] == v.keys[order[i - 1]])
-          solder::detail::fail(context_ + ": malformed JSON header: duplicate key \"" + v.keys[order[i]] + "\"");
-    }
-    return v;
-  }
-
-  json array(int depth) {
-    json v;
-    v.type = json::kind::array;
-    ++pos_;  // '['
-    skip_space();
-    if (pos_ < s_.size() && s_[pos_] == ']') {
-      ++pos_;
-      return v;
-    }
-    for (;;) {
-      skip_space();
-      v.items.push_back(value(depth + 1));
-      skip_space();
-      if (pos_ < s_.size() && s_[pos_] == ',') {
-        ++pos_;
-        continue;
-      }
-      expect(']', "',' or ']' in an array");
-      return v;
+      q = s_.rfind('"', q - 1);
+      std::size_t backslashes = 0;
+      while (q > backslashes && s_[q - 1 - backslashes] == '\\') ++backslashes;
+      if (backslashes % 2 == 0) return q;
     }
   }
 
-  json integer() {
-    json v;
-    v.type = json::kind::integer;
-    if (s_[pos_] == '-') {
-      v.negative = true;
-      ++pos_;
-    }
-    const std::size_t first = pos_;
-    while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') {
-      const std::uint64_t d = std::uint64_t(s_[pos_] - '0');
-      if (v.magnitude > (std::numeric_limits<std::uint64_t>::max() - d) / 10) error("integer too large for 64 bits");
-      v.magnitude = v.magnitude * 10 + d;
-      ++pos_;
-    }
-    if (pos_ == first) error("expected digits, found " + describe_here());
-    if (s_[first] == '0' && pos_ - first > 1) {
-      pos_ = first;
-      error("a number must not have leading zeros");
-    }
-    if (pos_ < s_.size() && (s_[pos_] == '.' || s_[pos_] == 'e' || s_[pos_] == 'E'))
-      error("numbers in a safetensors header are integers; found a fraction or an exponent");
-    return v;
+  /// Where the integer nlohmann has just read begins: back from its end over digits and sign.
+  std::size_t number_start() const {
+    std::size_t i = taken_;
+    if (s_[i - 1] < '0' || s_[i - 1] > '9') --i;  // the byte after it, read to find its end
+    while (i > 0 && ((s_[i - 1] >= '0' && s_[i - 1] <= '9') || s_[i - 1] == '-')) --i;
+    return i;
   }
 
-  unsigned hex4() {
-    unsigned u = 0;
-    for (int k = 0; k < 4; ++k, ++pos_) {
-      if (pos_ >= s_.size()) error("unterminated \\u escape");
-      const char c = s_[pos_];
-      const int d = c >= '0' && c <= '9'   ? c - '0'
-                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                           : -1;
-      if (d < 0) error("a \\u escape needs 4 hex digits, found " + describe_here());
-      u = u * 16 + unsigned(d);
+  /// The index of the digit at which a decimal integer overflows 64 bits; npos if it fits.
+  static std::size_t overflow_at(std::string_view digits) {
+    std::uint64_t m = 0;
+    for (std::size_t i = 0; i < digits.size(); ++i) {
+      const auto d = std::uint64_t(digits[i] - '0');
+      if (m > (std::numeric_limits<std::uint64_t>::max() - d) / 10) return i;
+      m = m * 10 + d;
     }
-    return u;
+    return std::string_view::npos;
   }
 
-  std::string string() {
-    ++pos_;  // '"'
-    std::string out;
-    for (;;) {
-      if (pos_ >= s_.size()) error("unterminated string");
-      const auto c = static_cast<unsigned char>(s_[pos_]);
-      if (c == '"') {
-        ++pos_;
-        return out;
-      }
-      if (c < 0x20) error("raw control character " + describe_here() + " in a string; write it as an escape");
-      if (c != '\\') {
-        out += char(c);
-        ++pos_;
-        continue;
-      }
-      ++pos_;
-      if (pos_ >= s_.size()) error("unterminated string");
-      const char e = s_[pos_++];
-      switch (e) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          std::uint32_t cp = hex4();
-          if (cp >= 0xDC00 && cp <= 0xDFFF) error("a \\u escape holds a lone low surrogate");
-          if (cp >= 0xD800 && cp <= 0xDBFF) {
-            if (s_.substr(pos_, 2) != "\\u") error("a high surrogate \\u escape must be followed by a low one");
-            pos_ += 2;
-            const std::uint32_t lo = hex4();
-            if (lo < 0xDC00 || lo > 0xDFFF) error("a high surrogate \\u escape must be followed by a low one");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          }
-          append_utf8(out, cp);
-          break;
-        }
-        default:
-          --pos_;
-          error("unknown escape sequence: a backslash followed by " + describe_here());
-      }
+  /// The lexer's complaint about a string, reworded, at the byte where the problem shows:
+  /// `failed` is the byte nlohmann stopped on, `end` one past it.
+  [[noreturn]] void refuse_string(std::string_view lexer, std::size_t failed, std::size_t end) const {
+    const bool ended = failed >= s_.size();
+    const auto says = [&](const char* what) { return lexer.find(what) != std::string_view::npos; };
+    if (says("forbidden character after backslash"))
+      fail(failed,
+           ended ? "unterminated string" : "unknown escape sequence: a backslash followed by " + describe(failed));
+    if (says("must be followed by 4 hex digits"))
+      fail(failed, ended ? "unterminated \\u escape" : "a \\u escape needs 4 hex digits, found " + describe(failed));
+    if (says("must follow U+D800")) fail(end, "a \\u escape holds a lone low surrogate");  // after the escape
+    if (says("must be followed by U+DC00")) {
+      // After the high escape when no \u follows it; after the second escape when that is not a low one.
+      const bool second = failed >= 5 && s_.compare(failed - 5, 2, "\\u") == 0;
+      fail(second                   ? end
+           : s_[failed - 1] == '\\' ? failed - 1
+                                    : failed,
+           "a high surrogate \\u escape must be followed by a low one");
     }
+    if (says("control character"))
+      fail(failed, "raw control character " + describe(failed) + " in a string; write it as an escape");
+    if (says("missing closing quote")) fail(failed, "unterminated string");
+    fail(failed, std::string(lexer));  // ill-formed UTF-8, which read_header has already refused
+  }
+
+  /// A number that is not a 64-bit integer, refused for what comes first: an integer part that
+  /// overflows, or a fraction or exponent.
+  [[noreturn]] void refuse_number(std::size_t start, std::string_view text) const {
+    const std::size_t sign = text[0] == '-' ? 1 : 0;
+    const std::string_view digits = text.substr(sign, text.find_first_of(".eE", sign) - sign);
+    if (const std::size_t over = overflow_at(digits); over != std::string_view::npos)
+      fail(start + sign + over, "integer too large for 64 bits");
+    fail(start + sign + digits.size(), "numbers in a safetensors header are integers; found a fraction or an exponent");
+  }
+
+  [[noreturn]] void refuse_literal(std::size_t length) const {
+    if (too_deep()) refuse_depth(taken_ - length);
+    fail(taken_ - length, "true, false and null have no place in a safetensors header");
+  }
+
+  bool too_deep() const { return open_.size() > max_depth; }  // open_.size(): the next value's depth
+  [[noreturn]] void refuse_depth(std::size_t at) const {
+    fail(at, "nested deeper than " + std::to_string(max_depth) + " levels");
+  }
+
+  /// Adds key `k` to `members` (top_ or an object's), refusing a duplicate.
+  bool add_key(frame& f, auto& members, std::string& k) {
+    if (members.size() >= small_object && f.keys.empty())
+      for (const auto& m : members) f.keys.insert(m.first);
+    const bool repeated = members.size() < small_object
+                              ? std::any_of(members.begin(), members.end(), [&](const auto& m) { return m.first == k; })
+                              : !f.keys.insert(k).second;
+    if (repeated) fail(string_start(taken_), "duplicate key \"" + k + "\"");
+    members.emplace_back(std::move(k), nullptr);  // not ordered_map's insert, which would search again
+    member_ = &members.back().second;
+    return true;
+  }
+
+  /// Puts a value where the parse is: the next element of an array, or the member whose key
+  /// came last.
+  header_json* place(header_json&& v) {
+    header_json* parent = open_.back().value;
+    if (parent != nullptr && parent->is_array()) {
+      parent->push_back(std::move(v));
+      return &parent->back();
+    }
+    *member_ = std::move(v);
+    return member_;
+  }
+
+  bool add(header_json&& v) {
+    place(std::move(v));
+    return true;
+  }
+
+  bool open(header_json&& empty) {
+    if (too_deep()) refuse_depth(taken_ - 1);
+    open_.push_back({place(std::move(empty)), {}});
+    return true;
+  }
+
+  bool close() {
+    open_.pop_back();
+    return true;
   }
 
   std::string_view s_;
-  std::string context_;
-  std::size_t pos_ = 0;
+  const char* who_;
+  const std::filesystem::path& path_;
+  std::size_t taken_ = 0;  // bytes nlohmann has taken from s_
+  header_members top_;
+  std::vector<frame> open_;        // the objects and arrays not yet closed, outermost first
+  header_json* member_ = nullptr;  // the member of the innermost object whose value comes next
 };
 
 /// The header's meaning, checked against the format: every tensor entry is
 /// {"dtype": string, "shape": [n, ...], "data_offsets": [begin, end]} and nothing else; its
 /// bytes match its dtype and shape; the tensors cover the data exactly, without overlaps or
 /// holes (`data_bytes` is what follows the header). "__metadata__" maps strings to strings.
-inline safetensors_header interpret(const json& root, std::uint64_t data_bytes, const char* who,
+inline safetensors_header interpret(const header_members& members, std::uint64_t data_bytes, const char* who,
                                     const std::filesystem::path& path) {
   safetensors_header h;
-  if (root.type != json::kind::object) st_fail(who, path, "the header is not a JSON object");
   const auto entry_fail = [&](const std::string& name, const std::string& what) {
     st_fail(who, path, "tensor '" + name + "' " + what);
   };
-  const auto unsigned_value = [&](const json& v, const std::string& name, const char* field) -> std::uint64_t {
-    if (v.type != json::kind::integer) entry_fail(name, std::string("has a non-integer in \"") + field + "\"");
-    if (v.negative && v.magnitude != 0) entry_fail(name, std::string("has a negative number in \"") + field + "\"");
-    return v.magnitude;
+  const auto unsigned_value = [&](const header_json& v, const std::string& name, const char* field) -> std::uint64_t {
+    if (!v.is_number_integer()) entry_fail(name, std::string("has a non-integer in \"") + field + "\"");
+    if (!v.is_number_unsigned() && v.get<std::int64_t>() < 0)
+      entry_fail(name, std::string("has a negative number in \"") + field + "\"");
+    return v.get<std::uint64_t>();
   };
-  for (std::size_t k = 0; k < root.keys.size(); ++k) {
-    const std::string& name = root.keys[k];
-    const json& v = root.items[k];
+  for (const auto& [name, v] : members) {
     if (name == "__metadata__") {
-      if (v.type != json::kind::object) st_fail(who, path, "\"__metadata__\" is not an object of strings");
-      for (std::size_t m = 0; m < v.keys.size(); ++m) {
-        if (v.items[m].type != json::kind::string)
-          st_fail(who, path, "\"__metadata__\" entry \"" + v.keys[m] + "\" is not a string");
-        h.metadata[v.keys[m]] = v.items[m].text;
+      if (!v.is_object()) st_fail(who, path, "\"__metadata__\" is not an object of strings");
+      for (const auto& [key, value] : v.get_ref<const header_json::object_t&>()) {
+        if (!value.is_string()) st_fail(who, path, "\"__metadata__\" entry \"" + key + "\" is not a string");
+        h.metadata[key] = value.get<std::string>();
       }
       continue;
     }
-    if (v.type != json::kind::object) entry_fail(name, "is not described by an object");
+    if (!v.is_object()) entry_fail(name, "is not described by an object");
     safetensors_entry e;
     e.name = name;
     bool has_dtype = false, has_shape = false, has_offsets = false;
-    for (std::size_t f = 0; f < v.keys.size(); ++f) {
-      const std::string& field = v.keys[f];
-      const json& fv = v.items[f];
+    for (const auto& [field, fv] : v.get_ref<const header_json::object_t&>()) {
       if (field == "dtype") {
-        if (fv.type != json::kind::string) entry_fail(name, "has a \"dtype\" that is not a string");
-        e.dtype = fv.text;
+        if (!fv.is_string()) entry_fail(name, "has a \"dtype\" that is not a string");
+        e.dtype = fv.get<std::string>();
         has_dtype = true;
       } else if (field == "shape") {
-        if (fv.type != json::kind::array) entry_fail(name, "has a \"shape\" that is not an array");
-        for (const json& d : fv.items) {
+        if (!fv.is_array()) entry_fail(name, "has a \"shape\" that is not an array");
+        for (const header_json& d : fv) {
           const std::uint64_t x = unsigned_value(d, name, "shape");
           if (x > std::numeric_limits<std::size_t>::max()) entry_fail(name, "has an extent too large for size_t");
           e.shape.push_back(static_cast<std::size_t>(x));
         }
         has_shape = true;
       } else if (field == "data_offsets") {
-        if (fv.type != json::kind::array || fv.items.size() != 2)
-          entry_fail(name, "needs \"data_offsets\" of the form [begin, end]");
-        e.begin = unsigned_value(fv.items[0], name, "data_offsets");
-        e.end = unsigned_value(fv.items[1], name, "data_offsets");
+        if (!fv.is_array() || fv.size() != 2) entry_fail(name, "needs \"data_offsets\" of the form [begin, end]");
+        e.begin = unsigned_value(fv[0], name, "data_offsets");
+        e.end = unsigned_value(fv[1], name, "data_offsets");
         has_offsets = true;
       } else {
         entry_fail(name, "has an unknown field \"" + field + "\" (a tensor has dtype, shape, data_offsets)");
@@ -530,49 +581,9 @@ inline safetensors_header read_header(std::ifstream& in, const char* who, const 
   if (!in) st_fail(who, path, "read error in the header");
   if (text.empty() || text[0] != '{') st_fail(who, path, "the header does not start with '{'; not a safetensors file");
   if (!valid_utf8(text)) st_fail(who, path, "the header is not valid UTF-8");
-  json root = json_parser(text, std::string(who) + ": " + path.string()).parse_document();
-  safetensors_header h = interpret(root, size - 8 - n, who, path);
+  safetensors_header h = interpret(header_reader(text, who, path).parse(), size - 8 - n, who, path);
   h.data_start = 8 + n;
   return h;
-}
-
-inline void append_json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (const char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          out += "\\u00";
-          out += "0123456789abcdef"[c >> 4];
-          out += "0123456789abcdef"[c & 15];
-        } else {
-          out += ch;
-        }
-    }
-  }
-  out += '"';
 }
 
 /// Closes a FILE* on every path out of save_safetensors.
@@ -673,19 +684,12 @@ inline void save_safetensors(const std::filesystem::path& path, std::span<const 
     if (!detail::valid_utf8(k) || !detail::valid_utf8(v))
       detail::st_fail(who, path, "metadata entry '" + k + "' is not valid UTF-8");
 
-  std::string header = "{";
-  if (!metadata.empty()) {
-    header += "\"__metadata__\":{";
-    bool first = true;
-    for (const auto& [k, v] : metadata) {
-      if (!first) header += ',';
-      first = false;
-      detail::append_json_string(header, k);
-      header += ':';
-      detail::append_json_string(header, v);
-    }
-    header += '}';
-  }
+  // Compact JSON in insertion order: "__metadata__" first, then the tensors as given. The names
+  // are known to be distinct, so members are appended without ordered_map's linear search.
+  detail::header_json json = detail::header_json::object();
+  auto& members = json.get_ref<detail::header_json::object_t&>();
+  members.reserve(tensors.size() + 1);  // a reallocation would copy every member (its key is const)
+  if (!metadata.empty()) members.emplace_back("__metadata__", metadata);
   std::vector<std::uint64_t> counts;
   std::uint64_t offset = 0;
   for (const named_tensor& t : tensors) {
@@ -693,15 +697,13 @@ inline void save_safetensors(const std::filesystem::path& path, std::span<const 
     if (!detail::element_count(t.shape, count) || count > std::numeric_limits<std::uint64_t>::max() / 4 - offset)
       detail::st_fail(who, path, "tensor '" + t.name + "' has a shape whose size overflows 64 bits");
     if (count != 0 && t.data == nullptr) detail::st_fail(who, path, "tensor '" + t.name + "' has no data pointer");
-    if (header.size() > 1) header += ',';
-    detail::append_json_string(header, t.name);
-    header += ":{\"dtype\":\"F32\",\"shape\":[";
-    for (std::size_t d = 0; d < t.shape.size(); ++d) header += (d ? "," : "") + std::to_string(t.shape[d]);
-    header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + 4 * count) + "]}";
+    members.emplace_back(
+        t.name,
+        detail::header_json{{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + 4 * count}}});
     offset += 4 * count;
     counts.push_back(count);
   }
-  header += '}';
+  std::string header = json.dump();
   header.append((8 - header.size() % 8) % 8, ' ');
 
   std::filesystem::path tmp = path;
