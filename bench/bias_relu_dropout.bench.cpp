@@ -111,16 +111,16 @@ void memcpy_fwd(problem& pb, int threads) {
   });
 }
 
-/// fwd floor, fastest: y = x, AVX-512 with streaming stores + prefetch when y is beyond cache.
+/// fwd floor, fastest: y = x, the widest vectors, streaming stores + prefetch when y is beyond cache.
 void copy_nt_fwd(problem& pb, int threads) {
   const bool streaming = pb.y.bytes() >= streaming_store_min_bytes;  // decided by the whole output
   parallel_blocks(threads, pb.rows, [&](std::int64_t r0, std::int64_t r1) {
     const float* x = pb.x.data() + r0 * pb.cols;
     float* y = pb.y.data() + r0 * pb.cols;
     if (streaming)
-      copy_avx512<true>(x, y, (r1 - r0) * pb.cols);
+      copy_nt<true>(x, y, (r1 - r0) * pb.cols);
     else
-      copy_avx512<false>(x, y, (r1 - r0) * pb.cols);
+      copy_nt<false>(x, y, (r1 - r0) * pb.cols);
   });
 }
 
@@ -132,15 +132,15 @@ void memcpy_bwd(problem& pb, int threads) {
   });
 }
 
-/// bwd floor, fastest: dx = dy * pre, AVX-512 with streaming stores + prefetch beyond cache.
+/// bwd floor, fastest: dx = dy * pre, the widest vectors, streaming stores + prefetch beyond cache.
 void copy_nt_bwd(problem& pb, int threads) {
   const bool streaming = pb.dx.bytes() >= streaming_store_min_bytes;
   parallel_blocks(threads, pb.rows, [&](std::int64_t r0, std::int64_t r1) {
     const std::int64_t o = r0 * pb.cols, n = (r1 - r0) * pb.cols;
     if (streaming)
-      mul_avx512<true>(pb.dy.data() + o, pb.pre.data() + o, pb.dx.data() + o, n);
+      mul_nt<true>(pb.dy.data() + o, pb.pre.data() + o, pb.dx.data() + o, n);
     else
-      mul_avx512<false>(pb.dy.data() + o, pb.pre.data() + o, pb.dx.data() + o, n);
+      mul_nt<false>(pb.dy.data() + o, pb.pre.data() + o, pb.dx.data() + o, n);
   });
 }
 

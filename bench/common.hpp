@@ -142,7 +142,8 @@ inline void copy_memcpy(const float* x, float* y, std::size_t n) { std::memcpy(y
 /// y[i] = x[i] for n floats, the fastest this machine allows: AVX-512 loads of 4 cache lines per
 /// step, stores streamed past the cache with an L2 prefetch copy_prefetch_bytes ahead when
 /// Streaming is true. x and y 64-byte aligned. Compiled for AVX-512 whatever the flags (the floor
-/// is what the machine can do, not what the build targets); call it on AVX-512 machines only.
+/// is what the machine can do, not what the build targets); call it on AVX-512 machines only
+/// (copy_nt picks it or copy_avx2 for the host).
 template <bool Streaming>
 __attribute__((target("avx512f"))) inline void copy_avx512(const float* __restrict x, float* __restrict y,
                                                            std::size_t n) {
@@ -171,6 +172,47 @@ __attribute__((target("avx512f"))) inline void copy_avx512(const float* __restri
   }
   for (; i < n; ++i) y[i] = x[i];
   if constexpr (Streaming) _mm_sfence();  // streaming stores are weakly ordered
+}
+
+/// copy_avx512 for hosts without AVX-512: the same steps with AVX2 registers.
+template <bool Streaming>
+__attribute__((target("avx2"))) inline void copy_avx2(const float* __restrict x, float* __restrict y, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    if constexpr (Streaming) {
+      const char* ahead = reinterpret_cast<const char*>(x + i) + copy_prefetch_bytes;
+      _mm_prefetch(ahead, _MM_HINT_T1);
+      _mm_prefetch(ahead + 64, _MM_HINT_T1);
+      _mm_prefetch(ahead + 128, _MM_HINT_T1);
+      _mm_prefetch(ahead + 192, _MM_HINT_T1);
+    }
+    __m256 v[8];
+    for (int k = 0; k < 8; ++k) v[k] = _mm256_load_ps(x + i + 8 * k);
+    for (int k = 0; k < 8; ++k) {
+      if constexpr (Streaming)
+        _mm256_stream_ps(y + i + 8 * k, v[k]);
+      else
+        _mm256_store_ps(y + i + 8 * k, v[k]);
+    }
+  }
+  for (; i < n; ++i) y[i] = x[i];
+  if constexpr (Streaming) _mm_sfence();
+}
+
+/// True when the host runs AVX-512 (checked once): the floors use the widest vectors the
+/// machine has, whatever the build's flags.
+inline bool host_has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+/// The copy floor with the host's widest vectors.
+template <bool Streaming>
+inline void copy_nt(const float* x, float* y, std::size_t n) {
+  if (host_has_avx512())
+    copy_avx512<Streaming>(x, y, n);
+  else
+    copy_avx2<Streaming>(x, y, n);
 }
 
 /// y[i] = a[i] * b[i], the plainest 2-read 1-write pass (the compiler vectorizes it; regular stores).
@@ -208,21 +250,57 @@ __attribute__((target("avx512f"))) inline void mul_avx512(const float* __restric
   if constexpr (Streaming) _mm_sfence();
 }
 
+/// mul_avx512 for hosts without AVX-512: the same steps with AVX2 registers.
+template <bool Streaming>
+__attribute__((target("avx2"))) inline void mul_avx2(const float* __restrict a, const float* __restrict b,
+                                                     float* __restrict y, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    if constexpr (Streaming) {
+      const char* pa = reinterpret_cast<const char*>(a + i) + mul_prefetch_bytes;
+      const char* pb = reinterpret_cast<const char*>(b + i) + mul_prefetch_bytes;
+      _mm_prefetch(pa, _MM_HINT_T0);
+      _mm_prefetch(pa + 64, _MM_HINT_T0);
+      _mm_prefetch(pb, _MM_HINT_T0);
+      _mm_prefetch(pb + 64, _MM_HINT_T0);
+    }
+    __m256 v[4];
+    for (int k = 0; k < 4; ++k) v[k] = _mm256_mul_ps(_mm256_load_ps(a + i + 8 * k), _mm256_load_ps(b + i + 8 * k));
+    for (int k = 0; k < 4; ++k) {
+      if constexpr (Streaming)
+        _mm256_stream_ps(y + i + 8 * k, v[k]);
+      else
+        _mm256_store_ps(y + i + 8 * k, v[k]);
+    }
+  }
+  for (; i < n; ++i) y[i] = a[i] * b[i];
+  if constexpr (Streaming) _mm_sfence();
+}
+
+/// The 2-read 1-write floor with the host's widest vectors.
+template <bool Streaming>
+inline void mul_nt(const float* a, const float* b, float* y, std::size_t n) {
+  if (host_has_avx512())
+    mul_avx512<Streaming>(a, b, y, n);
+  else
+    mul_avx2<Streaming>(a, b, y, n);
+}
+
 /// The fastest copy of n floats: streaming stores for outputs of streaming_store_min_bytes and
-/// more, regular AVX-512 stores below (the choice per shape described in bench/README.md).
+/// more, regular stores below (the choice per shape described in bench/README.md).
 inline void copy_fastest(const float* x, float* y, std::size_t n) {
   if (n * sizeof(float) >= streaming_store_min_bytes)
-    copy_avx512<true>(x, y, n);
+    copy_nt<true>(x, y, n);
   else
-    copy_avx512<false>(x, y, n);
+    copy_nt<false>(x, y, n);
 }
 
 /// The fastest 2-read 1-write pass over n floats, chosen the same way as copy_fastest.
 inline void mul_fastest(const float* a, const float* b, float* y, std::size_t n) {
   if (n * sizeof(float) >= streaming_store_min_bytes)
-    mul_avx512<true>(a, b, y, n);
+    mul_nt<true>(a, b, y, n);
   else
-    mul_avx512<false>(a, b, y, n);
+    mul_nt<false>(a, b, y, n);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ for ((r = 1; r <= rounds; ++r)); do
     bin=$before
     [[ $side == after ]] && bin=$after
     echo "round $r: $side ($bin)" >&2
-    OMP_WAIT_POLICY=PASSIVE OMP_PROC_BIND=true OMP_PLACES=cores OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-SkylakeX} \
+    OMP_WAIT_POLICY=PASSIVE OMP_PROC_BIND=true OMP_PLACES=cores \
       "$bin" --benchmark_filter="$filter" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
       --benchmark_enable_random_interleaving=true --benchmark_min_time=0.2 \
       --benchmark_out="$out/$side.$r.json" --benchmark_out_format=json >/dev/null
