@@ -1,97 +1,25 @@
 // nn/layer_norm.hpp: PyTorch's nn.LayerNorm(N) over the feature axis of [batch, N] activations,
 // as a block of its own: one visit per row forward (statistics, then y) and backward (two sums,
-// then dx and this row's share of dweight and dbias).
+// then dx and this row's share of dweight and dbias). The row math is ops::layer_norm
+// (ops/layer_norm.hpp), run on executor<cpu>'s row walk.
 #pragma once
 
-#include <immintrin.h>
-
 #include <algorithm>
-#include <array>
-#include <cmath>
 #include <cstddef>
-#include <cstring>
-#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "solder/assign.hpp"
 #include "solder/config.hpp"
 #include "solder/diagnostic.hpp"
 #include "solder/nn/batch_check.hpp"
-#include "solder/eval/cpu/batch.hpp"
-#include "solder/eval/cpu/parallel.hpp"
-#include "solder/eval/cpu/row.hpp"
+#include "solder/ops/layer_norm.hpp"
 #include "solder/optim/optimizer.hpp"
 #include "solder/shape.hpp"
 #include "solder/tensor.hpp"
 
 namespace solder::nn {
-
-namespace detail {
-
-/// The row kernels of layer_norm<N>, on the vector walk of eval::cpu::row<N>.
-template <std::size_t N>
-struct layer_norm_row : eval::cpu::row<N> {
-  using R = eval::cpu::row<N>;
-  using typename R::V;
-  using R::each;
-  using R::full;
-  using R::lanes;
-  using R::load;
-  using R::rest;
-  using R::store;
-  using R::sum;
-
-  /// y = (x - mean) rstd w + b for one row; writes {mean, rstd} to stats.
-  ///
-  /// Statistics: a corrected two-pass over the row while it sits in L1 (Chan, Golub and
-  /// LeVeque 1983): pass 1 gives a mean m1; pass 2 sums d = x - m1 and d^2, so mean =
-  /// m1 + sum d / N repairs m1's rounding, and the variance sums small squares that do not
-  /// cancel, where E[x^2] - mean^2 loses everything once |mean| >> std. Sums as in sums().
-  /// The variance is the biased one (/ N), as torch's.
-  static SOLDER_INLINE void forward(const float* x, float* y, const float* w, const float* b, double eps, float* stats) {
-    const double n = double(N);
-    const float m1 = float(R::template sums<1>([&]<class T>(std::size_t j, T) { return std::array<V, 1>{load(T{}, x + j)}; })[0] / n);
-    const V vm1(m1);
-    const auto [s1, s2] = R::template sums<2>([&]<class T>(std::size_t j, T) {
-      const V d = load(T{}, x + j, m1) - vm1;  // padding with m1 gives d = 0
-      return std::array<V, 2>{d, d * d};
-    });
-    const double shift = s1 / n;
-    const double var = std::max(s2 / n - shift * shift, 0.0);  // NaN stays NaN
-    const float mean = float(double(m1) + shift);
-    const float rstd = float(1.0 / std::sqrt(var + eps));
-    stats[0] = mean;
-    stats[1] = rstd;
-    const V vm(mean), vr(rstd);
-    each([&]<class T>(std::size_t j, T) {
-      const V xhat = (load(T{}, x + j) - vm) * vr;
-      store(T{}, y + j, simd::fma(xhat, load(T{}, w + j), load(T{}, b + j)));
-    });
-  }
-
-  /// dx for one row, and its dy xhat and dy added to dw and db:
-  ///   g = dy w,  dx = rstd (g - mean(g) - xhat mean(g xhat)).
-  static SOLDER_INLINE void backward(const float* x, const float* dy, const float* w, float mean, float rstd, float* dx,
-                                     float* dw, float* db) {
-    const V vm(mean), vr(rstd);
-    const auto [sg, sgx] = R::template sums<2>([&]<class T>(std::size_t j, T) {
-      const V xhat = (load(T{}, x + j, mean) - vm) * vr;
-      const V g = load(T{}, dy + j) * load(T{}, w + j);  // padding dy with 0 zeroes both terms
-      return std::array<V, 2>{g, g * xhat};
-    });
-    const V mg(float(sg / double(N))), mgx(float(sgx / double(N)));
-    each([&]<class T>(std::size_t j, T) {
-      const V xhat = (load(T{}, x + j, mean) - vm) * vr;
-      const V d = load(T{}, dy + j);
-      store(T{}, dx + j, (d * load(T{}, w + j) - simd::fma(xhat, mgx, mg)) * vr);
-      store(T{}, dw + j, simd::fma(d, xhat, load(T{}, dw + j)));
-      store(T{}, db + j, load(T{}, db + j) + d);
-    });
-  }
-};
-
-}  // namespace detail
 
 /// y = (x - E[x]) / sqrt(Var[x] + eps) * weight + bias over each row of x [batch, N]: torch's
 /// nn.LayerNorm(N, eps) with elementwise_affine (weight [N] starts at 1, bias [N] at 0; Var is
@@ -100,17 +28,17 @@ struct layer_norm_row : eval::cpu::row<N> {
 template <std::size_t N>
 class layer_norm {
   static_assert(N >= 1, "solder::nn::layer_norm: the feature count N must be at least 1");
-  using row = detail::layer_norm_row<N>;
+  using exec = executor<cpu>;
+  using row = exec::row<N>;
 
  public:
   static constexpr std::size_t in_features = N;
   static constexpr std::size_t out_features = N;
   static constexpr const char* name = "layer_norm";
   static constexpr std::size_t parameter_count = 2 * N;
-  /// Per sample, approximate: mean (N), shifted sums (3N), normalize and affine (4N).
-  static constexpr double forward_flops = 8.0 * N;
-  /// Per sample, approximate: the two sums (6N), dx (6N), dweight and dbias (3N).
-  static constexpr double backward_flops = 15.0 * N;
+  /// Per sample, approximate: the op's count per element (ops/layer_norm.hpp), N elements.
+  static constexpr double forward_flops = double(ops::layer_norm::forward_flops) * N;
+  static constexpr double backward_flops = double(ops::layer_norm::backward_flops) * N;
   /// Floats per sample kept for backward beyond x and y: the row's mean and rstd.
   static constexpr std::size_t saved_floats = 2;
 
@@ -144,15 +72,10 @@ class layer_norm {
     saved_rows = rows;
     const float *xp = x.data(), *w = weight.data(), *b = bias.data();
     float* yp = y.data();
-    float* st = stats.data();
+    float* stats_p = stats.data();
     const double e = eps;
     // Rows are independent: how they are split among threads cannot change a result.
-    const int threads = rows * N >= parallel_min_elements ? num_threads() : 1;
-    const std::size_t per = (rows + std::size_t(threads) - 1) / std::size_t(threads);
-    eval::cpu::parallel_for(std::size_t(threads), threads, [&](std::size_t t) {
-      for (std::size_t r = t * per; r < std::min(rows, (t + 1) * per); ++r)
-        row::forward(xp + r * N, yp + r * N, w, b, e, st + 2 * r);
-    });
+    exec::for_rows(rows, N, [=](std::size_t r) { forward_row(xp + r * N, yp + r * N, w, b, e, stats_p + 2 * r); });
   }
   template <class SX, class SY>
   void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
@@ -179,23 +102,21 @@ class layer_norm {
     // Chunks depend on the sizes only; each sums its rows' dweight and dbias in float for up
     // to flush_rows rows, then in double; the chunks are added in order. So the gradients are
     // the same for any thread count.
-    const std::size_t per = std::max((rows + max_chunks - 1) / max_chunks, (min_chunk_elements + N - 1) / N);
-    const std::size_t chunks = (rows + per - 1) / per;
-    if (partial.batch() < chunks) {
-      partial = tensor<float, shape<dyn, 2 * N>>(chunks);
-      total = tensor<double, shape<dyn, 2 * N>>(chunks);
+    const exec::chunking parts(rows, N);
+    if (partial.batch() < parts.count) {
+      partial = tensor<float, shape<dyn, 2 * N>>(parts.count);
+      total = tensor<double, shape<dyn, 2 * N>>(parts.count);
     }
     const float *xp = x.data(), *dyp = dy.data(), *w = weight.data(), *st = stats.data();
     float* dxp = dx.data();
-    const int threads = rows * N >= parallel_min_elements ? num_threads() : 1;
-    eval::cpu::parallel_for(chunks, threads, [&](std::size_t c) {
+    exec::for_chunks(parts, N, [&](std::size_t c) {
       float* p = partial.data() + c * 2 * N;  // [dweight, dbias] of this chunk
       double* t = total.data() + c * 2 * N;
       std::fill_n(p, 2 * N, 0.0f);
       std::fill_n(t, 2 * N, 0.0);
-      const std::size_t begin = c * per, end = std::min(rows, begin + per);
+      const std::size_t begin = parts.begin(c), end = parts.end(c);
       for (std::size_t r = begin; r < end; ++r) {
-        row::backward(xp + r * N, dyp + r * N, w, st[2 * r], st[2 * r + 1], dxp + r * N, p, p + N);
+        backward_row(xp + r * N, dyp + r * N, w, st + 2 * r, dxp + r * N, p);
         if ((r - begin + 1) % flush_rows == 0 || r + 1 == end) {
           for (std::size_t j = 0; j < 2 * N; ++j) t[j] += double(p[j]);
           std::fill_n(p, 2 * N, 0.0f);
@@ -204,7 +125,7 @@ class layer_norm {
     });
     for (std::size_t j = 0; j < N; ++j) {
       double dw = 0, db = 0;
-      for (std::size_t c = 0; c < chunks; ++c) {
+      for (std::size_t c = 0; c < parts.count; ++c) {
         dw += total.data()[c * 2 * N + j];
         db += total.data()[c * 2 * N + N + j];
       }
@@ -218,13 +139,23 @@ class layer_norm {
   }
 
  private:
-  /// Below this many elements a pass runs on the calling thread.
-  static constexpr std::size_t parallel_min_elements = std::size_t(1) << 16;
-  /// Backward cuts the rows into at most max_chunks chunks of at least min_chunk_elements.
-  static constexpr std::size_t max_chunks = 32;
-  static constexpr std::size_t min_chunk_elements = std::size_t(1) << 14;
   /// Rows summed in float before a flush to double: 64 terms, about 64 u of relative error.
   static constexpr std::size_t flush_rows = 64;
+
+  // One row each way, flattened: the op's loops and the walker's reductions become one body
+  // whatever else the translation unit holds (left to GCC's unit-growth budget, a large unit
+  // calls them out of line).
+  [[gnu::flatten, gnu::noinline, gnu::noclone]] static void forward_row(const float* x, float* y, const float* w,
+                                                                        const float* b, double eps, float* stats) {
+    const auto st = ops::layer_norm{}.forward(row{}, x, y, w, b, eps);
+    stats[0] = st.mean;
+    stats[1] = st.rstd;
+  }
+  /// dx of one row; its dweight and dbias terms added to p[0, N) and p[N, 2N).
+  [[gnu::flatten, gnu::noinline, gnu::noclone]] static void backward_row(const float* x, const float* dy, const float* w,
+                                                                         const float* stats, float* dx, float* p) {
+    ops::layer_norm{}.backward(row{}, x, dy, w, {stats[0], stats[1]}, dx, p, p + N);
+  }
 
   tensor<float, shape<dyn, 2>> stats{1};          // [mean, rstd] per row of the last forward
   std::size_t saved_rows = 0;                     // its rows; 0: no forward yet

@@ -1,36 +1,23 @@
 // nn/loss.hpp: the training losses (mse, softmax_cross_entropy, bce_with_logits) and accuracy.
 // Each loss visits a row once and returns the mean loss together with the gradient of that
-// mean, or the loss alone for evaluation. Sums are fixed-order, so results never depend on
-// the thread count.
+// mean, or the loss alone for evaluation. The math is ops/loss.hpp's, run on executor<cpu>'s
+// row walk; sums are fixed-order, so results never depend on the thread count.
 #pragma once
 
-#include <immintrin.h>
-
-#include <algorithm>
-#include <array>
 #include <cmath>
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <limits>
 #include <span>
 #include <string>
 #include <type_traits>
 
+#include "solder/assign.hpp"
 #include "solder/config.hpp"
-#include "solder/eval/cpu/batch.hpp"
-#include "solder/eval/cpu/parallel.hpp"
+#include "solder/diagnostic.hpp"
+#include "solder/ops/loss.hpp"
 #include "solder/shape.hpp"
 #include "solder/tensor.hpp"
-
-// GCC 12.2 warns -W(maybe-)uninitialized inside its own AVX-512 intrinsics (the "undefined"
-// source operand of the unmasked forms, GCC bug 105593, fixed in 12.3) when xsimd's exp and
-// log1p are inlined into the loss loops below; the warning names no solder code.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 
 namespace solder::nn {
 
@@ -104,223 +91,54 @@ inline void check_labels(const char* who, std::span<const std::int32_t> labels, 
                            " is outside [0, " + std::to_string(classes) + ")");
 }
 
-using vecf = eval::cpu::vec<float>;
-inline constexpr std::size_t lanes = vecf::size;
-
-// Tails of a row go through masked loads and stores where the target has them: they touch
-// only the row's own elements, and a narrow copy into a stack buffer followed by a wide load
-// would stall on store forwarding once per row (a quarter of the time of a 10-class row).
-
-#if defined(__AVX512F__)
-static_assert(lanes == 16, "solder::nn: AVX-512 builds use 16-lane float vectors");
-#elif defined(__AVX2__)
-static_assert(lanes == 8, "solder::nn: AVX2 builds use 8-lane float vectors");
-/// Lanes [0, n) of an AVX2 mask.
-SOLDER_INLINE __m256i avx2_first(std::size_t n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-#endif
-
-/// The first n < lanes floats at p in a vector, the other lanes set to `pad`; reads p[0, n).
-SOLDER_INLINE vecf load_tail(const float* p, std::size_t n, float pad) {
-#if defined(__AVX512F__)
-  return _mm512_mask_loadu_ps(_mm512_set1_ps(pad), __mmask16((1u << n) - 1), p);
-#elif defined(__AVX2__)
-  const __m256i m = avx2_first(n);
-  return _mm256_blendv_ps(_mm256_set1_ps(pad), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
-#else
-  alignas(alignment) float buf[lanes];
-  std::fill_n(buf, lanes, pad);
-  std::memcpy(buf, p, n * sizeof(float));
-  return vecf::load_aligned(buf);
-#endif
-}
-/// Stores the first n < lanes lanes of v to p[0, n).
-SOLDER_INLINE void store_tail(float* p, std::size_t n, const vecf& v) {
-#if defined(__AVX512F__)
-  _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1), v);
-#elif defined(__AVX2__)
-  _mm256_maskstore_ps(p, avx2_first(n), v);
-#else
-  alignas(alignment) float buf[lanes];
-  v.store_aligned(buf);
-  std::memcpy(p, buf, n * sizeof(float));
-#endif
-}
-/// True in the first n lanes.
-SOLDER_INLINE auto first_lanes(std::size_t n) {
-  alignas(alignment) static constexpr auto iota = [] {
-    std::array<float, lanes> a{};
-    for (std::size_t k = 0; k < lanes; ++k) a[k] = float(k);
-    return a;
-  }();
-  return vecf::load_aligned(iota.data()) < vecf(float(n));
-}
-/// The largest lane. A NaN lane may or may not win: callers let NaN reach the result
-/// through the data itself.
-SOLDER_INLINE float reduce_max(const vecf& v) {
-  alignas(alignment) float buf[lanes];
-  v.store_aligned(buf);
-  for (std::size_t w = lanes / 2; w > 0; w /= 2)  // a tree: log2(lanes) dependent steps
-    for (std::size_t k = 0; k < w; ++k) buf[k] = buf[k] < buf[k + w] ? buf[k + w] : buf[k];
-  return buf[0];
-}
-
-/// Row r of a pass contributes row(r); the sum is taken chunk by chunk, each chunk serially in
-/// double, then the chunks in order. The chunks depend on the sizes only, never on the thread
-/// count, so the result is bitwise the same for any number of threads.
-template <class Row>
-double sum_rows(std::size_t rows, std::size_t row_len, const Row& row) {
-  constexpr std::size_t max_chunks = 32;
-  constexpr std::size_t min_chunk_elements = std::size_t(1) << 14;  // below this a thread is not worth waking
-  constexpr std::size_t parallel_min_elements = std::size_t(1) << 16;
-  const std::size_t per_chunk =
-      std::max((rows + max_chunks - 1) / max_chunks, (min_chunk_elements + row_len - 1) / row_len);
-  const std::size_t chunks = (rows + per_chunk - 1) / per_chunk;
-  std::array<double, max_chunks> partial{};
-  const int threads = rows * row_len >= parallel_min_elements ? num_threads() : 1;
-  eval::cpu::parallel_for(chunks, threads, [&](std::size_t c) {
-    const Row f = row;  // a local copy: the row's stores cannot alias its captured state
-    double acc = 0;
-    const std::size_t end = std::min(rows, (c + 1) * per_chunk);
-    for (std::size_t r = c * per_chunk; r < end; ++r) acc += f(r);
-    partial[c] = acc;
-  });
-  double total = 0;
-  for (std::size_t c = 0; c < chunks; ++c) total += partial[c];
-  return total;
-}
-
-/// Elementwise losses run over flat blocks of this many elements: each block sums in float
-/// vectors (at most block / lanes terms per lane), then adds its total to a double.
-inline constexpr std::size_t flat_block = 1024;
-
-/// One row of softmax cross-entropy over C classes (a constant: the loops and the tail are
-/// laid out at compile time): returns the row's loss, and with Grad writes g_j = (p_j - spread - keep [j == y]) * inv_batch.
-/// `spread` = eps / C, `keep` = 1 - eps.
+// One row of a loss, or one chunk of an elementwise loss, flattened: the op's loops with exp
+// and log1p and the walker's reductions become one body whatever else the translation unit
+// holds (left to GCC's unit-growth budget, a large unit calls exp out of line, once per vector).
 template <bool Grad, std::size_t C>
-SOLDER_INLINE double softmax_ce_row(const float* x, std::size_t y, float* g, float keep, float spread,
-                                    float inv_batch) {
-  constexpr float neg_inf = -std::numeric_limits<float>::infinity();
-  constexpr std::size_t full = C / lanes * lanes, rest = C - full;
-
-  vecf vmax(neg_inf);
-  for (std::size_t j = 0; j < full; j += lanes) vmax = simd::max(vmax, vecf::load_unaligned(x + j));
-  if constexpr (rest != 0) vmax = simd::max(vmax, load_tail(x + full, rest, neg_inf));
-  // A NaN logit need not win the max: it makes its x_j - m, and so the row's sum, loss and
-  // whole gradient, NaN anyway.
-  const float m = reduce_max(vmax);
-
-  // e_j = exp(x_j - m) <= 1 (parked in g until the sum is known); gap = sum (m - x_j) >= 0.
-  vecf vsum(0.0f), vgap(0.0f);
-  const vecf vm(m);
-  for (std::size_t j = 0; j < full; j += lanes) {
-    const vecf d = vm - vecf::load_unaligned(x + j);
-    const vecf e = simd::exp(simd::neg(d));
-    vsum += e;
-    vgap += d;
-    if constexpr (Grad) e.store_unaligned(g + j);
-  }
-  if constexpr (rest != 0) {
-    const vecf d = vm - load_tail(x + full, rest, m);  // padding gives d = 0, e = 1: masked out of the sum
-    const vecf e = simd::exp(simd::neg(d));
-    vsum += simd::select(first_lanes(rest), e, vecf(0.0f));
-    vgap += d;
-    if constexpr (Grad) store_tail(g + full, rest, e);
-  }
-  const float s = xsimd::hadd(vsum);
-
-  // loss = lse - keep x_y - spread sum x_j, with lse = m + log s, written as gaps from the max
-  // so that large logits (1000) do not cancel.
-  double loss = std::log(double(s)) + double(keep) * (double(m) - double(x[y]));
-  if (spread != 0.0f) loss += double(spread) * double(xsimd::hadd(vgap));  // skipped at eps = 0, so -inf logits stay finite
-
-  if constexpr (Grad) {
-    // Explicit fused multiply-subtracts: left to the compiler, a * b - c is contracted in some
-    // instantiations (static batch) and not in others, and the gradients would differ in bits.
-    const vecf a(inv_batch / s), c(spread * inv_batch);
-    for (std::size_t j = 0; j < full; j += lanes) xsimd::fms(vecf::load_unaligned(g + j), a, c).store_unaligned(g + j);
-    if constexpr (rest != 0) store_tail(g + full, rest, xsimd::fms(load_tail(g + full, rest, 0.0f), a, c));
-    g[y] = std::fma(-keep, inv_batch, g[y]);
-  }
-  return loss;
+[[gnu::flatten, gnu::noinline, gnu::noclone]] double softmax_cross_entropy_row(const ops::softmax_cross_entropy& op,
+                                                                               const float* x, std::size_t y, float* g) {
+  return op.row<Grad>(executor<cpu>::row<C>{}, x, y, g);
+}
+template <bool Grad, class Op>
+[[gnu::flatten, gnu::noinline, gnu::noclone]] double elementwise_loss_chunk(const Op& op, const float* x, const float* t,
+                                                                            float* g, std::size_t n, float scale) {
+  return ops::elementwise_loss_sum<Grad>(op, executor<cpu>::row<dyn>(n), x, t, g, scale);
 }
 
+/// Softmax cross-entropy over the rows of logits x [B, C] of shape S: the mean loss, and with
+/// Grad its gradient in g. C is a constant, so each row's loops and tail are laid out at
+/// compile time.
 template <bool Grad, class S>
 float softmax_cross_entropy(const float* x, std::size_t batch, std::span<const std::int32_t> labels, float* g,
                             float label_smoothing) {
+  using exec = executor<cpu>;
   constexpr const char* who = "solder::nn::softmax_cross_entropy";
   constexpr std::size_t classes = S::last;
   const std::size_t rows = S::elements(batch) / classes;
   if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
     solder::detail::fail(std::string(who) + ": label_smoothing must be in [0, 1], got " + std::to_string(label_smoothing));
   check_labels(who, labels, rows, classes);
-  const float keep = 1.0f - label_smoothing;
-  const float spread = label_smoothing / float(classes);
-  const float inv_batch = 1.0f / float(rows);
+  const ops::softmax_cross_entropy op{1.0f - label_smoothing, label_smoothing / float(classes), 1.0f / float(rows)};
   const std::int32_t* y = labels.data();
-  const double total = sum_rows(rows, classes, [=](std::size_t r) {
-    return softmax_ce_row<Grad, classes>(x + r * classes, std::size_t(y[r]), Grad ? g + r * classes : nullptr, keep,
-                                         spread, inv_batch);
+  const double total = exec::sum_rows(rows, classes, [=](std::size_t r) {
+    return softmax_cross_entropy_row<Grad, classes>(op, x + r * classes, std::size_t(y[r]),
+                                                    Grad ? g + r * classes : nullptr);
   });
   return float(total / double(rows));
 }
 
-/// Block b of an elementwise loss: returns sum_i loss(x_i, t_i) and with Grad writes
-/// g_i = dloss/dx_i * scale; elem(x, t) gives {loss, dloss/dx} for a vector of elements.
-template <bool Grad, class Elem>
-SOLDER_INLINE double flat_block_loss(const float* x, const float* t, float* g, std::size_t n, std::size_t b,
-                                     float scale, Elem elem) {
-  const std::size_t begin = b * flat_block, end = std::min(n, begin + flat_block);
-  const vecf vscale(scale);
-  vecf acc(0.0f);
-  std::size_t i = begin;
-  for (; i + lanes <= end; i += lanes) {
-    const auto [loss, slope] = elem(vecf::load_unaligned(x + i), vecf::load_unaligned(t + i));
-    acc += loss;
-    if constexpr (Grad) (slope * vscale).store_unaligned(g + i);
-  }
-  if (i < end) {
-    const std::size_t rest = end - i;
-    const auto [loss, slope] = elem(load_tail(x + i, rest, 0.0f), load_tail(t + i, rest, 0.0f));
-    acc += simd::select(first_lanes(rest), loss, vecf(0.0f));
-    if constexpr (Grad) store_tail(g + i, rest, slope * vscale);
-  }
-  return double(xsimd::hadd(acc));
-}
-
-template <class V>
-struct loss_and_slope {
-  V loss;
-  V slope;
-};
-
-/// (x - t)^2 and its derivative 2 (x - t).
-struct squared_error {
-  template <class V>
-  SOLDER_INLINE loss_and_slope<V> operator()(const V& x, const V& t) const {
-    const V d = x - t;
-    return {d * d, d + d};
-  }
-};
-
-/// max(x, 0) - x t + log(1 + e^-|x|) and its derivative sigmoid(x) - t, from one exp.
-struct logistic_error {
-  template <class V>
-  SOLDER_INLINE loss_and_slope<V> operator()(const V& x, const V& t) const {
-    const V e = simd::exp(simd::neg(simd::abs(x)));  // in (0, 1]: never overflows
-    const V r = V(1.0f) / (V(1.0f) + e);
-    const V sig = simd::select(V(0.0f) <= x, r, e * r);  // NaN lands in e * r and stays NaN
-    return {simd::max(x, V(0.0f)) - x * t + simd::log1p(e), sig - t};
-  }
-};
-
-template <bool Grad, class Elem>
-float flat_mean_loss(const float* x, const float* t, float* g, std::size_t n, Elem elem) {
+/// The mean of an elementwise loss Op over n elements, and with Grad its gradient in g. The
+/// elements are cut into chunks fixed by n alone (executor<cpu>::chunking), each summed by one
+/// row walk, then the chunks in order.
+template <bool Grad, class Op>
+float elementwise_mean_loss(const Op& op, const float* x, const float* t, float* g, std::size_t n) {
+  using exec = executor<cpu>;
   const float scale = 1.0f / float(n);
-  const std::size_t blocks = (n + flat_block - 1) / flat_block;
-  const double total = sum_rows(blocks, flat_block, [=](std::size_t b) {
-    return flat_block_loss<Grad>(x, t, g, n, b, scale, elem);
+  const exec::chunking parts(n, 1);
+  const double total = exec::sum_rows(parts.count, parts.per_chunk, [=](std::size_t c) {
+    const std::size_t begin = parts.begin(c);
+    return elementwise_loss_chunk<Grad>(op, x + begin, t + begin, Grad ? g + begin : nullptr, parts.end(c) - begin,
+                                        scale);
   });
   return float(total / double(n));
 }
@@ -352,15 +170,15 @@ template <FloatInput X, FloatInput T, FloatOutput G>
 float mse(const X& input, const T& target, G&& dinput) {
   detail::check_target<"solder::nn::mse">(input, target);
   detail::check_gradient<"solder::nn::mse">(input, dinput, "the gradient");
-  return detail::flat_mean_loss<true>(input.data(), target.data(), dinput.data(), detail::elements(input),
-                                      detail::squared_error{});
+  return detail::elementwise_mean_loss<true>(ops::mse{}, input.data(), target.data(), dinput.data(),
+                                             detail::elements(input));
 }
 /// Mean squared error without the gradient (evaluation).
 template <FloatInput X, FloatInput T>
 float mse(const X& input, const T& target) {
   detail::check_target<"solder::nn::mse">(input, target);
-  return detail::flat_mean_loss<false>(input.data(), target.data(), nullptr, detail::elements(input),
-                                       detail::squared_error{});
+  return detail::elementwise_mean_loss<false>(ops::mse{}, input.data(), target.data(), nullptr,
+                                              detail::elements(input));
 }
 
 /// Binary cross-entropy on logits, loss = mean(max(x, 0) - x t + log(1 + e^-|x|)), stable for
@@ -370,15 +188,15 @@ template <FloatInput X, FloatInput T, FloatOutput G>
 float bce_with_logits(const X& input, const T& target, G&& dinput) {
   detail::check_target<"solder::nn::bce_with_logits">(input, target);
   detail::check_gradient<"solder::nn::bce_with_logits">(input, dinput, "the gradient");
-  return detail::flat_mean_loss<true>(input.data(), target.data(), dinput.data(), detail::elements(input),
-                                      detail::logistic_error{});
+  return detail::elementwise_mean_loss<true>(ops::bce_with_logits{}, input.data(), target.data(), dinput.data(),
+                                             detail::elements(input));
 }
 /// Binary cross-entropy on logits without the gradient (evaluation).
 template <FloatInput X, FloatInput T>
 float bce_with_logits(const X& input, const T& target) {
   detail::check_target<"solder::nn::bce_with_logits">(input, target);
-  return detail::flat_mean_loss<false>(input.data(), target.data(), nullptr, detail::elements(input),
-                                       detail::logistic_error{});
+  return detail::elementwise_mean_loss<false>(ops::bce_with_logits{}, input.data(), target.data(), nullptr,
+                                              detail::elements(input));
 }
 
 /// Softmax cross-entropy of logits [B, C] against integer labels in [0, C), mean over the
@@ -424,7 +242,3 @@ float accuracy(const L& logits, std::span<const std::int32_t> labels) {
 }
 
 }  // namespace solder::nn
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
