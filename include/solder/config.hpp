@@ -39,6 +39,17 @@
 #define SOLDER_INTRINSIC_WARNINGS_ON
 #endif
 
+/// SOLDER_FLATTEN_KERNEL: on a row kernel, every call inside it is inlined into one body (in
+/// translation units with many row shapes GCC's inliner otherwise runs out of budget and calls
+/// exp out of line once per vector) while the kernel itself stays out of line.
+#if defined(__GNUC__) && !defined(__clang__)
+#define SOLDER_FLATTEN_KERNEL [[gnu::flatten, gnu::noinline, gnu::noclone]]
+#elif defined(__clang__)
+#define SOLDER_FLATTEN_KERNEL [[gnu::flatten, gnu::noinline]]
+#else
+#define SOLDER_FLATTEN_KERNEL
+#endif
+
 /// SOLDER_ASSERT(cond, msg): a runtime check of what the types cannot prove (a dynamic batch
 /// size, a file's contents). Always on: the checks sit outside the hot loops.
 #define SOLDER_ASSERT(cond, msg)                                                               \

@@ -1,8 +1,13 @@
-// ops.hpp: every elementwise op solder defines (arithmetic, activations, comparisons, dropout);
-// see docs/ops.md for each op's formula, derivative, NaN/Inf rule and kink convention.
+// ops.hpp: every op solder defines: the elementwise ones (arithmetic, activations, comparisons,
+// dropout), the row ones (softmax, layer norm, losses) and the optimizer updates; see docs/ops.md
+// for each op's formula, derivative, NaN/Inf rule and kink convention.
 #pragma once
 
 #include "solder/ops/activations.hpp"
 #include "solder/ops/arithmetic.hpp"
 #include "solder/ops/compare.hpp"
 #include "solder/ops/dropout.hpp"
+#include "solder/ops/layer_norm.hpp"
+#include "solder/ops/loss.hpp"
+#include "solder/ops/optimizer.hpp"
+#include "solder/ops/softmax.hpp"

@@ -145,14 +145,14 @@ class layer_norm {
   // One row each way, flattened: the op's loops and the walker's reductions become one body
   // whatever else the translation unit holds (left to GCC's unit-growth budget, a large unit
   // calls them out of line).
-  [[gnu::flatten, gnu::noinline, gnu::noclone]] static void forward_row(const float* x, float* y, const float* w,
+  SOLDER_FLATTEN_KERNEL static void forward_row(const float* x, float* y, const float* w,
                                                                         const float* b, double eps, float* stats) {
     const auto st = ops::layer_norm{}.forward(row{}, x, y, w, b, eps);
     stats[0] = st.mean;
     stats[1] = st.rstd;
   }
   /// dx of one row; its dweight and dbias terms added to p[0, N) and p[N, 2N).
-  [[gnu::flatten, gnu::noinline, gnu::noclone]] static void backward_row(const float* x, const float* dy, const float* w,
+  SOLDER_FLATTEN_KERNEL static void backward_row(const float* x, const float* dy, const float* w,
                                                                          const float* stats, float* dx, float* p) {
     ops::layer_norm{}.backward(row{}, x, dy, w, {stats[0], stats[1]}, dx, p, p + N);
   }

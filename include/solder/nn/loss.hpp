@@ -95,12 +95,12 @@ inline void check_labels(const char* who, std::span<const std::int32_t> labels, 
 // and log1p and the walker's reductions become one body whatever else the translation unit
 // holds (left to GCC's unit-growth budget, a large unit calls exp out of line, once per vector).
 template <bool Grad, std::size_t C>
-[[gnu::flatten, gnu::noinline, gnu::noclone]] double softmax_cross_entropy_row(const ops::softmax_cross_entropy& op,
+SOLDER_FLATTEN_KERNEL double softmax_cross_entropy_row(const ops::softmax_cross_entropy& op,
                                                                                const float* x, std::size_t y, float* g) {
   return op.row<Grad>(executor<cpu>::row<C>{}, x, y, g);
 }
 template <bool Grad, class Op>
-[[gnu::flatten, gnu::noinline, gnu::noclone]] double elementwise_loss_chunk(const Op& op, const float* x, const float* t,
+SOLDER_FLATTEN_KERNEL double elementwise_loss_chunk(const Op& op, const float* x, const float* t,
                                                                             float* g, std::size_t n, float scale) {
   return ops::elementwise_loss_sum<Grad>(op, executor<cpu>::row<dyn>(n), x, t, g, scale);
 }

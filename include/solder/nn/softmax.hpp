@@ -82,10 +82,10 @@ class softmax_layer {
   // One row each way, flattened: the op's loops with exp and the walker's reductions become one
   // body whatever else the translation unit holds (left to GCC's unit-growth budget, a large
   // unit calls exp out of line, once per vector).
-  [[gnu::flatten, gnu::noinline, gnu::noclone]] static void forward_row(const float* x, float* y) {
+  SOLDER_FLATTEN_KERNEL static void forward_row(const float* x, float* y) {
     op{}.forward(exec::row<N>{}, x, y);
   }
-  [[gnu::flatten, gnu::noinline, gnu::noclone]] static void backward_row(const float* y, const float* dy, float* dx) {
+  SOLDER_FLATTEN_KERNEL static void backward_row(const float* y, const float* dy, float* dx) {
     op{}.backward(exec::row<N>{}, y, dy, dx);
   }
 

@@ -4,14 +4,19 @@
 
 #include <type_traits>
 
+#include "solder/config.hpp"
+
+// xsimd's math functions inline AVX-512 intrinsics that GCC 12.2 warns about (config.hpp).
+SOLDER_INTRINSIC_WARNINGS_OFF
 #include <xsimd/xsimd.hpp>
+SOLDER_INTRINSIC_WARNINGS_ON
 
 #include "solder/simd.hpp"
 
 namespace solder::eval::cpu {
 
 /// The instruction set solder's CPU kernels are compiled for: the best one the compiler
-/// flags allow (-march=native gives AVX-512 on this project's machines).
+/// flags allow (-march=native: AVX-512 or AVX2, whichever the host has).
 using arch = xsimd::default_arch;
 
 /// xsimd::batch of T on solder's arch; `vec<float>::size` lanes.
