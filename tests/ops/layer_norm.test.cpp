@@ -14,12 +14,15 @@
 
 #include <catch2/catch.hpp>
 
-#include "ops/scalar_row.hpp"
+#include "ops/walkers.hpp"
 #include "solder/assign.hpp"
 #include "solder/ops/layer_norm.hpp"
 #include "support/data.hpp"
 
 namespace {
+
+using solder::test::on_every_walker;
+using solder::test::unit;
 
 using solder::dyn;
 using exec = solder::executor<solder::cpu>;
@@ -30,9 +33,6 @@ constexpr double inf = std::numeric_limits<double>::infinity();
 constexpr double qnan = std::numeric_limits<double>::quiet_NaN();
 constexpr double eps = 1e-5;
 
-/// Unit roundoff of the value type a walker computes in.
-template <class T>
-constexpr double unit = std::is_same_v<T, float> ? 0x1p-24 : 0x1p-53;
 /// Roundoff allowed, in units u, as tests/nn/layer_norm.test.cpp states them. mean_u: x - mean
 /// inherits the rounding of mean to T, u |mean| (the layer's inherent error far from 0).
 constexpr double mean_u = 2;
@@ -42,28 +42,6 @@ constexpr double mean_u = 2;
 template <class T>
 double units(std::size_t n) {
   return std::is_same_v<T, float> ? 24.0 : 8.0 + double(n);
-}
-
-/// f(walker, T{}) for the scalar walker on float and double and the vector walker with a static
-/// and a dynamic length.
-template <std::size_t N, class F>
-void on_every_walker(const F& f) {
-  {
-    INFO("scalar walker, float");
-    f(scalar_row<float>{N}, float{});
-  }
-  {
-    INFO("scalar walker, double");
-    f(scalar_row<double>{N}, double{});
-  }
-  {
-    INFO("vector walker, row<N>");
-    f(exec::row<N>{}, float{});
-  }
-  {
-    INFO("vector walker, row<dyn>");
-    f(exec::row<dyn>(N), float{});
-  }
 }
 
 struct stats {

@@ -15,12 +15,15 @@
 
 #include <catch2/catch.hpp>
 
-#include "ops/scalar_row.hpp"
+#include "ops/walkers.hpp"
 #include "solder/assign.hpp"
 #include "solder/ops/loss.hpp"
 #include "support/data.hpp"
 
 namespace {
+
+using solder::test::on_every_walker;
+using solder::test::unit;
 
 using solder::dyn;
 using exec = solder::executor<solder::cpu>;
@@ -30,9 +33,6 @@ using scalar_row = solder::test::scalar_row<T>;
 constexpr double inf = std::numeric_limits<double>::infinity();
 constexpr double qnan = std::numeric_limits<double>::quiet_NaN();
 
-/// Unit roundoff of the value type a walker computes in.
-template <class T>
-constexpr double unit = std::is_same_v<T, float> ? 0x1p-24 : 0x1p-53;
 /// Roundoff allowed beyond a sum of n terms (n u in any order, Higham 4.2), in units u: exp
 /// and log (xsimd within 2 ulp), the reciprocal of the sum, the gradient's products; float
 /// vector sums err by about 20 u of their terms.
@@ -42,28 +42,6 @@ double units(std::size_t n) {
 }
 /// The gradient's scale: 1 / B for a batch of 4 rows.
 constexpr double scale = 0.25;
-
-/// f(walker, T{}) for the scalar walker on float and double and the vector walker with a static
-/// and a dynamic length.
-template <std::size_t N, class F>
-void on_every_walker(const F& f) {
-  {
-    INFO("scalar walker, float");
-    f(scalar_row<float>{N}, float{});
-  }
-  {
-    INFO("scalar walker, double");
-    f(scalar_row<double>{N}, double{});
-  }
-  {
-    INFO("vector walker, row<N>");
-    f(exec::row<N>{}, float{});
-  }
-  {
-    INFO("vector walker, row<dyn>");
-    f(exec::row<dyn>(N), float{});
-  }
-}
 
 template <class T>
 std::vector<T> as(const std::vector<double>& v) {

@@ -15,12 +15,15 @@
 
 #include <catch2/catch.hpp>
 
-#include "ops/scalar_row.hpp"
+#include "ops/walkers.hpp"
 #include "solder/assign.hpp"
 #include "solder/ops/softmax.hpp"
 #include "support/data.hpp"
 
 namespace {
+
+using solder::test::on_every_walker;
+using solder::test::unit;
 
 using solder::dyn;
 using exec = solder::executor<solder::cpu>;
@@ -30,9 +33,6 @@ using scalar_row = solder::test::scalar_row<T>;
 constexpr double inf = std::numeric_limits<double>::infinity();
 constexpr double qnan = std::numeric_limits<double>::quiet_NaN();
 
-/// Unit roundoff of the value type a walker computes in.
-template <class T>
-constexpr double unit = std::is_same_v<T, float> ? 0x1p-24 : 0x1p-53;
 /// Roundoff allowed beyond x - max's own (2 u |x - max|, counted separately), in units u.
 /// Float: exp (glibc and xsimd within 2 ulp), the row sum (about 20 u on the vector walker:
 /// 16 terms per lane in float, across the lanes, then double), the reciprocal or log of the
@@ -41,28 +41,6 @@ constexpr double unit = std::is_same_v<T, float> ? 0x1p-24 : 0x1p-53;
 template <class T>
 double units(std::size_t n) {
   return std::is_same_v<T, float> ? 24.0 : 8.0 + double(n);
-}
-
-/// The walkers every case runs on: f(walker, T{}) for the scalar walker on float and double,
-/// and the vector walker with a static and a dynamic length.
-template <std::size_t N, class F>
-void on_every_walker(const F& f) {
-  {
-    INFO("scalar walker, float");
-    f(scalar_row<float>{N}, float{});
-  }
-  {
-    INFO("scalar walker, double");
-    f(scalar_row<double>{N}, double{});
-  }
-  {
-    INFO("vector walker, row<N>");
-    f(exec::row<N>{}, float{});
-  }
-  {
-    INFO("vector walker, row<dyn>");
-    f(exec::row<dyn>(N), float{});
-  }
 }
 
 /// torch's softmax / log_softmax of one row in long double.
