@@ -22,6 +22,8 @@
 
 namespace {
 
+using solder::test::make;
+
 using Catch::Matchers::WithinAbs;
 using solder::dyn;
 using solder::shape;
@@ -40,14 +42,6 @@ constexpr double kink_margin = 2 * fd_step;
 constexpr double fd_abs_per_output = 4e-4;
 /// ... plus 5e-4 of the gradient's magnitude (truncation grows with the function's scale).
 constexpr double fd_rel = 5e-4;
-
-template <class S>
-tensor<float, S> make(std::size_t batch) {
-  if constexpr (S::dynamic)
-    return tensor<float, S>(batch);
-  else
-    return tensor<float, S>();
-}
 
 /// L = sum_j dy_j y_j in double, y = f(views of the leaves) evaluated by solder in float.
 template <class F, class DyT, class... Leaves>

@@ -16,6 +16,9 @@
 
 namespace {
 
+using solder::test::make;
+using solder::test::bit_differences;
+
 using solder::dyn;
 using solder::shape;
 using solder::tensor;
@@ -31,21 +34,6 @@ class thread_count {
  private:
   int saved_;
 };
-
-template <class S>
-tensor<float, S> make(std::size_t batch) {
-  if constexpr (S::dynamic)
-    return tensor<float, S>(batch);
-  else
-    return tensor<float, S>();
-}
-
-/// Elements where two results differ in any bit.
-std::size_t bit_differences(const float* a, const float* b, std::size_t n) {
-  std::size_t d = 0;
-  for (std::size_t i = 0; i < n; ++i) d += std::memcmp(a + i, b + i, sizeof(float)) != 0;
-  return d;
-}
 
 /// Evaluates `assign(y)` with 1 and then 2 threads into fresh outputs of shape S, checks the
 /// two bitwise equal, and checks the 2-thread result against want(i) (so that two equally

@@ -18,6 +18,8 @@
 
 namespace {
 
+using solder::test::bit_differences;
+
 using solder::dyn;
 using solder::matmul;
 using solder::shape;
@@ -25,12 +27,6 @@ using solder::tensor;
 using solder::transpose;
 
 constexpr double float_u = 0x1p-24;
-
-std::size_t bit_differences(const float* a, const float* b, std::size_t n) {
-  std::size_t d = 0;
-  for (std::size_t i = 0; i < n; ++i) d += std::memcmp(a + i, b + i, sizeof(float)) != 0;
-  return d;
-}
 
 /// Elements of c [M, N] farther from sum_k a(m, k) b(k, n) (in double) than the float dot
 /// product's bound (K + 1) u sum_k |a b| (Higham 3.1).

@@ -23,6 +23,8 @@
 
 namespace {
 
+using solder::test::make;
+
 using Catch::Matchers::WithinAbs;
 using Catch::Matchers::WithinULP;
 using solder::dyn;
@@ -80,14 +82,6 @@ void check_elements(const std::string& what, const float* got, std::size_t n, Wa
   }
   INFO(what << " over " << n << " elements; " << bad << " off; first: " << first.str());
   CHECK(bad == 0);
-}
-
-template <class S>
-tensor<float, S> make(std::size_t batch) {
-  if constexpr (S::dynamic)
-    return tensor<float, S>(batch);
-  else
-    return tensor<float, S>();
 }
 
 template <class S>

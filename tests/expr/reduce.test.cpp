@@ -21,6 +21,8 @@
 
 namespace {
 
+using solder::test::make;
+
 using Catch::Matchers::WithinAbs;
 using Catch::Matchers::WithinULP;
 using solder::dyn;
@@ -120,14 +122,6 @@ void check_reduction(const std::string& what, const float* got, const reference&
   }
   INFO(what << ": " << bad << " of " << want.value.size() << " outputs off; first: " << first.str());
   CHECK(bad == 0);
-}
-
-template <class S>
-tensor<float, S> make(std::size_t batch) {
-  if constexpr (S::dynamic)
-    return tensor<float, S>(batch);
-  else
-    return tensor<float, S>();
 }
 
 template <class S>

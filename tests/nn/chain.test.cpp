@@ -29,6 +29,8 @@
 
 namespace {
 
+using solder::test::bit_differences;
+
 using namespace solder;
 
 using mlp_layers = std::tuple<nn::linear<64, 256>, nn::relu, nn::dropout<0.1f>, nn::linear<256, 128>, nn::relu,
@@ -51,12 +53,6 @@ static_assert(cost<mlp>::params == cost<mlp_unfused>::params);
 static_assert(cost<mlp>::activation_floats == 256 + 128 + 10);
 static_assert(cost<mlp_unfused>::activation_floats == 3 * 256 + 3 * 128 + 10);
 static_assert(cost<mlp>::forward_flops == cost<mlp_unfused>::forward_flops);
-
-std::size_t bit_differences(const float* a, const float* b, std::size_t n) {
-  std::size_t d = 0;
-  for (std::size_t i = 0; i < n; ++i) d += std::memcmp(a + i, b + i, sizeof(float)) != 0;
-  return d;
-}
 
 std::vector<std::int32_t> labels_for(std::size_t n, int classes) {
   std::vector<std::int32_t> y(n);

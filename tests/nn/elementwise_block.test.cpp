@@ -21,6 +21,9 @@
 
 namespace {
 
+using solder::test::make;
+using solder::test::bit_differences;
+
 using Catch::Matchers::WithinAbs;
 using solder::dyn;
 using solder::shape;
@@ -32,20 +35,6 @@ constexpr double unit_roundoff = 0x1p-24;
 /// Deviations of the observed keep rate allowed, in standard deviations of a binomial count:
 /// a correct generator fails this once in 1.7 million runs.
 constexpr double keep_rate_sigmas = 5.0;
-
-template <class S>
-tensor<float, S> make(std::size_t batch) {
-  if constexpr (S::dynamic)
-    return tensor<float, S>(batch);
-  else
-    return tensor<float, S>();
-}
-
-std::size_t bit_differences(const float* a, const float* b, std::size_t n) {
-  std::size_t d = 0;
-  for (std::size_t i = 0; i < n; ++i) d += std::memcmp(a + i, b + i, sizeof(float)) != 0;
-  return d;
-}
 
 /// The layer's inputs: x in [-2, 2), the bias in [-1, 1), dy in [-1, 1).
 template <class S, std::size_t N, class Layer>

@@ -17,19 +17,13 @@
 
 namespace {
 
+using solder::test::make;
+
 using Catch::Matchers::Contains;
 using solder::dyn;
 using solder::shape;
 using solder::tensor;
 using solder::tensor_ref;
-
-template <class S>
-tensor<float, S> make(std::size_t batch) {
-  if constexpr (S::dynamic)
-    return tensor<float, S>(batch);
-  else
-    return tensor<float, S>();
-}
 
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
 

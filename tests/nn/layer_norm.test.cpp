@@ -21,6 +21,8 @@
 
 namespace {
 
+using solder::test::make;
+
 using Catch::Matchers::Contains;
 using solder::dyn;
 using solder::shape;
@@ -44,14 +46,6 @@ constexpr double dx_u = 16;
 /// dweight and dbias, relative to the sums over rows of |dy xhat| and |dy|: each chunk adds up
 /// to 64 rows in float before double (63 u), plus xhat's own few u.
 constexpr double dparam_u = 72;
-
-template <class S>
-tensor<float, S> make(std::size_t batch) {
-  if constexpr (S::dynamic)
-    return tensor<float, S>(batch);
-  else
-    return tensor<float, S>();
-}
 
 bool same_bits(const float* a, const float* b, std::size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
 

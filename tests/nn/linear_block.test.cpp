@@ -18,14 +18,10 @@
 
 namespace {
 
+using solder::test::bit_differences;
+
 using namespace solder;
 namespace ref = solder::test::ref;
-
-std::size_t bit_differences(const float* a, const float* b, std::size_t n) {
-  std::size_t d = 0;
-  for (std::size_t i = 0; i < n; ++i) d += std::memcmp(a + i, b + i, sizeof(float)) != 0;
-  return d;
-}
 
 /// The layer in double: y = keep * scale * act(x W^T + b), with the mask of the layer's last
 /// forward (`keep(i)` for output element i; all kept in eval mode).

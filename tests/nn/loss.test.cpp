@@ -18,6 +18,8 @@
 
 namespace {
 
+using solder::test::make;
+
 using Catch::Matchers::Contains;
 using Catch::Matchers::WithinAbs;
 using Catch::Matchers::WithinRel;
@@ -43,14 +45,6 @@ constexpr double flat_sum_u = 136;
 /// over 2h adds 5e-5.
 constexpr double fd_h = 1e-2;
 constexpr double fd_tol = 1e-4;
-
-template <class S>
-tensor<float, S> make(std::size_t batch) {
-  if constexpr (S::dynamic)
-    return tensor<float, S>(batch);
-  else
-    return tensor<float, S>();
-}
 
 std::vector<std::int32_t> random_labels(std::size_t rows, std::size_t classes, std::uint32_t seed) {
   std::vector<std::int32_t> y(rows);

@@ -22,6 +22,8 @@
 
 namespace {
 
+using solder::test::make;
+
 using Catch::Matchers::Contains;
 using Catch::Matchers::WithinULP;
 using solder::dyn;
@@ -43,14 +45,6 @@ constexpr double forward_u = 24;
 constexpr double backward_u = 24;
 /// Central-difference step: softmax is shift-invariant, so a fixed step suits any offset.
 constexpr double fd_h = 1e-5;
-
-template <class S>
-tensor<float, S> make(std::size_t batch) {
-  if constexpr (S::dynamic)
-    return tensor<float, S>(batch);
-  else
-    return tensor<float, S>();
-}
 
 bool same_bits(const float* a, const float* b, std::size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
 

@@ -1,18 +1,37 @@
 // tests/support/data.hpp: seeded test data: reproducible values in a range, kept away from
 // kinks when asked, small integers whose sums are exact in float, and the dropout keep mask
-// those values are dropped by.
+// those values are dropped by; tensors of a test's shape, and bitwise comparison of results.
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <iterator>
 #include <random>
 #include <type_traits>
 
 #include "solder/random/philox.hpp"
+#include "solder/tensor.hpp"
 
 namespace solder::test {
+
+/// A zero-filled tensor of shape S, with `batch` rows when S is dynamic.
+template <class S>
+tensor<float, S> make(std::size_t batch) {
+  if constexpr (S::dynamic)
+    return tensor<float, S>(batch);
+  else
+    return tensor<float, S>();
+}
+
+/// Elements where two results differ in any bit.
+inline std::size_t bit_differences(const float* a, const float* b, std::size_t n) {
+  std::size_t d = 0;
+  for (std::size_t i = 0; i < n; ++i) d += std::memcmp(a + i, b + i, sizeof(float)) != 0;
+  return d;
+}
 
 namespace detail {
 /// The element type of a range (a tensor, a tensor_ref, a std::vector).

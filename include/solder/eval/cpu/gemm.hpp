@@ -251,7 +251,7 @@ void gemm_dyn_k_run(std::size_t M, std::size_t K, const float* A, std::size_t ld
 /// C[M, N] = A' B' with B' pre-packed; A' = A [M, K] or (TransA) A^T for A stored [K, M],
 /// row-major with leading dimension lda. Every tile of C goes to the epilogue once, with its
 /// whole K sum in registers: epi.template tile<MR, NV>(acc, m0, n0, mr, nr) (see
-/// store_epilogue). Tiles are disjoint and may reach the epilogue from several threads at once.
+/// gemm_epilogue.hpp). Tiles are disjoint and may reach the epilogue from several threads at once.
 /// The result does not depend on `threads` (bit for bit): threads split M and N, never K.
 template <std::size_t N, std::size_t K, bool TransA, bool TransB, class Epilogue>
 void gemm(std::size_t M, const float* A, std::size_t lda, const packed_matrix<N, K, TransB>& B, Epilogue&& epi,
