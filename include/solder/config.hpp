@@ -14,6 +14,15 @@
 #define SOLDER_HD
 #endif
 
+/// SOLDER_EXEC_CHECK_OFF: before a SOLDER_HD template that host-only code also instantiates
+/// with host-only value types (xsimd batches): nvcc then checks its calls per instantiation
+/// instead of warning that a host+device function calls host code.
+#if defined(__CUDACC__)
+#define SOLDER_EXEC_CHECK_OFF _Pragma("nv_exec_check_disable")
+#else
+#define SOLDER_EXEC_CHECK_OFF
+#endif
+
 /// SOLDER_INLINE: force inlining of the small functions every loop nest is built from; the
 /// loop nests only vectorize well when the whole expression tree collapses into one body.
 /// SOLDER_INLINE_LAMBDA does the same for a lambda (after its parameter list).

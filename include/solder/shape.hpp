@@ -68,6 +68,12 @@ constexpr bool valid_extents() {
   return true;
 }
 
+/// valid_extents of a shape type (false for anything else).
+template <class S>
+inline constexpr bool valid_shape = false;
+template <std::size_t... Ns>
+inline constexpr bool valid_shape<shape<Ns...>> = valid_extents<Ns...>();
+
 /// "[256, 4096]" or "[?, 64]" at compile time.
 template <class S>
 constexpr void append_shape(fixed_string& out) {
@@ -97,9 +103,7 @@ std::string to_string(std::size_t batch = 0) {
 
 /// Concept: a well-formed shape (every extent >= 1, `dyn` only in front).
 template <class S>
-concept Shape = is_shape<S> && []<std::size_t... Ns>(shape<Ns...>*) {
-  return detail::valid_extents<Ns...>();
-}(static_cast<S*>(nullptr));
+concept Shape = detail::valid_shape<S>;
 
 // ---- broadcasting (NumPy rules: align from the right; equal extents or one of them 1) ----
 

@@ -160,8 +160,8 @@ class tensor {
   static_assert(Shape<S>, "solder::tensor: extents must be >= 1, and `dyn` may only be the leading extent");
   static_assert(std::is_arithmetic_v<T>, "solder::tensor: the element type must be arithmetic (float, double, int...)");
   static_assert(std::is_same_v<Space, host>,
-                "solder::tensor: owning tensors hold host memory; device memory is allocated by the CUDA backend "
-                "(solder/cuda.hpp), and tensor_ref<T, S, solder::device> views it");
+                "solder::tensor: this header defines owning tensors of host memory only; include solder/device.hpp "
+                "(or solder/cuda.hpp) for tensor<T, S, solder::device>");
 
   static constexpr std::size_t inline_limit_bytes = 1024;
   static constexpr bool on_heap = S::dynamic || S::size * sizeof(T) > inline_limit_bytes;

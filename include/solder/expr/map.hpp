@@ -45,9 +45,13 @@ struct map_node {
 
   map_node(Op o, Args... a) : op(o), args(a...) {
     bool known = false;
-    ((shape_of<Args>::dynamic ? (batch_ = detail::common_batch<shape_type>(batch_, known, a.batch(), true), known = true)
-                              : false),
-     ...);
+    auto join = [&](const auto& x) {
+      if constexpr (shape_of<decltype(x)>::dynamic) {
+        batch_ = detail::common_batch<shape_type>(batch_, known, x.batch(), true);
+        known = true;
+      }
+    };
+    (join(a), ...);
   }
   std::size_t batch() const { return batch_; }
 };

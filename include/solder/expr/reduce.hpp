@@ -30,8 +30,10 @@ template <class S, std::size_t Axis, std::size_t... I>
 auto keep_axis(std::index_sequence<I...>) -> shape<(I == Axis ? 1 : S::extents[I])...>;
 template <class S, std::size_t Axis, std::size_t... I>
 auto drop_axis(std::index_sequence<I...>) -> shape<S::extents[I < Axis ? I : I + 1]...>;
+template <std::size_t>
+inline constexpr std::size_t one = 1;
 template <class S, std::size_t... I>
-auto all_ones(std::index_sequence<I...>) -> shape<(I, std::size_t(1))...>;
+auto all_ones(std::index_sequence<I...>) -> shape<one<I>...>;
 /// T right-aligned into rank R, padded with leading 1s.
 template <class T, std::size_t R, std::size_t... I>
 auto pad_to_rank(std::index_sequence<I...>) -> shape<(I < R - T::rank ? 1 : T::extents[I - (R - T::rank)])...>;

@@ -43,12 +43,14 @@ struct sgd_update {
         has_decay(weight_decay != 0.0f) {}
 
   /// Without momentum.
+  SOLDER_EXEC_CHECK_OFF
   template <class V>
   SOLDER_HD SOLDER_INLINE void operator()(V& w, V g) const {
     if (has_decay) g = g + V(weight_decay) * w;
     w = w - V(lr) * g;
   }
   /// With the momentum buffer b.
+  SOLDER_EXEC_CHECK_OFF
   template <class V>
   SOLDER_HD SOLDER_INLINE void operator()(V& w, V g, V& b) const {
     if (has_decay) g = g + V(weight_decay) * w;
@@ -90,6 +92,7 @@ struct adam_update {
         one_minus_beta2(float(1.0 - double(beta2))),
         eps(eps) {}
 
+  SOLDER_EXEC_CHECK_OFF
   template <class V>
   SOLDER_HD SOLDER_INLINE void operator()(V& w, V g, V& m, V& v) const {
     if (has_decay) {
@@ -117,6 +120,7 @@ struct clip_scale {
   /// clamp(coefficient, max=1) passes a NaN on).
   SOLDER_HD bool scales() const { return !(coefficient >= 1.0); }
 
+  SOLDER_EXEC_CHECK_OFF
   template <class V>
   SOLDER_HD SOLDER_INLINE void operator()(V& g) const {
     g = g * V(scale);
@@ -134,6 +138,7 @@ struct grad_fold {
   bool first = false;
   bool last = false;
 
+  SOLDER_EXEC_CHECK_OFF
   template <class V>
   SOLDER_HD SOLDER_INLINE void operator()(V& acc, const V& g) const {
     if (first)
