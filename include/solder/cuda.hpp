@@ -5,4 +5,6 @@
 
 #include "solder/device.hpp"
 #include "solder/eval/cuda/executor.hpp"
+#include "solder/eval/cuda/row_kernels.hpp"
+#include "solder/eval/cuda/update_kernels.hpp"
 #include "solder/solder.hpp"
