@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# run.sh: builds (where needed) and runs the CUDA benchmarks and their PyTorch peer, results into a folder.
+#
+#   bench/cuda/run.sh OUT_DIR [BUILD_DIR]
+#
+# BUILD_DIR (default: $SOLDER_BUILD_DIR, else <repo>/build/bench-cuda) is configured when it holds
+# no CMakeCache.txt, then the target solder_bench_cuda is built. When that build fails but the
+# binary is already there (a build directory made on another machine and copied here, whose
+# cache names another source path), the binary is run as it is, with a warning.
+# Environment: REPETITIONS (5), PYTHON (python3), TORCH_ARGS (extra arguments of torch_bench.py,
+# e.g. --no-compile), BENCH_ARGS (extra arguments of the C++ binary, e.g. --benchmark_filter=fwd).
+# Writes OUT_DIR/{nvidia-smi.txt, bias_relu_dropout.txt, bias_relu_dropout.json, torch.txt, torch.json}.
+set -uo pipefail
+
+if [[ $# -lt 1 || $# -gt 2 ]]; then
+  echo "usage: $0 OUT_DIR [BUILD_DIR]" >&2
+  exit 2
+fi
+out=$1
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+build=${2:-${SOLDER_BUILD_DIR:-$root/build/bench-cuda}}
+repetitions=${REPETITIONS:-5}
+python=${PYTHON:-python3}
+bin=$build/bench/cuda/solder_bench_cuda_bias_relu_dropout
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+
+if [[ ! -f $build/CMakeCache.txt ]]; then
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSOLDER_BUILD_TESTS=OFF -DSOLDER_BUILD_EXAMPLES=OFF \
+    -DSOLDER_BUILD_BENCH=ON -DSOLDER_BUILD_CUDA=ON || { echo "run.sh: configuring $build failed" >&2; exit 1; }
+fi
+if ! cmake --build "$build" --target solder_bench_cuda -j "$(nproc)"; then
+  if [[ -x $bin ]]; then
+    echo "run.sh: WARNING: building in $build failed; running the binary already there, which may predate the sources" >&2
+  else
+    echo "run.sh: building in $build failed and there is no $bin" >&2
+    exit 1
+  fi
+fi
+
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi -q >"$out/nvidia-smi.txt" 2>&1 || true
+fi
+
+status=0
+# shellcheck disable=SC2086  # BENCH_ARGS and TORCH_ARGS are word lists
+"$bin" --benchmark_repetitions="$repetitions" --benchmark_report_aggregates_only=true \
+  --benchmark_out="$out/bias_relu_dropout.json" --benchmark_out_format=json ${BENCH_ARGS:-} \
+  2>&1 | tee "$out/bias_relu_dropout.txt" || status=1
+# shellcheck disable=SC2086
+PYTHONUNBUFFERED=1 "$python" "$root/bench/cuda/torch_bench.py" --repetitions "$repetitions" \
+  --json "$out/torch.json" ${TORCH_ARGS:-} 2>&1 | tee "$out/torch.txt" || status=1
+exit $status
