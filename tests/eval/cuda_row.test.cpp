@@ -107,6 +107,21 @@ std::size_t differing_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return d;
 }
 
+/// Elements of a and b further apart than 1e-5 of a's magnitude plus 1e-7 (NaN matches NaN, an infinity
+/// itself). A row of static length and the same row of run-time length run different loops,
+/// and the compiler may contract a * b + c into one fused multiply-add in one and not in the
+/// other, so they agree to a few roundings, not bit for bit; each of them is the same bits
+/// run to run.
+template <class T>
+std::size_t apart(const std::vector<T>& a, const std::vector<T>& b) {
+  std::size_t d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double x = double(a[i]), y = double(b[i]);
+    d += std::isnan(x) ? !std::isnan(y) : std::isinf(x) ? !(x == y) : !(std::fabs(x - y) <= 1e-5 * std::fabs(x) + 1e-7);
+  }
+  return d;
+}
+
 // ---- the walker's own contract ----------------------------------------------------------
 
 TEMPLATE_TEST_CASE_SIG("cuda warp_row: each, sum, sums, max and once over the row's columns, on every lane",
@@ -198,7 +213,7 @@ void check_softmax_family(bool log) {
   run_warp(rows, cu::softmax_forward_body<Op, dyn>{x.data(), y_dyn.data(), N});
   for (std::size_t r = 0; r < rows; ++r) Op{}.forward(exec::row<N>{}, x.data() + r * N, y_cpu.data() + r * N);
   CHECK(differing_bits(y, y_again) == 0);
-  CHECK(differing_bits(y, y_dyn) == 0);
+  CHECK(apart(y, y_dyn) == 0);
   std::vector<double> tol(x.size());
   for (std::size_t i = 0; i < x.size(); ++i)
     tol[i] = row_tol * (log ? 1 + std::fabs(double(y_cpu[i])) : std::fabs(double(y_cpu[i])));
@@ -218,7 +233,7 @@ void check_softmax_family(bool log) {
   for (std::size_t r = 0; r < rows; ++r)
     Op{}.backward(exec::row<N>{}, y.data() + r * N, dy.data() + r * N, dx_cpu.data() + r * N);
   CHECK(differing_bits(dx, dx_again) == 0);
-  CHECK(differing_bits(dx, dx_dyn) == 0);
+  CHECK(apart(dx, dx_dyn) == 0);
   // softmax: dx = y (dy - sum(dy y)), off by row_tol of y (|dy| + sum |dy y|); log_softmax:
   // dx = dy - exp(y) sum(dy), off by row_tol of |dy| + exp(y) sum |dy|.
   for (std::size_t r = 0; r < rows; ++r) {
@@ -276,11 +291,11 @@ TEMPLATE_TEST_CASE_SIG("cuda row bodies: layer_norm forward and backward match t
     rstd_cpu[r] = st.rstd;
   }
   CHECK(differing_bits(y, y_again) == 0);
-  CHECK(differing_bits(y, y_dyn) == 0);
+  CHECK(apart(y, y_dyn) == 0);
   CHECK(differing_bits(mean, mean_again) == 0);
-  CHECK(differing_bits(mean, mean_dyn) == 0);
+  CHECK(apart(mean, mean_dyn) == 0);
   CHECK(differing_bits(rstd, rstd_again) == 0);
-  CHECK(differing_bits(rstd, rstd_dyn) == 0);
+  CHECK(apart(rstd, rstd_dyn) == 0);
 
   // The mean to a few ulp of itself plus the sums' error relative to the spread (64 u: two
   // orders of ~20 u each); rstd relative to itself; y from those, scaled by w rstd.
@@ -410,9 +425,9 @@ TEMPLATE_TEST_CASE_SIG("cuda row bodies: softmax cross-entropy rows and gradient
   for (std::size_t r = 0; r < rows; ++r)
     loss_cpu[r] = op.row<true>(exec::row<N>{}, x.data() + r * N, std::size_t(labels[r]), g_cpu.data() + r * N);
   CHECK(differing_bits(loss, loss_again) == 0);
-  CHECK(differing_bits(loss, loss_dyn) == 0);
+  CHECK(apart(loss, loss_dyn) == 0);
   CHECK(differing_bits(g, g_again) == 0);
-  CHECK(differing_bits(g, g_dyn) == 0);
+  CHECK(apart(g, g_dyn) == 0);
 
   // The loss: log s + keep (m - x_y) + spread sum (m - x_j), all terms >= 0, each off by
   // row_tol of itself. The gradient (softmax_j - spread - keep [j == y]) scale: off by row_tol

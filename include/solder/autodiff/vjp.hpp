@@ -32,8 +32,8 @@ struct backward_op {
 /// True when expression E reads autodiff argument Id through a differentiable path.
 template <std::size_t Id, class E>
 inline constexpr bool depends_on = false;
-template <std::size_t Id, std::size_t J, class T, class S>
-inline constexpr bool depends_on<Id, variable<J, T, S>> = Id == J;
+template <std::size_t Id, std::size_t J, class T, class S, class Space>
+inline constexpr bool depends_on<Id, variable<J, T, S, Space>> = Id == J;
 template <std::size_t Id, class Op, class... Args>
 inline constexpr bool depends_on<Id, map_node<Op, Args...>> = [] {
   bool any = false;

@@ -1,0 +1,1006 @@
+// generators/solder_gen.hpp: solder-gen, which writes a CUDA translation unit and a C header of launchers for each chain type it is given.
+//
+// A chain's type is its whole specification. The planner (nn/plan.hpp) groups its layers; for
+// every group the .cu instantiates the kernel templates of eval/cuda/ on exactly the expression
+// the CPU block evaluates, and defines extern "C" launchers that code built by any C or C++
+// compiler can call. solder_add_cuda_chains (solder_cuda_chains.cmake) compiles a small program
+// around this header and runs it at build time; docs/cuda.md describes the files. The text
+// depends on the types alone, so every run writes the same bytes.
+#pragma once
+
+#include <algorithm>
+#include <charconv>
+#include <cstddef>
+#include <cstdio>
+#include <fstream>
+#include <initializer_list>
+#include <map>
+#include <set>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "solder/autodiff/vjp.hpp"
+#include "solder/backend.hpp"
+#include "solder/diagnostic.hpp"
+#include "solder/nn/chain.hpp"
+#include "solder/nn/elementwise.hpp"
+#include "solder/nn/elementwise_block.hpp"
+#include "solder/nn/layer_info.hpp"
+#include "solder/nn/layer_norm.hpp"
+#include "solder/nn/plan.hpp"
+#include "solder/nn/softmax.hpp"
+#include "solder/ops/activations.hpp"
+
+namespace solder::gen {
+
+// ---------------------------------------------------------------------------------------------
+// What the generator knows of a chain: plain data, taken from the types
+// ---------------------------------------------------------------------------------------------
+
+/// What a layer is to the generated code.
+enum class role { bias, activation, dropout, layer_norm, softmax, log_softmax };
+
+/// One layer of a chain: its type as C++ spells it, its name (PyTorch's) and its position.
+struct layer_desc {
+  role what;
+  std::string type;   // "solder::nn::bias<4096>"
+  std::string name;   // "bias"
+  std::size_t index;  // 0-based position in the chain
+};
+
+/// One planned group of a chain, run by one forward and one backward launcher: an
+/// nn::elementwise_block, or one row layer.
+struct group_desc {
+  std::size_t index;  // position among the chain's groups
+  bool elementwise;
+  std::size_t width;     // features per sample, in and out
+  bool output_backward;  // elementwise: the backward reads the output y instead of x
+  std::vector<layer_desc> layers;
+};
+
+/// How a chain was given: an nn::chain, an nn::elementwise_block, or one row layer.
+enum class spec_kind { chain, block, layer };
+
+/// A chain to generate: its C++ name in the user's header, how it was given, its groups.
+struct chain_desc {
+  std::string name;  // "bias_relu_dropout", or qualified: "models::mlp"
+  spec_kind kind;
+  std::vector<layer_desc> layers;
+  std::vector<group_desc> groups;
+};
+
+// ---------------------------------------------------------------------------------------------
+// From types to descriptions
+// ---------------------------------------------------------------------------------------------
+
+namespace detail {
+
+/// The shortest C++ literal that reads back as the same float: 0.1f -> "0.1f".
+inline std::string float_literal(float v) {
+  char buf[64];
+  const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+  std::string s(buf, end);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s + "f";
+}
+
+/// The ops the generator spells as solder::nn::<name> (activation<solder::ops::<name>>).
+template <class Op>
+inline constexpr bool known_op =
+    std::is_same_v<Op, ops::relu> || std::is_same_v<Op, ops::gelu> || std::is_same_v<Op, ops::gelu_tanh> ||
+    std::is_same_v<Op, ops::silu> || std::is_same_v<Op, ops::tanh> || std::is_same_v<Op, ops::sigmoid> ||
+    std::is_same_v<Op, ops::elu> || std::is_same_v<Op, ops::leaky_relu> || std::is_same_v<Op, ops::softplus>;
+
+/// How the generator spells layer L; `known` is false for a layer it has no kernel for.
+template <class L>
+struct layer_traits {
+  static constexpr bool known = false;
+};
+template <std::size_t N>
+struct layer_traits<nn::bias<N>> {
+  static constexpr bool known = true;
+  static layer_desc describe(std::size_t i) { return {role::bias, "solder::nn::bias<" + std::to_string(N) + ">", "bias", i}; }
+};
+template <class Op>
+struct layer_traits<nn::activation<Op>> {
+  static constexpr bool known = known_op<Op>;
+  static layer_desc describe(std::size_t i) { return {role::activation, "solder::nn::" + std::string(Op::name), Op::name, i}; }
+};
+template <float P>
+struct layer_traits<nn::dropout<P>> {
+  static constexpr bool known = true;
+  static layer_desc describe(std::size_t i) {
+    return {role::dropout, "solder::nn::dropout<" + float_literal(P) + ">", "dropout", i};
+  }
+};
+template <std::size_t N>
+struct layer_traits<nn::layer_norm<N>> {
+  static constexpr bool known = true;
+  static layer_desc describe(std::size_t i) {
+    return {role::layer_norm, "solder::nn::layer_norm<" + std::to_string(N) + ">", "layer_norm", i};
+  }
+};
+template <std::size_t N>
+struct layer_traits<nn::softmax<N>> {
+  static constexpr bool known = true;
+  static layer_desc describe(std::size_t i) {
+    return {role::softmax, "solder::nn::softmax<" + std::to_string(N) + ">", "softmax", i};
+  }
+};
+template <std::size_t N>
+struct layer_traits<nn::log_softmax<N>> {
+  static constexpr bool known = true;
+  static layer_desc describe(std::size_t i) {
+    return {role::log_softmax, "solder::nn::log_softmax<" + std::to_string(N) + ">", "log_softmax", i};
+  }
+};
+
+/// One error per layer the CUDA backend cannot run, naming the layer.
+template <class L>
+constexpr bool check_layer() {
+  if constexpr (nn::layer_info<L>::kind == nn::layer_kind::product) {
+    return diagnostic<"solder::gen: the CUDA backend has no matrix product yet; generate the chain's elementwise and "
+                      "row layers without its linear layers",
+                      L>::reported;
+  } else if constexpr (!layer_traits<L>::known) {
+    return diagnostic<"solder::gen: no CUDA kernel for this layer; a generated chain holds bias, activations of "
+                      "solder::ops, dropout, layer_norm, softmax and log_softmax",
+                      L>::reported;
+  } else {
+    return true;
+  }
+}
+
+/// The layers of a chain as given, and how it was given.
+template <class Spec>
+struct spec_traits {
+  static constexpr bool known = false;
+};
+template <bool Fused, class... Ls>
+struct spec_traits<nn::basic_chain<Fused, Ls...>> {
+  static constexpr bool known = true;
+  static constexpr spec_kind kind = spec_kind::chain;
+  static constexpr bool fused = Fused;
+  using layers = std::tuple<Ls...>;
+};
+template <class... Ls>
+struct spec_traits<nn::elementwise_block<Ls...>> {
+  static constexpr bool known = true;
+  static constexpr spec_kind kind = spec_kind::block;
+  static constexpr bool fused = true;
+  using layers = std::tuple<Ls...>;
+};
+template <class L>
+  requires(layer_traits<L>::known && nn::layer_info<L>::kind == nn::layer_kind::block)
+struct spec_traits<L> {
+  static constexpr bool known = true;
+  static constexpr spec_kind kind = spec_kind::layer;
+  static constexpr bool fused = true;
+  using layers = std::tuple<L>;
+};
+
+/// One error for a type that is not a chain the generator takes.
+template <class Spec>
+constexpr bool check_spec() {
+  if constexpr (spec_traits<Spec>::known)
+    return true;
+  else
+    return diagnostic<"solder::gen: a generated chain is an nn::chain, an nn::elementwise_block or one row layer "
+                      "(nn::layer_norm, nn::softmax, nn::log_softmax)",
+                      Spec>::reported;
+}
+
+/// The layers of a planned group, as a std::tuple.
+template <class G>
+struct group_layers;
+template <nn::layer_kind K, std::size_t F, class... Ls>
+struct group_layers<nn::group<K, F, Ls...>> {
+  using type = std::tuple<Ls...>;
+};
+
+/// nn::elementwise_block<Ls...>::output_backward for a std::tuple<Ls...>.
+template <class Tuple>
+struct output_backward_of;
+template <class... Ls>
+struct output_backward_of<std::tuple<Ls...>> {
+  static constexpr bool value = nn::elementwise_block<Ls...>::output_backward;
+};
+
+/// The planner's groups of Ls as descriptions.
+template <bool Fused, class... Ls>
+std::vector<group_desc> describe_groups(const std::vector<layer_desc>& layers) {
+  using groups = typename nn::plan_groups<Fused, Ls...>::type;
+  using widths = nn::chain_widths<Ls...>;
+  std::vector<group_desc> out;
+  [&]<std::size_t... G>(std::index_sequence<G...>) {
+    (
+        [&] {
+          using group = std::tuple_element_t<G, groups>;
+          constexpr bool elementwise = group::kind == nn::layer_kind::elementwise;
+          group_desc d{G, elementwise, widths::after[group::first], false, {}};
+          if constexpr (elementwise) d.output_backward = output_backward_of<typename group_layers<group>::type>::value;
+          for (std::size_t i = group::first; i < group::first + group::size; ++i) d.layers.push_back(layers[i]);
+          out.push_back(std::move(d));
+        }(),
+        ...);
+  }(std::make_index_sequence<std::tuple_size_v<groups>>{});
+  return out;
+}
+
+/// The description of Spec from its layers, after one check per layer and the chain's widths.
+template <class Spec, class... Ls>
+chain_desc describe_layers(std::string_view name, std::type_identity<std::tuple<Ls...>>) {
+  chain_desc c{std::string(name), spec_traits<Spec>::kind, {}, {}};
+  if constexpr ((check_layer<Ls>() && ...)) {
+    if constexpr (nn::check_chain<Ls...>()) {
+      std::size_t i = 0;
+      (c.layers.push_back(layer_traits<Ls>::describe(i++)), ...);
+      c.groups = describe_groups<spec_traits<Spec>::fused, Ls...>(c.layers);
+    }
+  }
+  return c;
+}
+
+}  // namespace detail
+
+/// The description of chain type Spec (an nn::chain, an nn::elementwise_block or one row
+/// layer), which the user's header names `name`: a C++ name that refers to Spec at global scope
+/// after the header is included ("bias_relu_dropout", "models::mlp").
+template <class Spec>
+chain_desc describe(std::string_view name) {
+  if constexpr (detail::check_spec<Spec>())
+    return detail::describe_layers<Spec>(name, std::type_identity<typename detail::spec_traits<Spec>::layers>{});
+  else
+    return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+// From descriptions to text
+// ---------------------------------------------------------------------------------------------
+
+namespace detail {
+
+/// The parts with `sep` between them.
+inline std::string join(const std::vector<std::string>& parts, std::string_view sep) {
+  std::string s;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (i) s += sep;
+    s += parts[i];
+  }
+  return s;
+}
+
+/// The file stem and C identifier of a chain's C++ name: "models::mlp" -> "models_mlp".
+inline std::string stem_of(const std::string& name) {
+  std::string s;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    if (name.compare(i, 2, "::") == 0) {
+      s += '_';
+      ++i;
+    } else {
+      s += name[i];
+    }
+  }
+  return s;
+}
+
+/// `head` + open + the items joined by ", " + close + `tail`, wrapped after commas before column
+/// `limit`, continuation lines aligned after `open` (or 4 past the line's indent where that is
+/// too far right).
+inline std::string wrap_list(const std::string& head, char open, const std::vector<std::string>& items, char close,
+                             const std::string& tail, std::size_t limit = 110) {
+  const std::size_t lead = head.find_first_not_of(' ');
+  std::size_t align = head.size() + 1;
+  if (align > 60) align = (lead == std::string::npos ? 0 : lead) + 4;
+  const std::string indent(align, ' ');
+  std::string out = head + open;
+  std::size_t column = out.size();
+  if (align < out.size() && !items.empty()) {
+    out += "\n" + indent;
+    column = indent.size();
+  }
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const std::string piece = items[i] + (i + 1 < items.size() ? std::string(",") : close + tail);
+    if (i > 0) {
+      if (column + 1 + piece.size() > limit) {
+        out += "\n" + indent;
+        column = indent.size();
+      } else {
+        out += " ";
+        ++column;
+      }
+    }
+    out += piece;
+    column += piece.size();
+  }
+  if (items.empty()) out += close + tail;
+  return out;
+}
+
+/// `head(a, b, ...)tail`, wrapped as wrap_list does.
+inline std::string wrap_call(const std::string& head, const std::vector<std::string>& args, const std::string& tail,
+                             std::size_t limit = 110) {
+  return wrap_list(head, '(', args, ')', tail, limit);
+}
+
+/// A section title line of a generated file: "// ---- title -----".
+inline std::string rule(const std::string& title) {
+  std::string s = "// ---- " + title + " ";
+  while (s.size() < 100) s += '-';
+  return s + "\n";
+}
+
+/// `text` as comment lines starting with `lead` ("// ", "/// "), words wrapped before `limit`.
+inline std::string comment(const std::string& lead, const std::string& text, std::size_t limit = 100) {
+  std::string out, line;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const std::size_t end = std::min(text.find(' ', i), text.size());
+    const std::string word = text.substr(i, end - i);
+    if (!line.empty() && lead.size() + line.size() + 1 + word.size() > limit) {
+      out += lead + line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+    i = end + 1;
+  }
+  return out + lead + line + "\n";
+}
+
+/// A launcher parameter: its C declaration and its name.
+struct param {
+  std::string decl;
+  std::string name;
+};
+
+/// One group as the text needs it: its description and its names.
+struct group_text {
+  const chain_desc& chain;
+  const group_desc& g;
+  std::string prefix;    // "g0_": the group's names in the .cu
+  std::string launcher;  // "solder_bias_relu_dropout_f32_4096": the launchers' common name
+
+  /// The group's layers of one role.
+  std::vector<const layer_desc*> of(role r) const {
+    std::vector<const layer_desc*> v;
+    for (const auto& l : g.layers)
+      if (l.what == r) v.push_back(&l);
+    return v;
+  }
+  role row_role() const { return g.layers.front().what; }
+  std::string width() const { return std::to_string(g.width); }
+  std::string rows() const { return "[batch, " + width() + "]"; }
+  /// A bias's parameter: "b", or "b<layer index>" where the group has several.
+  std::string bias(const layer_desc& l) const { return of(role::bias).size() == 1 ? "b" : "b" + std::to_string(l.index); }
+  std::string seed(const layer_desc& l) const {
+    return of(role::dropout).size() == 1 ? "seed" : "seed" + std::to_string(l.index);
+  }
+  std::string offset(const layer_desc& l) const {
+    return of(role::dropout).size() == 1 ? "offset" : "offset" + std::to_string(l.index);
+  }
+  std::vector<std::string> biases() const {
+    std::vector<std::string> v;
+    for (const auto* l : of(role::bias)) v.push_back(bias(*l));
+    return v;
+  }
+  /// The type the group runs as.
+  std::string block_type() const {
+    if (!g.elementwise) return g.layers.front().type;
+    std::vector<std::string> types;
+    for (const auto& l : g.layers) types.push_back(l.type);
+    return "solder::nn::elementwise_block<" + join(types, ", ") + ">";
+  }
+  /// The layers for comments: "bias<4096>, relu, dropout<0.1f>".
+  std::string layer_list() const {
+    std::vector<std::string> v;
+    for (const auto& l : g.layers) v.push_back(l.type.substr(std::string_view("solder::nn::").size()));
+    return join(v, ", ");
+  }
+  /// The forward's formula: "dropout(relu(x + b))".
+  std::string formula() const {
+    std::string e = "x";
+    for (const auto& l : g.layers) e = l.what == role::bias ? e + " + " + bias(l) : l.name + "(" + e + ")";
+    return e;
+  }
+  /// "layer 3" or "layers 0-2": the group's place in the chain.
+  std::string layer_range() const {
+    const std::size_t a = g.layers.front().index, b = g.layers.back().index;
+    return a == b ? "layer " + std::to_string(a) : "layers " + std::to_string(a) + "-" + std::to_string(b);
+  }
+  /// Whether dispatch (eval/cuda/pass.hpp) may take the 16-byte path: rows of whole vectors, or
+  /// no broadcast operand (a bias) and no column sums.
+  bool vector_path() const { return g.width % 4 == 0 || of(role::bias).empty(); }
+};
+
+/// The launchers' common name: "solder_" + the layers' names + element type + width.
+inline std::string launcher_name(const group_desc& g) {
+  std::vector<std::string> names;
+  for (const auto& l : g.layers) names.push_back(l.name);
+  return "solder_" + join(names, "_") + "_f32_" + std::to_string(g.width);
+}
+
+// ---- the launchers' parameters and summaries -------------------------------------------------
+
+/// The forward launcher's parameters, in order.
+inline std::vector<param> forward_params(const group_text& t) {
+  std::vector<param> p{{"const float* x", "x"}};
+  if (t.g.elementwise) {
+    for (const auto& b : t.biases()) p.push_back({"const float* " + b, b});
+    p.push_back({"float* y", "y"});
+    p.push_back({"size_t batch", "batch"});
+    for (const auto* d : t.of(role::dropout)) {
+      p.push_back({"uint64_t " + t.seed(*d), t.seed(*d)});
+      p.push_back({"uint64_t " + t.offset(*d), t.offset(*d)});
+    }
+  } else if (t.row_role() == role::layer_norm) {
+    p.insert(p.end(), {{"const float* weight", "weight"},
+                       {"const float* bias", "bias"},
+                       {"float* y", "y"},
+                       {"float* mean", "mean"},
+                       {"float* rstd", "rstd"},
+                       {"size_t batch", "batch"},
+                       {"float eps", "eps"}});
+  } else {
+    p.insert(p.end(), {{"float* y", "y"}, {"size_t batch", "batch"}});
+  }
+  p.push_back({"cudaStream_t stream", "stream"});
+  return p;
+}
+
+/// The backward launcher's parameters, in order.
+inline std::vector<param> backward_params(const group_text& t) {
+  std::vector<param> p;
+  if (t.g.elementwise) {
+    if (t.g.output_backward) {
+      p.push_back({"const float* y", "y"});
+    } else {
+      p.push_back({"const float* x", "x"});
+      for (const auto& b : t.biases()) p.push_back({"const float* " + b, b});
+    }
+    p.push_back({"const float* dy", "dy"});
+    p.push_back({"float* dx", "dx"});
+    for (const auto& b : t.biases()) p.push_back({"float* d" + b, "d" + b});
+    p.push_back({"size_t batch", "batch"});
+    if (!t.g.output_backward)
+      for (const auto* d : t.of(role::dropout)) {
+        p.push_back({"uint64_t " + t.seed(*d), t.seed(*d)});
+        p.push_back({"uint64_t " + t.offset(*d), t.offset(*d)});
+      }
+  } else if (t.row_role() == role::layer_norm) {
+    p = {{"const float* x", "x"},       {"const float* dy", "dy"},     {"const float* weight", "weight"},
+         {"const float* mean", "mean"}, {"const float* rstd", "rstd"}, {"float* dx", "dx"},
+         {"float* dweight", "dweight"}, {"float* dbias", "dbias"},     {"size_t batch", "batch"}};
+  } else {
+    p = {{"const float* y", "y"}, {"const float* dy", "dy"}, {"float* dx", "dx"}, {"size_t batch", "batch"}};
+  }
+  p.push_back({"cudaStream_t stream", "stream"});
+  return p;
+}
+
+/// The parameters' C declarations.
+inline std::vector<std::string> decls(const std::vector<param>& ps) {
+  std::vector<std::string> v;
+  for (const auto& p : ps) v.push_back(p.decl);
+  return v;
+}
+
+/// check_arguments' call: the batch and every pointer parameter, named.
+inline std::string check_call(const std::vector<param>& ps) {
+  std::vector<std::string> v{"batch"};
+  for (const auto& p : ps)
+    if (p.decl.find('*') != std::string::npos) v.push_back("{\"" + p.name + "\", " + p.name + "}");
+  v[1] = "{" + v[1];
+  v.back() += "}";
+  return wrap_call("    check_arguments", v, ";") + "\n";
+}
+
+/// The header's summary of the forward launcher (one paragraph).
+inline std::string forward_summary(const group_text& t) {
+  if (t.g.elementwise) {
+    std::string s = "y = " + t.formula() + " in training mode: x, y " + t.rows();
+    if (!t.biases().empty()) s += ", " + join(t.biases(), ", ") + " [" + t.width() + "]";
+    s += ".";
+    for (const auto* d : t.of(role::dropout)) {
+      s += " The mask of the dropout (layer " + std::to_string(d->index) + ") is Philox stream (" + t.seed(*d) + ", " +
+           t.offset(*d) + "), as nn::dropout's rng";
+      s += t.g.output_backward ? "." : "; the backward takes the same pair.";
+    }
+    return s;
+  }
+  if (t.row_role() == role::layer_norm)
+    return "y = (x - mean) rstd weight + bias along each row (torch's LayerNorm): x, y " + t.rows() +
+           ", weight, bias [" + t.width() + "]; writes each row's mean and rstd = 1 / sqrt(Var + eps) [batch] for "
+           "the backward.";
+  return "y = " + t.g.layers.front().name + "(x) along each row: x, y " + t.rows() + ".";
+}
+
+/// The header's summary of the backward launcher (one paragraph).
+inline std::string backward_summary(const group_text& t) {
+  if (t.g.elementwise) {
+    std::string grads = "dx " + t.rows();
+    if (!t.biases().empty()) {
+      std::vector<std::string> d;
+      for (const auto& b : t.biases()) d.push_back("d" + b);
+      grads += " and " + join(d, ", ") + " [" + t.width() + "] (overwritten)";
+    }
+    if (t.g.output_backward)
+      return grads + " from the forward's output y and dy " + t.rows() + "; the mask is read from y.";
+    return grads + " from the forward's input x and dy " + t.rows() +
+           "; the mask is regenerated from the forward's (seed, offset).";
+  }
+  if (t.row_role() == role::layer_norm)
+    return "dx " + t.rows() + ", dweight and dbias [" + t.width() +
+           "] (overwritten) from x, dy, weight and the forward's mean and rstd.";
+  return "dx " + t.rows() + " from the forward's output y and dy.";
+}
+
+/// One line per launcher for the files' opening comments.
+inline std::string group_overview(const group_text& t) {
+  std::string s = "// group " + std::to_string(t.g.index) + ", " + t.layer_range() + ": " + t.layer_list() + " on " +
+                  t.rows() + "\n";
+  const std::string fwd = t.launcher + "_fwd", bwd = t.launcher + "_bwd";
+  if (t.g.elementwise) {
+    s += "//   " + fwd + "  y = " + t.formula() + ", one pass\n";
+    s += "//   " + bwd + "  dx" + (t.biases().empty() ? "" : ", d" + join(t.biases(), ", d")) + " from " +
+         (t.g.output_backward ? "y" : "x") + " and dy, one pass\n";
+  } else {
+    s += "//   " + fwd + "  one warp per row\n";
+    s += "//   " + bwd + "  one warp per row" + (t.row_role() == role::layer_norm ? ", then dweight, dbias" : "") + "\n";
+  }
+  return s;
+}
+
+// ---- the .cu: definitions of one group --------------------------------------------------------
+
+/// The static_assert that the user's header still plans the chain into this group's type.
+inline std::string plan_check(const group_text& t, const std::string& header, const std::string& stem) {
+  std::string planned;
+  if (t.chain.kind == spec_kind::chain)
+    planned = "std::tuple_element_t<" + std::to_string(t.g.index) + ", " + t.chain.name + "::blocks_type>";
+  else
+    planned = t.chain.name;
+  const std::string type = t.prefix + (t.g.elementwise ? "block" : "layer");
+  return "static_assert(std::is_same_v<" + type + ", " + planned + ">,\n              \"solder::gen: " + t.chain.name +
+         " in " + header + " has changed since \"\n              \"" + stem + ".cu was generated; regenerate it\");\n";
+}
+
+/// An elementwise group's types, its block, its forward and backward writes and their passes.
+inline std::string elementwise_definitions(const group_text& t, const std::string& header, const std::string& stem) {
+  const std::string p = t.prefix, w = t.width();
+  const auto biases = t.biases();
+  std::string s;
+  std::vector<std::string> types;
+  for (const auto& l : t.g.layers) types.push_back(l.type);
+  s += wrap_list("using " + p + "block = solder::nn::elementwise_block", '<', types, '>', ";") + "\n";
+  s += plan_check(t, header, stem);
+  s += biases.empty() ? "/// Device views of " + t.rows() + " rows.\n"
+                      : "/// Device views of " + t.rows() + " rows and of [" + w + "] parameters.\n";
+  s += "using " + p + "rows = solder::tensor_ref<const float, solder::shape<solder::dyn, " + w + ">, solder::device>;\n";
+  s += "using " + p + "rows_out = solder::tensor_ref<float, solder::shape<solder::dyn, " + w + ">, solder::device>;\n";
+  if (!biases.empty()) {
+    s += "using " + p + "features = solder::tensor_ref<const float, solder::shape<" + w + ">, solder::device>;\n";
+    s += "using " + p + "features_out = solder::tensor_ref<float, solder::shape<" + w + ">, solder::device>;\n";
+  }
+  s += "\n/// This thread's block: the layers' ops and dropout streams (the caller passes the parameters).\n";
+  s += p + "block& " + p + "layers() {\n  thread_local " + p + "block block;\n  return block;\n}\n\n";
+
+  // The forward: the block's expression, as nn::elementwise_block::forward assigns it.
+  std::vector<std::string> args{"const " + p + "block& block", p + "rows x"};
+  for (const auto& b : biases) args.push_back(p + "features " + b);
+  args.push_back(p + "rows_out y");
+  std::vector<std::string> leaves{"x"};
+  leaves.insert(leaves.end(), biases.begin(), biases.end());
+  s += "/// y = " + t.formula() + " in training mode, as nn::elementwise_block::forward.\n";
+  s += wrap_call("auto " + p + "forward", args, " {") + "\n";
+  s += "  return std::make_tuple(solder::write(y, block.expression<solder::nn::mode::train>(" + join(leaves, ", ") +
+       ")));\n}\n";
+
+  // The backward, as nn::elementwise_block::backward_from_output or ::backward computes it.
+  args = {"const " + p + "block& block"};
+  if (t.g.output_backward) {
+    args.push_back(p + "rows y");
+  } else {
+    args.push_back(p + "rows x");
+    for (const auto& b : biases) args.push_back(p + "features " + b);
+  }
+  args.push_back(p + "rows dy");
+  args.push_back(p + "rows_out dx");
+  for (const auto& b : biases) args.push_back(p + "features_out d" + b);
+  std::vector<std::string> writes;
+  if (t.g.output_backward) {
+    s += "/// dx from the output y, and each bias gradient (the column sums of dx), as\n"
+         "/// nn::elementwise_block::backward_from_output.\n";
+    s += wrap_call("auto " + p + "backward", args, " {") + "\n";
+    s += "  const auto g = block.gate_from_output<solder::nn::mode::train>(y, dy);\n";
+    writes.push_back("solder::write(dx, g)");
+    for (const auto& b : biases) writes.push_back("solder::write(d" + b + ", solder::sum_to<solder::shape<" + w + ">>(g))");
+  } else {
+    s += biases.empty() ? "/// dx by the vjp of the forward from x, the mask regenerated, as nn::elementwise_block::backward.\n"
+                        : "/// dx and each bias gradient by the vjp of the forward from x, the mask regenerated, as\n"
+                          "/// nn::elementwise_block::backward.\n";
+    s += wrap_call("auto " + p + "backward", args, " {") + "\n";
+    std::vector<std::string> lambda_params, lambda_args;
+    for (const auto& l : leaves) {
+      lambda_params.push_back("const auto& " + l + "v");
+      lambda_args.push_back(l + "v");
+    }
+    s += wrap_call("  const auto forward = [&]", lambda_params, " {") + "\n";
+    s += wrap_call("    return block.expression<solder::nn::mode::train>", lambda_args, ";") + "\n  };\n";
+    std::vector<std::string> vjp_args{"forward", "dy"};
+    vjp_args.insert(vjp_args.end(), leaves.begin(), leaves.end());
+    s += wrap_call("  const auto grads = solder::vjp", vjp_args, ";") + "\n";
+    writes.push_back("solder::write(dx, std::get<0>(grads))");
+    for (std::size_t i = 0; i < biases.size(); ++i)
+      writes.push_back("solder::write(d" + biases[i] + ", std::get<" + std::to_string(i + 1) + ">(grads))");
+  }
+  s += wrap_call("  return std::make_tuple", writes, ";") + "\n}\n\n";
+
+  s += "using " + p + "forward_writes = returned<decltype(" + p + "forward)>::type;\n";
+  s += "using " + p + "backward_writes = returned<decltype(" + p + "backward)>::type;\n";
+  s += t.vector_path() ? "/// The passes run_writes picks from: 16-byte accesses where every pointer is aligned, element\n"
+                         "/// by element otherwise.\n"
+                       : "/// The passes run_writes runs: element by element, as rows of " + w +
+                             " are not whole 16-byte vectors.\n";
+  for (const char* dir : {"forward", "backward"}) {
+    if (t.vector_path())
+      s += "using " + p + dir + "_pass = pass_of<true, " + p + dir + "_writes>::type;\n";
+    s += "using " + p + dir + "_pass_unaligned = pass_of<false, " + p + dir + "_writes>::type;\n";
+  }
+  return s;
+}
+
+/// A row group's layer type and the row bodies of eval/cuda/row.hpp it runs.
+inline std::string row_definitions(const group_text& t, const std::string& header, const std::string& stem) {
+  const std::string p = t.prefix, w = t.width();
+  std::string s = "using " + p + "layer = " + t.block_type() + ";\n";
+  s += plan_check(t, header, stem);
+  if (t.row_role() == role::layer_norm) {
+    s += "using " + p + "forward_body = solder::eval::cuda::layer_norm_forward_body<" + w + ">;\n";
+    s += "using " + p + "backward_body = solder::eval::cuda::layer_norm_backward_body<" + w + ">;\n";
+  } else {
+    const std::string op = t.row_role() == role::softmax ? "solder::ops::softmax" : "solder::ops::log_softmax";
+    s += "using " + p + "forward_body = solder::eval::cuda::softmax_forward_body<" + op + ", " + w + ">;\n";
+    s += "using " + p + "backward_body = solder::eval::cuda::softmax_backward_body<" + op + ", " + w + ">;\n";
+  }
+  return s;
+}
+
+/// The explicit instantiations of one group's kernels, each line once per file.
+inline std::string instantiations(const group_text& t, const std::string& ns, std::set<std::string>& done) {
+  std::string s;
+  auto emit = [&](const std::string& kernel, const std::string& args, const std::string& param) {
+    const std::string head = "template __global__ void solder::eval::cuda::" + kernel + "<";
+    std::string line = head + args + ">(" + param + ");";
+    if (line.size() > 110) line = head + args + ">(\n    " + param + ");";
+    if (line.find('\n') > 110) line = head + "\n    " + args + ">(\n    " + param + ");";
+    if (done.insert(line).second) s += line + "\n";
+  };
+  const std::string q = ns + "::" + t.prefix;
+  if (t.g.elementwise) {
+    const std::size_t columns = t.biases().size();
+    for (const char* dir : {"forward", "backward"}) {
+      const bool column_walk = std::string_view(dir) == "backward" && columns > 0;
+      s += "// group " + std::to_string(t.g.index) + ", " + dir + ": " +
+           (column_walk ? "the column walk, then each column sum's finish" : "the elementwise walk") + "\n";
+      for (const char* variant : {"_pass", "_pass_unaligned"}) {
+        if (std::string_view(variant) == "_pass" && !t.vector_path()) continue;
+        const std::string pass = q + dir + variant;
+        if (!column_walk) {
+          emit("flat_kernel", pass, pass);
+          continue;
+        }
+        std::vector<std::string> ws;
+        for (std::size_t k = 1; k <= columns; ++k) ws.push_back(std::to_string(k));
+        emit("column_kernel", pass + ", float, " + join(ws, ", "), pass);
+        for (const auto& k : ws) emit("column_finish_kernel", pass + ", " + k, pass);
+      }
+    }
+  } else {
+    s += "// group " + std::to_string(t.g.index) + ": one warp per row each way" +
+         (t.row_role() == role::layer_norm ? ", then the parameter gradients' sums over the row chunks" : "") + "\n";
+    emit("row_kernel", q + "forward_body", q + "forward_body, std::size_t");
+    emit("row_kernel", q + "backward_body", q + "backward_body, std::size_t");
+    if (t.row_role() == role::layer_norm)
+      emit("elementwise_kernel", "solder::eval::cuda::layer_norm_param_grad_body",
+           "solder::eval::cuda::layer_norm_param_grad_body, std::size_t");
+  }
+  return s;
+}
+
+/// The launchers of one group.
+inline std::string launchers(const group_text& t) {
+  const std::string p = t.prefix;
+  std::string s;
+  const auto fwd = forward_params(t), bwd = backward_params(t);
+  auto open = [&](const std::string& name, const std::vector<param>& ps) {
+    return wrap_call("extern \"C\" int " + name, decls(ps), " {") + "\n  return guarded(\"" + name + "\", [&] {\n" +
+           check_call(ps);
+  };
+  const std::string close = "  });\n}\n";
+  auto set_streams = [&] {
+    std::string r;
+    for (const auto* d : t.of(role::dropout))
+      r += "    std::get<" + std::to_string(d->index - t.g.layers.front().index) + ">(block.layers).rng = {" +
+           t.seed(*d) + ", " + t.offset(*d) + "};\n";
+    return r;
+  };
+  const std::string w = t.width();
+  if (t.g.elementwise) {
+    std::vector<std::string> args{p + "rows(x, batch)"};
+    for (const auto& b : t.biases()) args.push_back(p + "features(" + b + ")");
+    args.push_back(p + "rows_out(y, batch)");
+    s += open(t.launcher + "_fwd", fwd) + "    " + p + "block& block = " + p + "layers();\n" + set_streams();
+    s += wrap_call("    run(stream, " + p + "forward", [&] {
+           std::vector<std::string> a{"block"};
+           a.insert(a.end(), args.begin(), args.end());
+           return a;
+         }(), ");") + "\n" + close + "\n";
+
+    std::vector<std::string> bargs{"block"};
+    if (t.g.output_backward) {
+      bargs.push_back(p + "rows(y, batch)");
+    } else {
+      bargs.push_back(p + "rows(x, batch)");
+      for (const auto& b : t.biases()) bargs.push_back(p + "features(" + b + ")");
+    }
+    bargs.push_back(p + "rows(dy, batch)");
+    bargs.push_back(p + "rows_out(dx, batch)");
+    for (const auto& b : t.biases()) bargs.push_back(p + "features_out(d" + b + ")");
+    s += open(t.launcher + "_bwd", bwd) + "    " + (t.g.output_backward ? "const " : "") + p + "block& block = " + p +
+         "layers();\n" + (t.g.output_backward ? "" : set_streams());
+    s += wrap_call("    run(stream, " + p + "backward", bargs, ");") + "\n" + close;
+  } else if (t.row_role() == role::layer_norm) {
+    s += open(t.launcher + "_fwd", fwd) + "    solder::eval::cuda::require_device_once();\n";
+    s += wrap_call("    solder::eval::cuda::layer_norm_forward<" + w + ">",
+                   {"x", "weight", "bias", "y", "mean", "rstd", "batch", "double(eps)", "stream"}, ";") +
+         "\n" + close + "\n";
+    s += open(t.launcher + "_bwd", bwd) + "    solder::eval::cuda::require_device_once();\n";
+    s += wrap_call("    solder::eval::cuda::layer_norm_backward<" + w + ">",
+                   {"x", "dy", "weight", "mean", "rstd", "dx", "dweight", "dbias", "batch", "stream"}, ";") +
+         "\n" + close;
+  } else {
+    const std::string fn = t.row_role() == role::softmax ? "softmax" : "log_softmax";
+    s += open(t.launcher + "_fwd", fwd) + "    solder::eval::cuda::require_device_once();\n";
+    s += "    solder::eval::cuda::" + fn + "_forward<" + w + ">(x, y, batch, stream);\n" + close + "\n";
+    s += open(t.launcher + "_bwd", bwd) + "    solder::eval::cuda::require_device_once();\n";
+    s += "    solder::eval::cuda::" + fn + "_backward<" + w + ">(y, dy, dx, batch, stream);\n" + close;
+  }
+  return s;
+}
+
+/// What the .cu defines once, before the groups.
+inline std::string common_definitions(bool elementwise) {
+  std::string s = R"(/// The message of this thread's last launcher call ("" after a success).
+thread_local std::string last_error;
+
+/// Keeps the message of a failed call and returns its status.
+int failed(const char* launcher, const char* message, cudaError_t code) noexcept {
+  try {
+    last_error = std::string(launcher) + ": " + message;
+  } catch (...) {  // no memory for the message: the status still says what failed
+  }
+  return int(code);
+}
+
+/// Runs a launcher's body: every exception becomes a cudaError_t value and a message, so none
+/// crosses the C boundary. Arguments solder refuses give cudaErrorInvalidValue.
+template <class Body>
+int guarded(const char* launcher, Body&& body) noexcept {
+  last_error.clear();
+  try {
+    body();
+    return int(cudaSuccess);
+  } catch (const solder::cuda_error& e) {
+    return failed(launcher, e.what(), e.code);
+  } catch (const solder::error& e) {
+    return failed(launcher, e.what(), cudaErrorInvalidValue);
+  } catch (const std::bad_alloc&) {
+    return failed(launcher, "out of host memory", cudaErrorMemoryAllocation);
+  } catch (const std::exception& e) {
+    return failed(launcher, e.what(), cudaErrorUnknown);
+  } catch (...) {
+    return failed(launcher, "unknown exception", cudaErrorUnknown);
+  }
+}
+
+/// Throws solder::error for an empty batch or a null pointer, naming it.
+void check_arguments(std::size_t batch, std::initializer_list<std::pair<const char*, const void*>> pointers) {
+  if (batch == 0) throw solder::error("batch must be at least 1");
+  for (const auto& [name, pointer] : pointers)
+    if (pointer == nullptr) throw solder::error(std::string(name) + " is a null pointer");
+}
+)";
+  if (elementwise)
+    s += R"(
+/// The return type of a function type.
+template <class F>
+struct returned;
+template <class R, class... A>
+struct returned<R(A...)> {
+  using type = R;
+};
+
+/// The pass of a tuple of writes (eval/cuda/pass.hpp), with 16-byte accesses or without.
+template <bool Vec, class Writes>
+struct pass_of;
+template <bool Vec, class... Ws>
+struct pass_of<Vec, std::tuple<Ws...>> {
+  using type = typename solder::eval::cuda::pass_for<Vec, Ws...>::type;
+};
+
+/// Runs a tuple of writes as one pass on `stream`.
+template <class Writes>
+void run(cudaStream_t stream, const Writes& writes) {
+  std::apply([&](const auto&... w) { solder::eval::cuda::run_writes(stream, w...); }, writes);
+}
+)";
+  return s;
+}
+
+/// The groups of a chain that get launchers: the first of several identical groups (same
+/// launchers, same types) stands for all of them.
+inline std::vector<group_text> distinct_groups(const chain_desc& c) {
+  std::vector<group_text> out;
+  for (const auto& g : c.groups) {
+    group_text t{c, g, "g" + std::to_string(g.index) + "_", launcher_name(g)};
+    bool seen = false;
+    for (const auto& o : out) seen = seen || (o.launcher == t.launcher && o.block_type() == t.block_type());
+    if (!seen) out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// The two files of one chain.
+struct files {
+  std::string cu;
+  std::string h;
+};
+
+/// The text of `<stem>.cu` and `<stem>.h` for chain c; `header` is how the .cu includes the
+/// user's header ("chains.hpp").
+inline files generate(const chain_desc& c, const std::string& header) {
+  using namespace detail;
+  const std::string stem = stem_of(c.name), ns = "solder_gen_" + stem;
+  const auto groups = distinct_groups(c);
+  bool any_elementwise = false, any_row = false;
+  for (const auto& t : groups) (t.g.elementwise ? any_elementwise : any_row) = true;
+
+  std::vector<std::string> layer_types;
+  for (const auto& l : c.layers) layer_types.push_back(l.type);
+  std::string overview;
+  for (const auto& g : c.groups) {
+    const group_text t{c, g, "", launcher_name(g)};
+    bool first = true;
+    for (const auto& d : groups) first = first && !(d.g.index < g.index && d.launcher == t.launcher);
+    if (first)
+      overview += group_overview(t);
+    else
+      overview += "// group " + std::to_string(g.index) + ", " + t.layer_range() + ": " + t.layer_list() +
+                  ", the same as an earlier group: runs through its launchers\n";
+  }
+  const std::string chain_type = c.kind == spec_kind::chain ? "solder::nn::chain<" + join(layer_types, ", ") + ">"
+                                                            : groups.front().block_type();
+
+  files f;
+  std::string& cu = f.cu;
+  const std::string spec = comment("// ", "chain " + c.name + " (" + header + "):") + comment("//   ", chain_type);
+  cu += "// " + stem + ".cu: CUDA kernels and extern \"C\" launchers of the chain " + c.name +
+        "; generated by solder-gen, do not edit.\n//\n" + spec + "//\n" + overview;
+  cu += "//\n// The launchers are declared in " + stem + ".h (C types only); docs/cuda.md describes them.\n\n";
+  cu += "#include <cuda_runtime.h>\n\n";
+  for (const char* h : {"cstddef", "cstdint", "exception", "initializer_list", "new", "string", "tuple", "type_traits",
+                        "utility"})
+    cu += "#include <" + std::string(h) + ">\n";
+  cu += "\n#include \"" + header + "\"\n#include \"solder/device.hpp\"\n";
+  if (any_elementwise) cu += "#include \"solder/eval/cuda/executor.hpp\"\n";
+  if (any_row) cu += "#include \"solder/eval/cuda/row_kernels.hpp\"\n";
+  if (any_elementwise) cu += "#include \"solder/nn/elementwise_block.hpp\"\n";
+  cu += "#include \"" + stem + ".h\"\n\n";
+  cu += "namespace " + ns + " {\nnamespace {\n\n" + common_definitions(any_elementwise);
+  for (const auto& t : groups) {
+    cu += "\n" + rule("group " + std::to_string(t.g.index) + ": " + t.layer_list() + " on " + t.rows()) + "\n";
+    cu += t.g.elementwise ? elementwise_definitions(t, header, stem) : row_definitions(t, header, stem);
+  }
+  cu += "\n}  // namespace\n}  // namespace " + ns + "\n\n";
+  cu += rule("kernels: every __global__ function the launchers start, instantiated here") + "\n";
+  std::set<std::string> done;
+  for (const auto& t : groups) cu += instantiations(t, ns, done);
+  cu += "\n" + rule("launchers (C linkage: global names, whatever the namespace)") + "\n";
+  cu += "namespace " + ns + " {\n\n";
+  for (const auto& t : groups) cu += launchers(t) + "\n";
+  cu += "extern \"C\" const char* solder_" + stem + "_last_error(void) { return last_error.c_str(); }\n\n";
+  cu += "}  // namespace " + ns + "\n";
+
+  std::string guard = "SOLDER_GEN_";
+  for (char ch : stem) guard += char(ch >= 'a' && ch <= 'z' ? ch - 'a' + 'A' : ch);
+  guard += "_H";
+  std::string& h = f.h;
+  h += "// " + stem + ".h: the launchers of " + stem +
+       ".cu for C and C++ code built without nvcc; generated by solder-gen, do not edit.\n";
+  h += "//\n" + spec + "//\n";
+  h += comment("// ", "Pointers are device memory, batch counts rows (at least 1). A launcher queues its kernels on "
+                      "`stream` (0: the default stream) and returns 0 (cudaSuccess), or a cudaError_t value when it "
+                      "could not: cudaErrorInvalidValue for a null pointer or an empty batch, the error of "
+                      "cudaGetDeviceCount where no device can be used (cudaErrorNoDevice, "
+                      "cudaErrorInsufficientDriver), or that of the CUDA call that failed; solder_" +
+                          stem + "_last_error() then says why. Errors inside the kernels appear later, on the "
+                                 "stream. Launchers never throw.");
+  h += "#ifndef " + guard + "\n#define " + guard + "\n\n#include <stddef.h>\n#include <stdint.h>\n\n";
+  h += "typedef struct CUstream_st* cudaStream_t;\n\n#ifdef __cplusplus\nextern \"C\" {\n#endif\n";
+  for (const auto& t : groups) {
+    h += "\n" + rule("group " + std::to_string(t.g.index) + ": " + t.layer_list() + " on " + t.rows()) + "\n";
+    h += comment("/// ", forward_summary(t)) + wrap_call("int " + t.launcher + "_fwd", decls(forward_params(t)), ";") +
+         "\n";
+    h += comment("/// ", backward_summary(t)) +
+         wrap_call("int " + t.launcher + "_bwd", decls(backward_params(t)), ";") + "\n";
+  }
+  h += "\n/// The message of this thread's last call of a launcher above; \"\" when it succeeded.\n";
+  h += "const char* solder_" + stem + "_last_error(void);\n";
+  h += "\n#ifdef __cplusplus\n}  // extern \"C\"\n#endif\n\n#endif  // " + guard + "\n";
+  return f;
+}
+
+/// solder-gen's entry point: writes `<dir>/<stem>.cu` and `<stem>.h` for every chain, `<dir>`
+/// being argv[1]; `header` is how the .cu include the chains' header. Returns 0, or 1 after
+/// saying why on stderr (two chains would define the same launcher, a file cannot be written).
+inline int main(int argc, char** argv, const std::string& header, std::initializer_list<chain_desc> chains) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s <output directory>\n", argc ? argv[0] : "solder-gen");
+    return 1;
+  }
+  const std::string dir = argv[1];
+  std::map<std::string, std::string> defined;  // launcher -> the chain that defines it
+  std::set<std::string> stems;
+  for (const auto& c : chains) {
+    if (!stems.insert(detail::stem_of(c.name)).second) {
+      std::fprintf(stderr, "solder-gen: two chains would both be written to %s.cu; name them differently\n",
+                   detail::stem_of(c.name).c_str());
+      return 1;
+    }
+    std::map<std::string, std::string> own;  // launcher -> block type, within the chain
+    for (const auto& g : c.groups) {
+      const detail::group_text t{c, g, "", detail::launcher_name(g)};
+      const auto [it, fresh] = own.emplace(t.launcher, t.block_type());
+      if (!fresh && it->second != t.block_type()) {
+        std::fprintf(stderr,
+                     "solder-gen: %s: groups %s and an earlier one differ (%s) but would share the launchers "
+                     "%s_fwd/_bwd; split the chain so that each goes to its own program\n",
+                     c.name.c_str(), t.layer_range().c_str(), t.block_type().c_str(), t.launcher.c_str());
+        return 1;
+      }
+      if (fresh) {
+        const auto [other, added] = defined.emplace(t.launcher, c.name);
+        if (!added) {
+          std::fprintf(stderr,
+                       "solder-gen: %s and %s both hold a group whose launchers are %s_fwd/_bwd; they would be "
+                       "defined twice: generate that group from one of the chains\n",
+                       other->second.c_str(), c.name.c_str(), t.launcher.c_str());
+          return 1;
+        }
+      }
+    }
+  }
+  for (const auto& c : chains) {
+    const files f = generate(c, header);
+    const std::string stem = detail::stem_of(c.name);
+    for (const auto& [name, text] : {std::pair{stem + ".cu", &f.cu}, std::pair{stem + ".h", &f.h}}) {
+      const std::string path = dir + "/" + name;
+      std::ofstream out(path, std::ios::binary | std::ios::trunc);
+      out << *text;
+      out.close();
+      if (!out) {
+        std::fprintf(stderr, "solder-gen: cannot write %s\n", path.c_str());
+        return 1;
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace solder::gen
