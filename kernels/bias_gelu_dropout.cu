@@ -13,9 +13,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <exception>
-#include <initializer_list>
-#include <new>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -23,74 +20,25 @@
 
 #include "chains.hpp"
 #include "solder/device.hpp"
-#include "solder/eval/cuda/executor.hpp"
+#include "solder/eval/cuda/launcher.hpp"
 #include "solder/nn/elementwise_block.hpp"
 #include "bias_gelu_dropout.h"
 
 namespace solder_gen_bias_gelu_dropout {
 namespace {
 
-/// The message of this thread's last launcher call ("" after a success).
+/// The message of this thread's last call of this chain's launchers ("" after a success).
 thread_local std::string last_error;
 
-/// Keeps the message of a failed call and returns its status.
-int failed(const char* launcher, const char* message, cudaError_t code) noexcept {
-  try {
-    last_error = std::string(launcher) + ": " + message;
-  } catch (...) {  // no memory for the message: the status still says what failed
-  }
-  return int(code);
-}
-
-/// Runs a launcher's body: every exception becomes a cudaError_t value and a message, so none
-/// crosses the C boundary. Arguments solder refuses give cudaErrorInvalidValue.
+/// Runs a launcher's body, turning every exception into a status and last_error's message.
 template <class Body>
 int guarded(const char* launcher, Body&& body) noexcept {
-  last_error.clear();
-  try {
-    body();
-    return int(cudaSuccess);
-  } catch (const solder::cuda_error& e) {
-    return failed(launcher, e.what(), e.code);
-  } catch (const solder::error& e) {
-    return failed(launcher, e.what(), cudaErrorInvalidValue);
-  } catch (const std::bad_alloc&) {
-    return failed(launcher, "out of host memory", cudaErrorMemoryAllocation);
-  } catch (const std::exception& e) {
-    return failed(launcher, e.what(), cudaErrorUnknown);
-  } catch (...) {
-    return failed(launcher, "unknown exception", cudaErrorUnknown);
-  }
+  return solder::eval::cuda::guarded(last_error, launcher, std::forward<Body>(body));
 }
-
-/// Throws solder::error for an empty batch or a null pointer, naming it.
-void check_arguments(std::size_t batch, std::initializer_list<std::pair<const char*, const void*>> pointers) {
-  if (batch == 0) throw solder::error("batch must be at least 1");
-  for (const auto& [name, pointer] : pointers)
-    if (pointer == nullptr) throw solder::error(std::string(name) + " is a null pointer");
-}
-
-/// The return type of a function type.
-template <class F>
-struct returned;
-template <class R, class... A>
-struct returned<R(A...)> {
-  using type = R;
-};
-
-/// The pass of a tuple of writes (eval/cuda/pass.hpp), with 16-byte accesses or without.
-template <bool Vec, class Writes>
-struct pass_of;
-template <bool Vec, class... Ws>
-struct pass_of<Vec, std::tuple<Ws...>> {
-  using type = typename solder::eval::cuda::pass_for<Vec, Ws...>::type;
-};
-
-/// Runs a tuple of writes as one pass on `stream`.
-template <class Writes>
-void run(cudaStream_t stream, const Writes& writes) {
-  std::apply([&](const auto&... w) { solder::eval::cuda::run_writes(stream, w...); }, writes);
-}
+using solder::eval::cuda::check_arguments;
+using solder::eval::cuda::pass_of;
+using solder::eval::cuda::returned;
+using solder::eval::cuda::run;
 
 // ---- group 0: bias<1024>, gelu, dropout<0.1f> on [batch, 1024] ----------------------------------
 

@@ -28,19 +28,6 @@ void expect(bool ok, const char* what) {
 
 std::size_t bitwise(const float* a, const float* b, std::size_t n) { return test::bit_differences(a, b, n); }
 
-/// Elements that differ by more than a few ulp (device expf/tanhf differ from xsimd's by up to
-/// 2-4 ulp, and nvcc contracts a * b + c into one fma): 4e-6 relative, 1e-6 absolute near 0.
-std::size_t near(const float* a, const float* b, std::size_t n) {
-  std::size_t d = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (std::isnan(a[i]) || std::isinf(a[i]))
-      d += std::memcmp(a + i, b + i, sizeof(float)) != 0;
-    else
-      d += !(std::fabs(double(a[i]) - double(b[i])) <= 4e-6 * std::fabs(double(a[i])) + 1e-6);
-  }
-  return d;
-}
-
 using test::cuda_reference::rng;
 
 template <std::size_t N>
@@ -95,7 +82,7 @@ void odd_shapes() {
   tensor<float, S, device> yd(37);
   yd = dropout(tanh(xd) * bd + exp(xd * 0.25f), 0.5f, rng);
   const auto y = to_host(yd);
-  expect(near(cpu.data(), y.data(), y.size()) == 0, "rows of 10 with broadcasting and transcendentals");
+  expect(test::ulp_differences(cpu.data(), y.data(), y.size()) == 0, "rows of 10 with broadcasting and transcendentals");
 
   // The element path: a view one float into its buffer.
   tensor<float, shape<dyn, 10>, device> big(38);

@@ -41,21 +41,6 @@ host_runner run(const W&... w) {
 
 constexpr philox_state rng{0x1234abcdULL, 7};
 
-/// Elements where b is not a's value within 4e-6 relative, with a 1e-6 floor for results near
-/// 0 of operands near 1 (NaN and infinities must match exactly). The CPU's xsimd exp and tanh
-/// and the scalar libm the pass runs on differ by a few ulp, and a * b + c may be one fused
-/// multiply-add or two roundings, so such values agree to a few ulp, not bit for bit.
-std::size_t differences(const float* a, const float* b, std::size_t n) {
-  std::size_t d = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (std::isnan(a[i]) || std::isinf(a[i]))
-      d += std::memcmp(a + i, b + i, sizeof(float)) != 0;
-    else
-      d += !(std::fabs(double(a[i]) - double(b[i])) <= 4e-6 * std::fabs(double(a[i])) + 1e-6);
-  }
-  return d;
-}
-
 }  // namespace
 
 TEST_CASE("cuda pass: bias + relu + dropout equals the CPU bit for bit, vector and element paths", "[cuda][pass]") {
@@ -107,7 +92,7 @@ TEST_CASE("cuda pass: tails, odd widths and broadcasting match the CPU", "[cuda]
     auto gpu = test::make<S>(13);
     const auto r = run(write(dev_out(gpu), dropout(exp(dev(x) * 0.5f) - dev(b), 0.5f, rng)));
     CHECK(!r.last_vector);
-    CHECK(differences(cpu.data(), gpu.data(), cpu.size()) == 0);
+    CHECK(test::ulp_differences(cpu.data(), gpu.data(), cpu.size()) == 0);
   }
   SECTION("same shapes of odd width: the flat walk keeps 16-byte accesses, with a partial last vector") {
     using S = shape<7, 3, 5>;  // 105 elements: one partial tile, a partial vector
@@ -119,7 +104,7 @@ TEST_CASE("cuda pass: tails, odd widths and broadcasting match the CPU", "[cuda]
     gpu.fill(-7.0f);
     const auto r = run(write(dev_out(gpu), dropout(tanh(dev(x)) * dev(y) + 1.0f, 0.25f, rng)));
     CHECK(r.last_vector);
-    CHECK(differences(cpu.data(), gpu.data(), cpu.size()) == 0);
+    CHECK(test::ulp_differences(cpu.data(), gpu.data(), cpu.size()) == 0);
   }
   SECTION("rank 3 with operands broadcast along the middle and the last axis") {
     using S = shape<4, 6, 8>;
@@ -133,7 +118,7 @@ TEST_CASE("cuda pass: tails, odd widths and broadcasting match the CPU", "[cuda]
     tensor<float, S> gpu;
     const auto r = run(write(dev_out(gpu), dev(x) * dev(a) + dev(c)));
     CHECK(r.last_vector);  // rows of 8: a vector never leaves its row
-    CHECK(differences(cpu.data(), gpu.data(), cpu.size()) == 0);
+    CHECK(test::ulp_differences(cpu.data(), gpu.data(), cpu.size()) == 0);
   }
   SECTION("a mask broadcast over rows draws each element's bits alone, as the CPU's") {
     using S = shape<9, 40>;
@@ -154,7 +139,7 @@ TEST_CASE("cuda pass: tails, odd widths and broadcasting match the CPU", "[cuda]
     const auto r = run(write(dev_out(g1), dropout(dev(x), 0.1f, rng)), write(dev_out(g2), sigmoid(dev(x))));
     CHECK(r.flats == 1);
     CHECK(bit_differences(c1.data(), g1.data(), c1.size()) == 0);
-    CHECK(differences(c2.data(), g2.data(), c2.size()) == 0);
+    CHECK(test::ulp_differences(c2.data(), g2.data(), c2.size()) == 0);
   }
 }
 
