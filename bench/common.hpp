@@ -220,6 +220,16 @@ inline void mul_plain(const float* __restrict a, const float* __restrict b, floa
   for (std::size_t i = 0; i < n; ++i) y[i] = a[i] * b[i];
 }
 
+/// The L1 prefetch of one mul step: the two cache lines of a and of b mul_prefetch_bytes ahead.
+inline void prefetch_step(const float* a, const float* b) {
+  const char* pa = reinterpret_cast<const char*>(a) + mul_prefetch_bytes;
+  const char* pb = reinterpret_cast<const char*>(b) + mul_prefetch_bytes;
+  _mm_prefetch(pa, _MM_HINT_T0);
+  _mm_prefetch(pa + 64, _MM_HINT_T0);
+  _mm_prefetch(pb, _MM_HINT_T0);
+  _mm_prefetch(pb + 64, _MM_HINT_T0);
+}
+
 /// y[i] = a[i] * b[i] with AVX-512, 2 cache lines per step; streaming stores plus an L1 prefetch
 /// of both inputs mul_prefetch_bytes ahead when Streaming is true. All pointers 64-byte aligned;
 /// AVX-512 whatever the flags, as copy_avx512.
@@ -228,14 +238,7 @@ __attribute__((target("avx512f"))) inline void mul_avx512(const float* __restric
                                                           float* __restrict y, std::size_t n) {
   std::size_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    if constexpr (Streaming) {
-      const char* pa = reinterpret_cast<const char*>(a + i) + mul_prefetch_bytes;
-      const char* pb = reinterpret_cast<const char*>(b + i) + mul_prefetch_bytes;
-      _mm_prefetch(pa, _MM_HINT_T0);
-      _mm_prefetch(pa + 64, _MM_HINT_T0);
-      _mm_prefetch(pb, _MM_HINT_T0);
-      _mm_prefetch(pb + 64, _MM_HINT_T0);
-    }
+    if constexpr (Streaming) prefetch_step(a + i, b + i);
     const __m512 p = _mm512_mul_ps(_mm512_load_ps(a + i), _mm512_load_ps(b + i));
     const __m512 q = _mm512_mul_ps(_mm512_load_ps(a + i + 16), _mm512_load_ps(b + i + 16));
     if constexpr (Streaming) {
@@ -256,14 +259,7 @@ __attribute__((target("avx2"))) inline void mul_avx2(const float* __restrict a, 
                                                      float* __restrict y, std::size_t n) {
   std::size_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    if constexpr (Streaming) {
-      const char* pa = reinterpret_cast<const char*>(a + i) + mul_prefetch_bytes;
-      const char* pb = reinterpret_cast<const char*>(b + i) + mul_prefetch_bytes;
-      _mm_prefetch(pa, _MM_HINT_T0);
-      _mm_prefetch(pa + 64, _MM_HINT_T0);
-      _mm_prefetch(pb, _MM_HINT_T0);
-      _mm_prefetch(pb + 64, _MM_HINT_T0);
-    }
+    if constexpr (Streaming) prefetch_step(a + i, b + i);
     __m256 v[4];
     for (int k = 0; k < 4; ++k) v[k] = _mm256_mul_ps(_mm256_load_ps(a + i + 8 * k), _mm256_load_ps(b + i + 8 * k));
     for (int k = 0; k < 4; ++k) {

@@ -12,19 +12,13 @@
 #include "elementwise.hpp"
 #include "solder/cuda.hpp"
 #include "support/data.hpp"
+#include "support/gpu_program.hpp"
 
 namespace {
 
 using namespace solder;
 
-int failures = 0;
-
-void expect(bool ok, const char* what) {
-  if (!ok) {
-    ++failures;
-    std::fprintf(stderr, "FAILED: %s\n", what);
-  }
-}
+using test::gpu::expect;
 
 std::size_t bitwise(const float* a, const float* b, std::size_t n) { return test::bit_differences(a, b, n); }
 
@@ -128,21 +122,11 @@ void on_a_stream() {
 }  // namespace
 
 int main() {
-  if (eval::cuda::device_count() == 0) {
-    std::puts("solder: no CUDA device; GPU tests not run");
-    return 77;
-  }
-  try {
+  return test::gpu::run("tests/cuda/elementwise.cu", "solder: the CUDA passes match the CPU", [] {
     bias_relu_dropout<4096>(300);
     bias_relu_dropout<100>(131);
     odd_shapes();
     scalar_reduction();
     on_a_stream();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "FAILED: %s\n", e.what());
-    return 1;
-  }
-  if (failures) return 1;
-  std::puts("solder: the CUDA passes match the CPU");
-  return 0;
+  });
 }

@@ -17,23 +17,17 @@
 #include "solder/device.hpp"
 #include "solder/solder.hpp"
 #include "support/data.hpp"
+#include "support/gpu_program.hpp"
 
 namespace {
 
 using namespace solder;
 
-int failures = 0;
-
-void expect(bool ok, const char* what) {
-  if (!ok) {
-    ++failures;
-    std::fprintf(stderr, "FAILED: %s\n", what);
-  }
-}
+using test::gpu::expect;
 
 void expect_ok(int status, const char* what, const char* message) {
   if (status != 0) {
-    ++failures;
+    ++test::gpu::failures;
     std::fprintf(stderr, "FAILED: %s returned %d: %s\n", what, status, message);
   }
 }
@@ -197,20 +191,10 @@ void bias_relu_dropout_chain() {
 }  // namespace
 
 int main() {
-  if (eval::cuda::device_count() == 0) {
-    std::puts("solder: no CUDA device; GPU tests not run");
-    return 77;
-  }
-  try {
+  return test::gpu::run("tests/cuda/generated_kernels.cpp", "solder: the generated kernels match the CPU layers", [] {
     bias_relu_dropout_chain();
     bias_gelu_dropout_chain();
     layer_norm_gelu_dropout_chain();
     cudaDeviceSynchronize();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "FAILED: %s\n", e.what());
-    return 1;
-  }
-  if (failures) return 1;
-  std::puts("solder: the generated kernels match the CPU layers");
-  return 0;
+  });
 }

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "solder/device.hpp"
+#include "support/gpu_program.hpp"
 
 namespace {
 
@@ -21,11 +22,9 @@ using solder::dyn;
 using solder::shape;
 using solder::tensor;
 
-int failures = 0;
-
 void expect(bool ok, const char* what, int line) {
   if (!ok) {
-    ++failures;
+    ++solder::test::gpu::failures;
     std::fprintf(stderr, "tests/cuda/memory.cu:%d: failed: %s\n", line, what);
   }
 }
@@ -225,25 +224,12 @@ void non_default_stream() {
 }  // namespace
 
 int main() {
-  if (solder::eval::cuda::device_count() == 0) {
-    std::puts("solder: no CUDA device; GPU tests not run");
-    return 77;
-  }
-  try {
+  return solder::test::gpu::run("tests/cuda/memory.cu", "solder: device memory, streams and copies pass", [] {
     streams();
     round_trips();
     device_copies();
     zero_filled();
     batch_mismatch();
     non_default_stream();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "tests/cuda/memory.cu: unexpected exception: %s\n", e.what());
-    return 1;
-  }
-  if (failures) {
-    std::fprintf(stderr, "tests/cuda/memory.cu: %d checks failed\n", failures);
-    return 1;
-  }
-  std::puts("solder: device memory, streams and copies pass");
-  return 0;
+  });
 }

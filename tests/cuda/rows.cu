@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "../support/data.hpp"
+#include "../support/gpu_program.hpp"
 #include "../support/warp_emulation.hpp"
+#include "solder/eval/cuda/memory.hpp"
 #include "solder/eval/cuda/row_kernels.hpp"
 #include "solder/eval/cuda/update_kernels.hpp"
 
@@ -43,8 +45,6 @@ constexpr double update_tol = 1e-5;
 constexpr float inf = INFINITY;
 constexpr float qnan = NAN;
 
-int failures = 0;
-
 /// NaN matches NaN, an infinity itself, anything else within tol.
 bool agree(double got, double want, double tol) {
   if (isnan(want)) return isnan(got);
@@ -61,7 +61,7 @@ void expect_close(const char* what, const std::vector<G>& got, const std::vector
       fprintf(stderr, "solder: %s, element %zu: device %.9g, host %.9g (tolerance %.3g)\n", what, i, double(got[i]),
               double(want[i]), tol[i]);
   if (bad) fprintf(stderr, "solder: %s: %d of %zu elements differ\n", what, bad, got.size());
-  failures += bad != 0;
+  solder::test::gpu::failures += bad != 0;
 }
 
 /// a and b hold the same bits, two NaNs excepted (their payload says nothing of the order).
@@ -72,39 +72,32 @@ void expect_same_bits(const char* what, const std::vector<T>& a, const std::vect
     bad += !(isnan(a[i]) && isnan(b[i])) && std::memcmp(&a[i], &b[i], sizeof(T)) != 0;
   if (bad) {
     fprintf(stderr, "solder: %s: %zu elements differ in their bits\n", what, bad);
-    ++failures;
+    ++solder::test::gpu::failures;
   }
 }
 
-void expect(bool ok, const char* what) {
-  if (!ok) {
-    fprintf(stderr, "solder: %s\n", what);
-    ++failures;
-  }
-}
+using solder::test::gpu::expect;
 
-/// A device array, freed when it goes.
+/// A device copy of a std::vector (solder's device_array, on the default stream), read back
+/// after the device's work is done.
 template <class T>
-class device_array {
+class device_vector {
  public:
-  explicit device_array(std::size_t n) : n_(n) { cu::check(cudaMalloc(&p_, (n ? n : 1) * sizeof(T)), "cudaMalloc"); }
-  explicit device_array(const std::vector<T>& v) : device_array(v.size()) { put(v); }
-  device_array(const device_array&) = delete;
-  device_array& operator=(const device_array&) = delete;
-  ~device_array() { cudaFree(p_); }
-  T* get() const { return p_; }
+  explicit device_vector(std::size_t n) : a_(cu::device_array<T>::allocate(n ? n : 1, nullptr)), n_(n) {}
+  explicit device_vector(const std::vector<T>& v) : device_vector(v.size()) { put(v); }
+  T* get() const { return a_.data(); }
   void put(const std::vector<T>& v) const {
-    cu::check(cudaMemcpy(p_, v.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy to the device");
+    cu::check(cudaMemcpy(get(), v.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy to the device");
   }
   std::vector<T> read() const {
     std::vector<T> v(n_);
     cu::check(cudaDeviceSynchronize(), "the kernels");
-    cu::check(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy to the host");
+    cu::check(cudaMemcpy(v.data(), get(), n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy to the host");
     return v;
   }
 
  private:
-  T* p_ = nullptr;
+  cu::device_array<T> a_;
   std::size_t n_;
 };
 
@@ -136,8 +129,8 @@ void check_softmax() {
   const std::vector<float> x = test_rows(rows, N, 11);
   std::vector<float> dy(rows * N);
   fill_uniform(dy, -1, 1, 12);
-  const device_array<float> dx_in(x), ddy(dy), dy_out(rows * N), dy_again(rows * N), dy_one_warp(rows * N);
-  const auto forward = [&](const device_array<float>& out) {
+  const device_vector<float> dx_in(x), ddy(dy), dy_out(rows * N), dy_again(rows * N), dy_one_warp(rows * N);
+  const auto forward = [&](const device_vector<float>& out) {
     if constexpr (Log)
       cu::log_softmax_forward<N>(dx_in.get(), out.get(), rows, stream);
     else
@@ -158,7 +151,7 @@ void check_softmax() {
   expect_close(what.c_str(), y, want, tol);
 
   // In place: the same bits.
-  const device_array<float> in_place(x);
+  const device_vector<float> in_place(x);
   if constexpr (Log)
     cu::log_softmax_forward<N>(in_place.get(), in_place.get(), rows, stream);
   else
@@ -167,8 +160,8 @@ void check_softmax() {
 
   // Backward from the device's y, on both sides.
   dy_out.put(y);
-  const device_array<float> ddx(rows * N), ddx_again(rows * N);
-  const auto backward = [&](const device_array<float>& out) {
+  const device_vector<float> ddx(rows * N), ddx_again(rows * N);
+  const auto backward = [&](const device_vector<float>& out) {
     if constexpr (Log)
       cu::log_softmax_backward<N>(dy_out.get(), ddy.get(), out.get(), rows, stream);
     else
@@ -211,7 +204,7 @@ void check_layer_norm() {
   fill_uniform(dy, -1, 1, 24);
   const std::string name = "layer_norm, N = " + std::to_string(N);
 
-  const device_array<float> dx_in(x), dw_in(w), db_in(b), dy_dev(dy), dy_out(rows * N), dmean(rows), drstd(rows);
+  const device_vector<float> dx_in(x), dw_in(w), db_in(b), dy_dev(dy), dy_out(rows * N), dmean(rows), drstd(rows);
   cu::layer_norm_forward<N>(dx_in.get(), dw_in.get(), db_in.get(), dy_out.get(), dmean.get(), drstd.get(), rows, eps,
                             stream);
   const std::vector<float> y = dy_out.read(), mean = dmean.read(), rstd = drstd.read();
@@ -238,8 +231,8 @@ void check_layer_norm() {
 
   // Backward from the device's statistics on both sides, rows 2.. (finite).
   constexpr std::size_t skip = 2, grows = rows - skip;
-  const device_array<float> ddx(grows * N), dgw(N), dgb(N), dgw_again(N), dgb_again(N);
-  const auto backward = [&](const device_array<float>& gw, const device_array<float>& gb) {
+  const device_vector<float> ddx(grows * N), dgw(N), dgb(N), dgw_again(N), dgb_again(N);
+  const auto backward = [&](const device_vector<float>& gw, const device_vector<float>& gb) {
     cu::layer_norm_backward<N>(dx_in.get() + skip * N, dy_dev.get() + skip * N, dw_in.get(), dmean.get() + skip,
                                drstd.get() + skip, ddx.get(), gw.get(), gb.get(), grows, stream);
   };
@@ -283,7 +276,7 @@ void check_layer_norm_many_rows() {
   std::vector<float> x(rows * N), w(N, 1.0f), b(N, 0.0f), dy(rows * N);
   fill_uniform(x, -2, 2, 31);
   fill_uniform(dy, -1, 1, 32);
-  const device_array<float> dx_in(x), dw_in(w), db_in(b), dy_dev(dy), dy_out(rows * N), dmean(rows), drstd(rows),
+  const device_vector<float> dx_in(x), dw_in(w), db_in(b), dy_dev(dy), dy_out(rows * N), dmean(rows), drstd(rows),
       ddx(rows * N), dgw(N), dgb(N), dgw_again(N), dgb_again(N);
   cu::layer_norm_forward<N>(dx_in.get(), dw_in.get(), db_in.get(), dy_out.get(), dmean.get(), drstd.get(), rows, 1e-5,
                             stream);
@@ -321,10 +314,10 @@ void check_cross_entropy(float smoothing) {
   std::vector<std::int32_t> labels(rows);
   for (std::size_t r = 0; r < rows; ++r) labels[r] = std::int32_t((r * 7 + 3) % C);
   const ops::softmax_cross_entropy op{1.0f - smoothing, smoothing / float(C), 1.0f / float(rows)};
-  const device_array<float> dx(x), dg(rows * C);
-  const device_array<std::int32_t> dlabels(labels);
+  const device_vector<float> dx(x), dg(rows * C);
+  const device_vector<std::int32_t> dlabels(labels);
   // Per row, all rows (NaN and infinities included), through the row kernel the launcher runs.
-  const device_array<double> dloss(rows);
+  const device_vector<double> dloss(rows);
   cu::row_kernel<<<4, cu::row_block_threads, 0, stream>>>(
       cu::cross_entropy_body<true, C>{op, dx.get(), dlabels.get(), dg.get(), dloss.get()}, rows);
   cu::check(cudaGetLastError(), "cross_entropy_body launch");
@@ -358,7 +351,7 @@ void check_cross_entropy(float smoothing) {
     magnitude += fabs(l);
   }
   want /= double(finite);
-  const device_array<float> dgm(finite * C), dgm_again(finite * C);
+  const device_vector<float> dgm(finite * C), dgm_again(finite * C);
   const double mean =
       cu::softmax_cross_entropy<C>(dx.get() + first * C, dlabels.get() + first, dgm.get(), finite, smoothing, stream);
   const double again = cu::softmax_cross_entropy<C>(dx.get() + first * C, dlabels.get() + first, dgm_again.get(),
@@ -388,8 +381,8 @@ void check_bad_label() {
   std::vector<std::int32_t> labels(rows, 2);
   labels[217] = 10;
   labels[250] = -1;
-  const device_array<float> dx(x);
-  const device_array<std::int32_t> dlabels(labels);
+  const device_vector<float> dx(x);
+  const device_vector<std::int32_t> dlabels(labels);
   try {
     cu::softmax_cross_entropy<C>(dx.get(), dlabels.get(), nullptr, rows, 0.0f, stream);
     expect(false, "softmax_cross_entropy: a label of 10 for 10 classes was not reported");
@@ -405,7 +398,7 @@ void check_elementwise_loss(const char* name, std::size_t n, bool probabilities)
   std::vector<float> x(n), t(n);
   fill_uniform(x, -3, 3, 61);
   fill_uniform(t, probabilities ? 0 : -3, probabilities ? 1 : 3, 62);
-  const device_array<float> dx(x), dt(t), dg(n), dg_again(n);
+  const device_vector<float> dx(x), dt(t), dg(n), dg_again(n);
   double mean, again, eval;
   if constexpr (std::is_same_v<Op, ops::mse>) {
     mean = cu::mse(dx.get(), dt.get(), dg.get(), n, stream);
@@ -466,8 +459,8 @@ void check_totals(std::size_t n) {
   std::vector<float> f(n);
   fill_uniform(x, -1e3, 1e3, 71);
   fill_uniform(f, -2, 2, 72);
-  const device_array<double> dx(x), out(2), out_again(2);
-  const device_array<float> df(f);
+  const device_vector<double> dx(x), out(2), out_again(2);
+  const device_vector<float> df(f);
   cu::total(dx.get(), n, out.get(), stream);
   cu::sum_of_squares(df.get(), n, out.get() + 1, stream);
   cu::total(dx.get(), n, out_again.get(), stream);
@@ -498,9 +491,9 @@ void check_tensor_views() {
   fill_uniform(b, -0.5, 0.5, 94);
   std::vector<std::int32_t> labels(rows);
   for (std::size_t r = 0; r < rows; ++r) labels[r] = std::int32_t(r * 5 % 33);
-  const device_array<float> dx(x), ddy(dy), dw(w), db(b), y1(n), y2(n), g1(n), g2(n), m1(rows), m2(rows), s1(rows),
+  const device_vector<float> dx(x), ddy(dy), dw(w), db(b), y1(n), y2(n), g1(n), g2(n), m1(rows), m2(rows), s1(rows),
       s2(rows), gw1(33), gw2(33), gb1(33), gb2(33);
-  const device_array<std::int32_t> dlabels(labels);
+  const device_vector<std::int32_t> dlabels(labels);
   const tensor_ref<const float, S, device> vx(dx.get(), batch), vdy(ddy.get(), batch);
   const tensor_ref<float, S, device> vy(y2.get(), batch), vg(g2.get(), batch);
 
@@ -568,7 +561,7 @@ void check_updates() {
   };
   {
     const ops::sgd_update u(3.1e-3f, 0.0f, 0.0f, 1.7e-2f, false, false);
-    const device_array<float> dw(w), dg(g);
+    const device_vector<float> dw(w), dg(g);
     cu::sgd_step(u, dw.get(), dg.get(), n, stream);
     std::vector<float> want = w;
     for (std::size_t i = 0; i < n; ++i) u(want[i], g[i]);
@@ -576,7 +569,7 @@ void check_updates() {
   }
   for (const bool nesterov : {false, true}) {
     const ops::sgd_update u(3.1e-3f, 0.9f, 0.1f, 1.7e-2f, nesterov, false);
-    const device_array<float> dw(w), dg(g), db(b);
+    const device_vector<float> dw(w), dg(g), db(b);
     cu::sgd_step(u, dw.get(), dg.get(), db.get(), n, stream);
     std::vector<float> want = w, want_b = b;
     for (std::size_t i = 0; i < n; ++i) u(want[i], g[i], want_b[i]);
@@ -584,7 +577,7 @@ void check_updates() {
     close_to(nesterov ? "sgd_step, nesterov: buffer" : "sgd_step with momentum: buffer", db.read(), want_b, b);
   }
   const auto adam = [&]<bool Decoupled>(const ops::adam_update<Decoupled>& u, const char* name) {
-    const device_array<float> dw(w), dg(g), dm(m), dv(v);
+    const device_vector<float> dw(w), dg(g), dm(m), dv(v);
     cu::adam_step(u, dw.get(), dg.get(), dm.get(), dv.get(), n, stream);
     std::vector<float> want = w, want_m = m, want_v = v;
     for (std::size_t i = 0; i < n; ++i) u(want[i], g[i], want_m[i], want_v[i]);
@@ -596,8 +589,8 @@ void check_updates() {
   adam(ops::adam_update<true>(1.3e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f, 3), "adam_step (AdamW)");
   {
     // Clipping by the norm from the device's sum of squares.
-    const device_array<float> dg(g);
-    const device_array<double> dsum(1);
+    const device_vector<float> dg(g);
+    const device_vector<double> dsum(1);
     cu::sum_of_squares(dg.get(), n, dsum.get(), stream);
     const double norm = sqrt(dsum.read()[0]);
     double want_sum = 0;
@@ -616,7 +609,7 @@ void check_updates() {
   }
   {
     // Three micro-batches: first, middle, last (the mean into g).
-    const device_array<float> dsum(n), dg(g);
+    const device_vector<float> dsum(n), dg(g);
     std::vector<float> sum(n), host_g = g;
     for (int k = 0; k < 3; ++k) {
       const ops::grad_fold fold{3.0f, k == 0, k == 2};
@@ -634,40 +627,27 @@ void check_updates() {
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    puts("solder: no CUDA device; GPU tests not run");
-    return 77;
-  }
-  try {
-    cu::check(cudaStreamCreate(&stream), "cudaStreamCreate");
-    [&]<std::size_t... N>(std::index_sequence<N...>) {
-      constexpr std::size_t lengths[] = {1, 5, 31, 32, 33, 100, 1000};
-      (check_softmax<false, lengths[N]>(), ...);
-      (check_softmax<true, lengths[N]>(), ...);
-      (check_layer_norm<lengths[N]>(), ...);
-      (check_cross_entropy<lengths[N]>(0.0f), ...);
-      (check_cross_entropy<lengths[N]>(0.1f), ...);
-    }(std::make_index_sequence<7>{});
-    check_layer_norm_many_rows();
-    check_bad_label();
-    for (const std::size_t n : {std::size_t(1), std::size_t(33), std::size_t(4097), std::size_t(100000)}) {
-      check_elementwise_loss<ops::mse>("mse", n, false);
-      check_elementwise_loss<ops::bce_with_logits>("bce_with_logits", n, true);
-    }
-    for (const std::size_t n : {std::size_t(1), std::size_t(1000), std::size_t(8193), std::size_t(50000)})
-      check_totals(n);
-    check_tensor_views();
-    check_updates();
-    cu::check(cudaStreamDestroy(stream), "cudaStreamDestroy");
-  } catch (const std::exception& e) {
-    fprintf(stderr, "solder: %s\n", e.what());
-    return 1;
-  }
-  if (failures) {
-    fprintf(stderr, "solder: %d device checks failed\n", failures);
-    return 1;
-  }
-  puts("solder: the row kernels, losses, totals and optimizer updates match the host");
-  return 0;
+  return solder::test::gpu::run(
+      "tests/cuda/rows.cu", "solder: the row kernels, losses, totals and optimizer updates match the host", [] {
+        cu::check(cudaStreamCreate(&stream), "cudaStreamCreate");
+        []<std::size_t... N>(std::index_sequence<N...>) {
+          constexpr std::size_t lengths[] = {1, 5, 31, 32, 33, 100, 1000};
+          (check_softmax<false, lengths[N]>(), ...);
+          (check_softmax<true, lengths[N]>(), ...);
+          (check_layer_norm<lengths[N]>(), ...);
+          (check_cross_entropy<lengths[N]>(0.0f), ...);
+          (check_cross_entropy<lengths[N]>(0.1f), ...);
+        }(std::make_index_sequence<7>{});
+        check_layer_norm_many_rows();
+        check_bad_label();
+        for (const std::size_t n : {std::size_t(1), std::size_t(33), std::size_t(4097), std::size_t(100000)}) {
+          check_elementwise_loss<ops::mse>("mse", n, false);
+          check_elementwise_loss<ops::bce_with_logits>("bce_with_logits", n, true);
+        }
+        for (const std::size_t n : {std::size_t(1), std::size_t(1000), std::size_t(8193), std::size_t(50000)})
+          check_totals(n);
+        check_tensor_views();
+        check_updates();
+        cu::check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+      });
 }
