@@ -147,6 +147,8 @@ struct plan_report {
        << std::setw(10) << layers.str() << std::right << std::setw(14) << detail::human(K::forward_flops) << std::setw(13)
        << detail::human(K::forward_bytes) << std::setw(14) << detail::human(K::backward_flops) << std::setw(13)
        << detail::human(K::backward_bytes) << "\n";
+    using Block = std::tuple_element_t<I, typename Model::blocks_type>;
+    if constexpr (requires { Block::plan_note(); }) os << "      " << Block::plan_note() << "\n";
   }
 };
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "solder/assign.hpp"
+#include "solder/autodiff/product.hpp"
 #include "solder/autodiff/vjp.hpp"
 #include "solder/backend.hpp"
 #include "solder/config.hpp"
@@ -20,6 +21,7 @@
 #include "solder/nn/elementwise_block.hpp"
 #include "solder/nn/layer_norm.hpp"
 #include "solder/nn/loss.hpp"
+#include "solder/nn/sketched_linear.hpp"
 #include "solder/nn/softmax.hpp"
 #include "solder/nn/state.hpp"
 #include "solder/ops.hpp"
@@ -29,5 +31,6 @@
 #include "solder/optim/sgd.hpp"
 #include "solder/random/philox.hpp"
 #include "solder/random/seed.hpp"
+#include "solder/random/sketch.hpp"
 #include "solder/shape.hpp"
 #include "solder/tensor.hpp"

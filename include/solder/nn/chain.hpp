@@ -96,7 +96,7 @@ class basic_chain {
   void reseed(std::uint64_t seed) {
     for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
       if constexpr (G::kind == layer_kind::product) {
-        b.linear.reset_parameters(random::derive_seed(seed, G::first));
+        b.head().reset_parameters(random::derive_seed(seed, G::first));
         b.weights_changed();
         seed_dropouts<G::first + 1>(b.tail.layers, seed);
       } else if constexpr (G::kind == layer_kind::elementwise) {
@@ -220,9 +220,7 @@ class basic_chain {
     for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
       const std::string at = std::to_string(G::first) + ".";
       if constexpr (G::kind == layer_kind::product) {
-        out.push_back(optim::make_param(at + "weight", b.linear.weight, b.linear.weight_grad));
-        if constexpr (std::remove_cvref_t<decltype(b.linear)>::has_bias)
-          out.push_back(optim::make_param(at + "bias", b.linear.bias, b.linear.bias_grad));
+        add_layer_params(at, b.head(), out);
       } else if constexpr (G::kind == layer_kind::elementwise) {
         add_bias_params<G::first>(b.layers, out);
       } else if constexpr (requires { b.params(at); }) {
@@ -277,7 +275,7 @@ class basic_chain {
       return found;
     }(std::make_index_sequence<kernels>{});
   }();
-  /// Layer I inside its block b: a linear block's linear layer and tail, an elementwise
+  /// Layer I inside its block b: a product block's product layer and tail, an elementwise
   /// block's layers, or a layer that is a block of its own.
   template <std::size_t I, class B>
   static auto& layer_in(B& b) {
@@ -285,7 +283,7 @@ class basic_chain {
     constexpr std::size_t at = I - G::first;
     if constexpr (G::kind == layer_kind::product) {
       if constexpr (at == 0)
-        return b.linear;
+        return b.head();
       else
         return std::get<at - 1>(b.tail.layers);
     } else if constexpr (G::kind == layer_kind::elementwise) {
@@ -353,6 +351,16 @@ class basic_chain {
           }(),
           ...);
     }(std::make_index_sequence<std::tuple_size_v<Tuple>>{});
+  }
+
+  /// A product layer's parameters, named by its param_names ("weight", "bias" for linear).
+  template <class L>
+  static void add_layer_params(const std::string& at, L& layer, std::vector<optim::param>& out) {
+    auto ps = layer.params();
+    auto gs = layer.grads();
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (out.push_back(optim::make_param(at + L::param_names[K], std::get<K>(ps), std::get<K>(gs))), ...);
+    }(std::make_index_sequence<std::tuple_size_v<decltype(ps)>>{});
   }
 
   template <std::size_t First, class Tuple>

@@ -13,7 +13,6 @@
 #include "solder/diagnostic.hpp"
 #include "solder/ops.hpp"
 #include "solder/nn/elementwise.hpp"
-#include "solder/nn/linear.hpp"
 
 namespace solder::nn {
 
@@ -27,6 +26,11 @@ enum class layer_kind {
 /// What the planner and the cost model know of a layer: its kind, its features per sample in
 /// and out (0: shape-preserving, it takes what it is given), parameters and FLOPs per sample
 /// (elementwise layers count per feature; `features` is the width they run at).
+///
+/// A layer says this beside itself in a nested `planner_traits` (a product layer such as linear or
+/// sketched_linear, with the members below); a layer without one is a block of its own, described
+/// by its in_features, out_features, parameter_count, forward_flops, backward_flops and
+/// saved_floats.
 template <class L>
 struct layer_info {
   static constexpr layer_kind kind = layer_kind::block;
@@ -36,16 +40,9 @@ struct layer_info {
   static constexpr double backward_flops(std::size_t) { return L::backward_flops; }
   static constexpr std::size_t saved_floats(std::size_t) { return L::saved_floats; }
 };
-template <std::size_t In, std::size_t Out, bool B>
-struct layer_info<linear<In, Out, B>> {
-  static constexpr layer_kind kind = layer_kind::product;
-  static constexpr std::size_t in = In, out = Out;
-  static constexpr std::size_t parameters = In * Out + (B ? Out : 0);
-  // 2 FLOPs per multiply-add of the product (dW and dx backward), and the bias add.
-  static constexpr double forward_flops(std::size_t) { return 2.0 * In * Out + (B ? ops::add::flops * Out : 0); }
-  static constexpr double backward_flops(std::size_t) { return 4.0 * In * Out + (B ? ops::add::flops * Out : 0); }
-  static constexpr std::size_t saved_floats(std::size_t) { return 0; }
-};
+template <class L>
+  requires requires { typename L::planner_traits; }
+struct layer_info<L> : L::planner_traits {};
 template <std::size_t N>
 struct layer_info<bias<N>> {
   static constexpr layer_kind kind = layer_kind::elementwise;

@@ -10,6 +10,7 @@
 #include "solder/expr/contract.hpp"
 #include "solder/expr/operators.hpp"
 #include "solder/nn/elementwise.hpp"
+#include "solder/nn/layer_info.hpp"
 #include "solder/random/philox.hpp"
 #include "solder/tensor.hpp"
 
@@ -38,6 +39,9 @@ inline void fill_uniform_philox(float* p, std::size_t n, float bound, std::uint6
 /// initialized as PyTorch does (kaiming_uniform with a = sqrt(5), i.e. W and b uniform in
 /// [-1/sqrt(In), 1/sqrt(In))), from `seed`. On its own it is one GEMM; nn::linear_block fuses the
 /// activation and dropout after it into the GEMM's epilogue.
+template <class Linear, class... Tail>
+class linear_block;
+
 template <std::size_t In, std::size_t Out, bool Bias = true>
 struct linear {
   static_assert(In >= 1 && Out >= 1, "solder::nn::linear: feature counts must be at least 1");
@@ -45,6 +49,21 @@ struct linear {
   static constexpr std::size_t out_features = Out;
   static constexpr bool has_bias = Bias;
   static constexpr const char* name = "linear";
+  /// Parameter names in params() order, as PyTorch's state_dict names them.
+  static constexpr const char* param_names[] = {"weight", "bias"};
+  /// The block the planner runs this layer and the elementwise layers after it as.
+  template <class... Tail>
+  using block = linear_block<linear, Tail...>;
+  /// What the planner and cost.hpp know of the layer (nn/layer_info.hpp).
+  struct planner_traits {
+    static constexpr layer_kind kind = layer_kind::product;
+    static constexpr std::size_t in = In, out = Out;
+    static constexpr std::size_t parameters = In * Out + (Bias ? Out : 0);
+    // 2 FLOPs per multiply-add of the product (dW and dx backward), and the bias add.
+    static constexpr double forward_flops(std::size_t) { return 2.0 * In * Out + (Bias ? ops::add::flops * Out : 0); }
+    static constexpr double backward_flops(std::size_t) { return 4.0 * In * Out + (Bias ? ops::add::flops * Out : 0); }
+    static constexpr std::size_t saved_floats(std::size_t) { return 0; }
+  };
 
   tensor<float, shape<Out, In>> weight;       // W
   tensor<float, shape<Out, In>> weight_grad;  // dL/dW, written by backward
@@ -74,14 +93,20 @@ struct linear {
       return std::tie(weight_grad);
   }
 
+  /// The layer's product node for x [batch, In]: matmul(x, transpose(W)), [batch, Out].
+  template <class X>
+  auto product(const X& x) const {
+    static_assert(check_input<shape_of<X>>());
+    return matmul(x, transpose(weight));
+  }
+
   /// The layer as an expression of x [..., In]: matmul(x, transpose(W)) (+ b).
   template <class X>
   auto expression(const X& x) const {
-    static_assert(check_input<shape_of<X>>());
     if constexpr (Bias)
-      return matmul(x, transpose(weight)) + bias;
+      return product(x) + bias;
     else
-      return matmul(x, transpose(weight));
+      return product(x);
   }
 
   template <class S>

@@ -1,6 +1,7 @@
 // nn/linear_block.hpp: a linear layer and the elementwise layers after it as ONE kernel forward
 // (the GEMM with the activation and dropout in its epilogue) and a fused backward (one
-// elementwise pass for the gate and the bias gradient, then dW = g^T x and dx = g W as GEMMs).
+// elementwise pass for the gate and the bias gradient, then dW = g^T x and dx = g W as GEMMs,
+// the product node's derived rules of autodiff/product.hpp).
 //
 //   nn::linear_block<nn::linear<64, 128>, nn::relu, nn::dropout<0.1f>> layer;
 //   layer.forward(x, y);           // y = dropout(relu(x W^T + b)): one GEMM
@@ -18,11 +19,13 @@
 #include <tuple>
 #include <type_traits>
 
+#include "solder/autodiff/product.hpp"
 #include "solder/autodiff/vjp.hpp"
 #include "solder/assign.hpp"
 #include "solder/nn/batch_check.hpp"
 #include "solder/nn/elementwise_block.hpp"
 #include "solder/nn/linear.hpp"
+#include "solder/nn/product_tail.hpp"
 
 namespace solder::nn {
 
@@ -50,6 +53,10 @@ class linear_block {
   tail_type tail;
 
   explicit linear_block(std::uint64_t seed = 0) : linear(seed) {}
+
+  /// The product layer of the block (what the planner and the chain address as the block's head).
+  Linear& head() { return linear; }
+  const Linear& head() const { return linear; }
 
   void train() {
     current = mode::train;
@@ -93,8 +100,8 @@ class linear_block {
   template <class SX, class SY>
   void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
                 tensor_ref<float, SX> dx) {
-    backward_params(x, y, dy);
-    assign(dx, matmul(gate_view<SY>(dy.batch()), linear.weight));
+    // dx [batch, In] = g W, the product's rule.
+    assign(dx, autodiff::left_grad(linear.product(x), gradients(x, y, dy)));
   }
   template <class SX, class SY>
   void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy, tensor<float, SX>& dx) {
@@ -104,16 +111,7 @@ class linear_block {
   /// backward without dx (the first layer of a network: its input needs no gradient).
   template <class SX, class SY>
   void backward_params(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy) {
-    static_assert(check_shapes<SX, SY>());
-    const std::size_t batch = dy.batch();
-    if (x.batch() != batch || y.batch() != batch)
-      detail::batches_differ("solder::nn::linear_block::backward", {{"x", x.batch()}, {"y", y.batch()}, {"dy", batch}});
-    if (current == mode::train)
-      gate_as<mode::train>(y, dy);
-    else
-      gate_as<mode::eval>(y, dy);
-    // dW [Out, In] = g^T x: the product sums over the batch.
-    assign(linear.weight_grad, matmul(transpose(gate_view<SY>(batch)), x));
+    gradients(x, y, dy);
   }
 
   /// The expression forward evaluates, for x: tail(x W^T + b).
@@ -126,9 +124,23 @@ class linear_block {
   mode current = mode::train;
   std::unique_ptr<packed_matrix<out_features, in_features, true>> packed;
   bool packed_current = false;
-  tensor<float, shape<dyn, out_features>> gate{1};  // g = dL/dz, grown to the batch, reused
-  tensor<float, shape<dyn, out_features>> pre{1};   // z of the last training forward (keeps_preactivation)
-  std::size_t pre_batch = 0;                        // its batch; 0: none
+  product_tail<out_features, keeps_preactivation> buffers;
+
+  /// The gate g = dL/dz with db (one pass), then dW = g^T x; returns g.
+  template <class SX, class SY>
+  tensor_ref<const float, SY> gradients(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y,
+                                        tensor_ref<const float, SY> dy) {
+    static_assert(check_shapes<SX, SY>());
+    const std::size_t batch = dy.batch();
+    if (x.batch() != batch || y.batch() != batch)
+      detail::batches_differ("solder::nn::linear_block::backward", {{"x", x.batch()}, {"y", y.batch()}, {"dy", batch}});
+    const char* who = "solder::nn::linear_block::backward";
+    const auto g = current == mode::train ? buffers.template gate<mode::train>(tail, y, dy, linear.bias_grad, who)
+                                          : buffers.template gate<mode::eval>(tail, y, dy, linear.bias_grad, who);
+    // dW [Out, In] = g^T x, the product's rule: it sums over the batch.
+    assign(linear.weight_grad, std::get<0>(autodiff::right_grads(linear.product(x), g)));
+    return g;
+  }
 
   template <class SX, class SY>
   static constexpr bool check_shapes() {
@@ -159,56 +171,12 @@ class linear_block {
       return matmul(x, *packed);
   }
 
-  /// A [batch, Out] view of a workspace, grown (never shrunk) to the batch.
-  template <class SY>
-  tensor_ref<float, SY> workspace(tensor<float, shape<dyn, out_features>>& t, std::size_t batch) {
-    const std::size_t rows = SY::elements(batch) / out_features;
-    if (t.batch() < rows) t = tensor<float, shape<dyn, out_features>>(rows);
-    return tensor_ref<float, SY>(t.data(), batch);
-  }
-  template <class SY>
-  tensor_ref<const float, SY> gate_view(std::size_t batch) const {
-    return tensor_ref<const float, SY>(gate.data(), batch);
-  }
-
   template <mode M, class SX, class SY>
   void forward_as(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
-    auto run = [&](const auto& z) {
-      if constexpr (keeps_preactivation && M == mode::train) {
-        auto saved = workspace<SY>(pre, y.batch());
-        assign_all(write(y, tail.template expression<M>(z)), write(saved, z));
-        pre_batch = y.batch();
-      } else {
-        assign(y, tail.template expression<M>(z));
-      }
-    };
     if (packed_current)
-      run(packed_product(x));
+      buffers.template forward<M>(tail, y, packed_product(x));
     else
-      run(linear.expression(x));
-  }
-
-  /// g = dL/dz into `gate`, and db = its column sums, in one pass.
-  template <mode M, class SY>
-  void gate_as(tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy) {
-    const std::size_t batch = dy.batch();
-    auto g = workspace<SY>(gate, batch);
-    auto finish = [&](const auto& ge) {
-      if constexpr (Linear::has_bias)
-        assign_all(write(g, ge), write(linear.bias_grad, sum_to<shape<out_features>>(ge)));
-      else
-        assign(g, ge);
-    };
-    if constexpr (tail_type::template output_backward_in<M>) {
-      finish(tail.template gate_from_output<M>(y, dy));
-    } else {
-      if (M == mode::eval || pre_batch != batch)
-        solder::detail::fail("solder::nn::linear_block::backward: this layer's backward needs the pre-activation of a training-mode "
-                             "forward on the same batch (" + std::to_string(batch) + " rows)");
-      const tensor_ref<const float, SY> z(pre.data(), batch);
-      const auto grads = vjp([&](const auto& zv) { return tail.template expression<M>(zv); }, dy, z);
-      finish(std::get<0>(grads));
-    }
+      buffers.template forward<M>(tail, y, linear.expression(x));
   }
 };
 

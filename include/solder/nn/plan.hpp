@@ -1,7 +1,8 @@
 // nn/plan.hpp: the planner: the layer list of a chain is grouped into kernels at compile time
 // with Boost.Hana, from what each layer is (nn/layer_info.hpp, which cost.hpp reads too). A
-// linear layer and the parameter-free elementwise layers after it become one nn::linear_block
-// (one GEMM forward); any other run of elementwise layers becomes one nn::elementwise_block
+// product layer and the parameter-free elementwise layers after it become one block of the
+// product layer's own kind (`Layer::block<Tail...>`: nn::linear_block, one GEMM forward, for a
+// linear layer; nn::sketched_block for a sketched one); any other run of elementwise layers becomes one nn::elementwise_block
 // (one pass); every other layer is a block of its own. The unfused policy makes every layer its
 // own block (one kernel per op), as an eager framework runs the model: the comparison the
 // flagship example prints.
@@ -40,9 +41,9 @@ struct group_append<group<K, F, Ls...>, L> {
 /// The block type a group runs as.
 template <class G>
 struct block_of;
-template <std::size_t F, class Lin, class... Tail>
-struct block_of<group<layer_kind::product, F, Lin, Tail...>> {
-  using type = linear_block<Lin, Tail...>;
+template <std::size_t F, class Head, class... Tail>
+struct block_of<group<layer_kind::product, F, Head, Tail...>> {
+  using type = typename Head::template block<Tail...>;  // the product layer says how it runs
 };
 template <std::size_t F, class... Ls>
 struct block_of<group<layer_kind::elementwise, F, Ls...>> {

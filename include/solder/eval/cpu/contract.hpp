@@ -13,6 +13,7 @@
 
 #include "solder/eval/cpu/gemm.hpp"
 #include "solder/eval/cpu/loop.hpp"
+#include "solder/eval/cpu/operand_packing.hpp"
 #include "solder/expr/contract.hpp"
 
 namespace solder::eval::cpu {
@@ -219,23 +220,54 @@ struct operand_view<transposed<S>> {
   static std::size_t bytes(const transposed<S>& t) { return S::elements(t.batch()) * sizeof(float); }
 };
 
+template <class S, std::size_t C0, std::size_t C1, bool Trans>
+struct operand_view<column_block<S, C0, C1, Trans>> {
+  static constexpr bool trans = Trans;
+  static const float* data(const column_block<S, C0, C1, Trans>& t) { return t.ref.data() + C0; }
+  static std::size_t ld() { return S::last; }
+  static std::size_t bytes(const column_block<S, C0, C1, Trans>& t) { return S::elements(t.batch()) * sizeof(float) - C0 * sizeof(float); }
+};
+
+/// f(data, bytes) for every stored matrix an operand reads (none for a sign sketch or a
+/// pre-packed matrix).
+template <class X, class F>
+void for_each_stored(const X& x, F&& f) {
+  using T = solder::detail::operand_traits<X>;
+  if constexpr (T::form == solder::detail::operand_form::stored) {
+    f(operand_view<X>::data(x), operand_view<X>::bytes(x));
+  } else if constexpr (requires { x.a; x.b; }) {
+    for_each_stored(x.a, f);
+    for_each_stored(x.b, f);
+  }
+}
+
 /// True when [p, p + n) and [q, q + m) overlap.
 inline bool overlaps(const void* p, std::size_t n, const void* q, std::size_t m) {
   const auto a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(q);
   return a < b + m && b < a + n;
 }
 
+/// Whether two product nodes of one type multiply the same matrices: their stored parts, and
+/// pre-packed matrices and sketches by address and seed.
 template <class C>
 bool same_product(const C& x, const C& y) {
-  auto ptr = [](const auto& o) -> const void* {
-    if constexpr (requires { o.packed; })
-      return o.packed;
-    else if constexpr (requires { o.ref; })
-      return o.ref.data();
-    else
-      return o.data();
+  auto same = [](const auto& p, const auto& q) {
+    bool equal = true;
+    auto check = [&](const auto& u, const auto& v, auto&& self) -> void {
+      using X = std::remove_cvref_t<decltype(u)>;
+      if constexpr (requires { u.packed; })
+        equal = equal && u.packed == v.packed;
+      else if constexpr (requires { u.seed; })
+        equal = equal && u.seed == v.seed && u.scale == v.scale;
+      else if constexpr (requires { u.a; u.b; })
+        self(u.a, v.a, self), self(u.b, v.b, self);
+      else
+        equal = equal && operand_view<X>::data(u) == operand_view<X>::data(v);
+    };
+    check(p, q, check);
+    return equal;
   };
-  return ptr(x.a) == ptr(y.a) && ptr(x.b) == ptr(y.b) && x.rows() == y.rows();
+  return same(x.a, y.a) && same(x.b, y.b) && x.rows() == y.rows();
 }
 
 }  // namespace contract_detail
@@ -284,14 +316,12 @@ void assign_contract(const W0& w0, const Ws&... ws) {
   const std::size_t M = c.rows();
   if (M == 0) return;
 
-  using AV = contract_detail::operand_view<std::remove_cvref_t<decltype(c.a)>>;
   auto check_alias = [&](const auto& w) {
     const std::size_t out_bytes = Iter::elements(batch) * sizeof(float);
-    bool alias = contract_detail::overlaps(w.out.data(), out_bytes, AV::data(c.a), AV::bytes(c.a));
-    if constexpr (!C::b_traits::packed) {
-      using BV = contract_detail::operand_view<std::remove_cvref_t<decltype(c.b)>>;
-      alias = alias || contract_detail::overlaps(w.out.data(), out_bytes, BV::data(c.b), BV::bytes(c.b));
-    }
+    bool alias = false;
+    auto test = [&](const float* p, std::size_t bytes) { alias = alias || contract_detail::overlaps(w.out.data(), out_bytes, p, bytes); };
+    contract_detail::for_each_stored(c.a, test);
+    contract_detail::for_each_stored(c.b, test);
     if (alias) solder::detail::fail("solder::assign: the output of a matrix product overlaps one of its operands");
   };
   check_alias(w0);
@@ -305,7 +335,33 @@ void assign_contract(const W0& w0, const Ws&... ws) {
 
   constexpr std::size_t N = C::N, K = C::K;
   constexpr bool TA = C::a_traits::trans;
-  if constexpr (K == dyn) {
+  using A = std::remove_cvref_t<decltype(c.a)>;
+  using B = std::remove_cvref_t<decltype(c.b)>;
+  using solder::detail::operand_form;
+  using AV = contract_detail::operand_view<A>;
+  if constexpr (C::a_traits::form != operand_form::stored || C::b_traits::form == operand_form::generated) {
+    // Generated operands (sketches, concatenations): each packed by its rule, then the same driver.
+    const auto k_arg = [&] {
+      if constexpr (K == dyn) return c.inner();
+      else return gemm_detail::static_k<K>{};
+    }();
+    if constexpr (K == dyn)
+      if (C::b_traits::batch(c.b) != k_arg)
+        solder::detail::fail("solder::matmul: the operands' batch sizes differ (" + std::to_string(k_arg) + " vs " +
+                             std::to_string(C::b_traits::batch(c.b)) + "); the product sums over the batch");
+    const auto a_source = [&] {
+      if constexpr (C::a_traits::form == operand_form::stored) return gemm_detail::a_strided<TA>{AV::data(c.a), AV::ld()};
+      else return a_operand<A>{c.a};
+    }();
+    gemm_from<N>(M, k_arg, a_source, [&](float* dst, std::size_t p0, std::size_t p1) {
+      if constexpr (C::b_traits::form == operand_form::stored) {
+        using BV = contract_detail::operand_view<B>;
+        gemm_detail::pack_b_panels<N, BV::trans>(BV::data(c.b), BV::ld(), k_arg, dst, p0, p1);
+      } else {
+        pack_b_panels_of<N>(c.b, k_arg, dst, p0, p1);
+      }
+    }, epi);
+  } else if constexpr (K == dyn) {
     // K is the batch of both operands (dW = g^T x): one run-time inner extent.
     using BV = contract_detail::operand_view<std::remove_cvref_t<decltype(c.b)>>;
     const std::size_t k = c.inner();
@@ -313,7 +369,7 @@ void assign_contract(const W0& w0, const Ws&... ws) {
       solder::detail::fail("solder::matmul: the operands' batch sizes differ (" + std::to_string(k) + " vs " +
                            std::to_string(C::b_traits::batch(c.b)) + "); the product sums over the batch");
     gemm_dyn_k<N, TA, BV::trans>(M, k, AV::data(c.a), AV::ld(), BV::data(c.b), BV::ld(), epi);
-  } else if constexpr (C::b_traits::packed) {
+  } else if constexpr (C::b_traits::form == operand_form::prepacked) {
     gemm<N, K, TA, C::b_traits::trans>(M, AV::data(c.a), AV::ld(), *c.b.packed, epi);
   } else {
     using BV = contract_detail::operand_view<std::remove_cvref_t<decltype(c.b)>>;

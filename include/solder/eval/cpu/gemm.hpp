@@ -78,9 +78,9 @@ struct l2_prefetch_plan {
 /// every panel of the N block (so a kc x mr panel of A stays in L1 across the panels, and the
 /// kc x nc block of B in L2 across the tiles). Meanwhile the next block of B
 /// (l2_prefetch_plan) and the next panel of A are prefetched into L2.
-template <std::size_t N, bool TransA, class Blocking, class KArg, class Epi>
-void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking blocking, KArg k_arg, const float* A,
-                   std::size_t lda, const float* packed_b, Epi& epi) {
+template <std::size_t N, class Blocking, class KArg, class ASource, class Epi>
+void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking blocking, KArg k_arg, const ASource& a,
+                   const float* packed_b, Epi& epi) {
   const std::size_t K = k_of(k_arg);
   using L = b_panels<N>;
   constexpr std::size_t MR = Blocking::mr;
@@ -106,7 +106,7 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
 
   for (std::size_t ti = part.t0; ti < part.t1; ti += mc) {
     const std::size_t mt = std::min(mc, part.t1 - ti);
-    pack_a<MR, TransA>(A, lda, tiling, ti, ti + mt, k_arg, packed_a);
+    a.template pack<MR>(tiling, ti, ti + mt, k_arg, packed_a);
 
     for (std::size_t pj = part.p0; pj < part.p1; pj += nc) {
       const std::size_t np = std::min(nc, part.p1 - pj);
@@ -194,17 +194,18 @@ std::pair<std::size_t, std::size_t> choose_split(const row_tiles& tiling, int th
   return {best_tm, best_tn};
 }
 
-/// C = A' B' with B' already packed (b_panels<N>), on up to `threads` threads.
-template <std::size_t N, bool TransA, class Blocking, class KArg, class Epi>
-void gemm_packed(std::size_t M, KArg k_arg, Blocking blocking, const float* A, std::size_t lda,
-                 const float* packed_b, Epi& epi, int threads) {
+/// C = A' B' with B' already packed (b_panels<N>) and A' packed per M block by `a` (a_strided,
+/// or an operand's packer), on up to `threads` threads.
+template <std::size_t N, class Blocking, class KArg, class ASource, class Epi>
+void gemm_packed_from(std::size_t M, KArg k_arg, Blocking blocking, const ASource& a, const float* packed_b, Epi& epi,
+                      int threads) {
   if (M == 0) return;
   const std::size_t K = k_of(k_arg);
   constexpr std::size_t panels = b_panels<N>::panels;
   const row_tiles tiling(M, Blocking::mr);
   const double flops = 2.0 * double(M) * double(N) * double(K);
   if (threads <= 1 || flops < parallel_min_flops) {
-    gemm_part_run<N, TransA>(gemm_part{0, tiling.count, 0, panels}, tiling, blocking, k_arg, A, lda, packed_b, epi);
+    gemm_part_run<N>(gemm_part{0, tiling.count, 0, panels}, tiling, blocking, k_arg, a, packed_b, epi);
     return;
   }
   const auto [tm, tn] = choose_split<N, Blocking::nr, panels>(tiling, threads);
@@ -212,24 +213,37 @@ void gemm_packed(std::size_t M, KArg k_arg, Blocking blocking, const float* A, s
     const std::size_t i = t / tn, j = t % tn;
     const std::size_t tiles = tiling.count;
     const gemm_part part{tiles * i / tm, tiles * (i + 1) / tm, panels * j / tn, panels * (j + 1) / tn};
-    gemm_part_run<N, TransA>(part, tiling, blocking, k_arg, A, lda, packed_b, epi);
+    gemm_part_run<N>(part, tiling, blocking, k_arg, a, packed_b, epi);
   });
 }
 
-/// Packs B' for a call that was not given a packed_b: into the calling thread's workspace,
-/// panels spread over the threads.
-template <std::size_t N, bool TransB, class KArg>
-const float* pack_b_for_call(const float* B, std::size_t ldb, KArg k_arg, int threads) {
+/// gemm_packed_from for A stored [M, K] (or, TransA, [K, M]) with leading dimension lda.
+template <std::size_t N, bool TransA, class Blocking, class KArg, class Epi>
+void gemm_packed(std::size_t M, KArg k_arg, Blocking blocking, const float* A, std::size_t lda,
+                 const float* packed_b, Epi& epi, int threads) {
+  gemm_packed_from<N>(M, k_arg, blocking, a_strided<TransA>{A, lda}, packed_b, epi, threads);
+}
+
+/// Packs B' for a call that was not given a packed_b, into the calling thread's workspace:
+/// pack(dst, p0, p1) packs panels [p0, p1), spread over the threads.
+template <std::size_t N, class KArg, class Pack>
+const float* pack_b_with(KArg k_arg, int threads, const Pack& pack) {
   const std::size_t K = k_of(k_arg);
   using L = b_panels<N>;
   float* dst = thread_workspace(workspace_slot::packed_b, L::floats(K));
   const double bytes = double(N) * double(K) * sizeof(float);
   const int t = threads > 1 && bytes >= (1 << 20) ? threads : 1;
   const std::size_t chunks = std::min<std::size_t>(L::panels, std::size_t(t));
-  parallel_for(chunks, t, [&](std::size_t c) {
-    pack_b_panels<N, TransB>(B, ldb, k_arg, dst, L::panels * c / chunks, L::panels * (c + 1) / chunks);
-  });
+  parallel_for(chunks, t, [&](std::size_t c) { pack(dst, L::panels * c / chunks, L::panels * (c + 1) / chunks); });
   return dst;
+}
+
+/// pack_b_with for B stored [K, N] (or, TransB, [N, K]) with leading dimension ldb.
+template <std::size_t N, bool TransB, class KArg>
+const float* pack_b_for_call(const float* B, std::size_t ldb, KArg k_arg, int threads) {
+  return pack_b_with<N>(k_arg, threads, [&](float* dst, std::size_t p0, std::size_t p1) {
+    pack_b_panels<N, TransB>(B, ldb, k_arg, dst, p0, p1);
+  });
 }
 
 /// C = A' B' for a runtime K with the cache blocking `blocking`: B' packed per call, then the
@@ -292,6 +306,22 @@ void gemm_dyn_k(std::size_t M, std::size_t K, const float* A, std::size_t lda, c
   } else {
     static_assert(N >= 1, "solder::eval::cpu::gemm_dyn_k: N must be at least 1; N is the number of columns of C");
   }
+}
+
+/// C[M, N] = A' B' for operands packed by rule (eval/cpu/operand_packing.hpp): `a` packs tiles
+/// of A' per M block (gemm_detail::a_strided, or an operand's packer), pack_b(dst, p0, p1)
+/// packs panels [p0, p1) of B' (gemm_detail::b_panels<N>) once per call. K is static
+/// (gemm_detail::static_k) or a run-time value. The same driver, micro-kernels and epilogue
+/// hook as gemm, so the same bits as gemm for the same packed values.
+template <std::size_t N, class KArg, class ASource, class PackB, class Epilogue>
+void gemm_from(std::size_t M, KArg k_arg, const ASource& a, const PackB& pack_b, Epilogue&& epi,
+               int threads = solder::num_threads()) {
+  if (M == 0) return;
+  const float* packed = gemm_detail::pack_b_with<N>(k_arg, threads, pack_b);
+  if constexpr (std::is_same_v<KArg, std::size_t>)
+    gemm_detail::gemm_packed_from<N>(M, k_arg, gemm_dyn_k_blocking::for_k(k_arg), a, packed, epi, threads);
+  else
+    gemm_detail::gemm_packed_from<N>(M, k_arg, gemm_blocking<N, KArg::value>{}, a, packed, epi, threads);
 }
 
 }  // namespace solder::eval::cpu

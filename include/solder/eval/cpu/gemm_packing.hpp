@@ -130,6 +130,18 @@ void pack_a(const float* A, std::size_t lda, const row_tiles& tiling, std::size_
   }
 }
 
+/// A' read from memory, A [M, K] or (TransA) [K, M] with leading dimension lda: packed per M
+/// block by pack_a (the GEMM driver's A source; eval/cpu/operand_packing.hpp has the others).
+template <bool TransA>
+struct a_strided {
+  const float* A;
+  std::size_t lda;
+  template <std::size_t MR, class KArg>
+  void pack(const row_tiles& tiling, std::size_t t0, std::size_t t1, KArg k_arg, float* dst) const {
+    pack_a<MR, TransA>(A, lda, tiling, t0, t1, k_arg, dst);
+  }
+};
+
 /// Packs panels [p0, p1) of B' into `dst` (b_panels<N>), zero-padded to the panel width.
 ///   TransB = false: B stored [K, N], B'[k][n] = B[k * ldb + n] (rows of a panel are copies)
 ///   TransB = true:  B stored [N, K], B'[k][n] = B[n * ldb + k] (a transpose, 16 columns at

@@ -1,0 +1,154 @@
+// eval/cpu/operand_packing.hpp: the CPU packs every kind of product operand (expr/operand.hpp)
+// into the GEMM's panels: stored blocks are copied (or transposed), sign sketches are generated
+// from Philox on the way, and concatenations pack each part where it lies. Packing is exact, so
+// a product of packed values gives the same bits whichever operand form supplied them.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "solder/eval/cpu/gemm_blocking.hpp"
+#include "solder/eval/cpu/gemm_packing.hpp"
+#include "solder/expr/operand.hpp"
+#include "solder/random/sketch.hpp"
+
+namespace solder::eval::cpu {
+
+namespace operand_detail {
+
+/// out[(k - k0) * ld + (n - n0)] = src[k * lds + n]: rows of a stored matrix.
+inline void copy_rows(const float* src, std::size_t lds, std::size_t k0, std::size_t k1, std::size_t n0, std::size_t n1,
+                      float* out, std::size_t ld) {
+  for (std::size_t k = k0; k < k1; ++k) std::memcpy(out + (k - k0) * ld, src + k * lds + n0, (n1 - n0) * sizeof(float));
+}
+
+/// out[(k - k0) * ld + (n - n0)] = src[n * lds + k]: a stored matrix read transposed, in chunks
+/// of 64 k so the destination block stays in L1 while the source rows stream past.
+inline void copy_transposed(const float* src, std::size_t lds, std::size_t k0, std::size_t k1, std::size_t n0,
+                            std::size_t n1, float* out, std::size_t ld) {
+  constexpr std::size_t chunk = 64;
+  for (std::size_t c0 = k0; c0 < k1; c0 += chunk) {
+    const std::size_t c1 = std::min(k1, c0 + chunk);
+    for (std::size_t n = n0; n < n1; ++n) {
+      const float* row = src + n * lds;
+      float* col = out + (n - n0);
+      for (std::size_t k = c0; k < c1; ++k) col[(k - k0) * ld] = row[k];
+    }
+  }
+}
+
+/// out[i * stride] = +scale or -scale, the signs of elements [e0, e0 + count) of sketch `term`:
+/// one Philox block per 128 consecutive elements.
+inline void fill_signs(std::uint64_t seed, std::uint64_t term, std::uint64_t e0, std::size_t count, float scale,
+                       float* out, std::size_t stride) {
+  std::uint64_t e = e0;
+  const std::uint64_t end = e0 + count;
+  while (e < end) {
+    const std::uint64_t b = e / random::signs_per_block;
+    const random::philox_ctr block = random::sign_block(seed, term, b);
+    const std::uint64_t stop = std::min(end, (b + 1) * random::signs_per_block);
+    for (; e < stop; ++e, out += stride) *out = random::sign_bit(block, e) ? -scale : scale;
+  }
+}
+
+/// Row r, columns [c0, c1) of the stacked sketch u (as stored, untransposed) into out[(c - c0) * stride].
+template <class U>
+void sketch_row(const U& u, std::size_t r, std::size_t c0, std::size_t c1, float* out, std::size_t stride) {
+  constexpr std::size_t TR = U::term_rows, TC = U::term_cols;
+  if constexpr (U::stack == sketch_stack::columns) {
+    for (std::size_t c = c0; c < c1;) {
+      const std::size_t t = c / TC, stop = std::min(c1, (t + 1) * TC);
+      fill_signs(u.seed, t, std::uint64_t(r) * TC + (c - t * TC), stop - c, u.scale, out + (c - c0) * stride, stride);
+      c = stop;
+    }
+  } else {
+    const std::size_t t = r / TR;
+    fill_signs(u.seed, t, std::uint64_t(r - t * TR) * TC + c0, c1 - c0, u.scale, out, stride);
+  }
+}
+
+}  // namespace operand_detail
+
+/// out[(k - k0) * ld + (n - n0)] = X'(k, n) for k in [k0, k1), n in [n0, n1): a block of the
+/// operand x as the product reads it.
+template <class S>
+void pack_block(const tensor_ref<const float, S>& x, std::size_t k0, std::size_t k1, std::size_t n0, std::size_t n1,
+                float* out, std::size_t ld) {
+  operand_detail::copy_rows(x.data(), S::last, k0, k1, n0, n1, out, ld);
+}
+template <class S>
+void pack_block(const transposed<S>& x, std::size_t k0, std::size_t k1, std::size_t n0, std::size_t n1, float* out,
+                std::size_t ld) {
+  operand_detail::copy_transposed(x.ref.data(), S::last, k0, k1, n0, n1, out, ld);
+}
+template <class S, std::size_t C0, std::size_t C1, bool Trans>
+void pack_block(const column_block<S, C0, C1, Trans>& x, std::size_t k0, std::size_t k1, std::size_t n0, std::size_t n1,
+                float* out, std::size_t ld) {
+  if constexpr (Trans)
+    operand_detail::copy_transposed(x.ref.data() + C0, S::last, k0, k1, n0, n1, out, ld);
+  else
+    operand_detail::copy_rows(x.ref.data() + C0, S::last, k0, k1, n0, n1, out, ld);
+}
+template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack, bool Trans>
+void pack_block(const sign_sketch<TR, TC, Terms, Stack, Trans>& u, std::size_t k0, std::size_t k1, std::size_t n0,
+                std::size_t n1, float* out, std::size_t ld) {
+  // Generated along the sketch's own rows, where consecutive elements share Philox blocks.
+  if constexpr (Trans)
+    for (std::size_t n = n0; n < n1; ++n) operand_detail::sketch_row(u, n, k0, k1, out + (n - n0), ld);
+  else
+    for (std::size_t k = k0; k < k1; ++k) operand_detail::sketch_row(u, k, n0, n1, out + (k - k0) * ld, 1);
+}
+template <class A, class B, sketch_stack Axis>
+void pack_block(const operand_concat<A, B, Axis>& x, std::size_t k0, std::size_t k1, std::size_t n0, std::size_t n1,
+                float* out, std::size_t ld) {
+  if constexpr (Axis == sketch_stack::columns) {
+    constexpr std::size_t split = solder::detail::operand_traits<A>::cols;
+    if (n0 < split) pack_block(x.a, k0, k1, n0, std::min(n1, split), out, ld);
+    if (n1 > split) {
+      const std::size_t from = std::max(n0, split);
+      pack_block(x.b, k0, k1, from - split, n1 - split, out + (from - n0), ld);
+    }
+  } else {
+    constexpr std::size_t split = solder::detail::operand_traits<A>::rows;
+    if (k0 < split) pack_block(x.a, k0, std::min(k1, split), n0, n1, out, ld);
+    if (k1 > split) {
+      const std::size_t from = std::max(k0, split);
+      pack_block(x.b, from - split, k1 - split, n0, n1, out + (from - k0) * ld, ld);
+    }
+  }
+}
+
+/// Panels [p0, p1) of B' = x into dst in the GEMM's layout (gemm_detail::b_panels<N>),
+/// zero-padded to the panel width.
+template <std::size_t N, class X, class KArg>
+void pack_b_panels_of(const X& x, KArg k_arg, float* dst, std::size_t p0, std::size_t p1) {
+  const std::size_t K = gemm_detail::k_of(k_arg);
+  using L = gemm_detail::b_panels<N>;
+  for (std::size_t p = p0; p < p1; ++p) {
+    const std::size_t n0 = p * L::nr, width = L::width(p), cols = std::min(width, N - n0);
+    float* out = dst + p * K * L::nr;
+    pack_block(x, 0, K, n0, n0 + cols, out, width);
+    if (cols < width)
+      for (std::size_t k = 0; k < K; ++k) std::fill(out + k * width + cols, out + (k + 1) * width, 0.0f);
+  }
+}
+
+/// The GEMM driver's A source for any operand: tile t of A' = x holds A'[m][k] for its rows at
+/// k * MR + r, which is a block of x^T packed with row stride MR.
+template <class X>
+struct a_operand {
+  X x;
+  template <std::size_t MR, class KArg>
+  void pack(const gemm_detail::row_tiles& tiling, std::size_t t0, std::size_t t1, KArg k_arg, float* dst) const {
+    const std::size_t K = gemm_detail::k_of(k_arg);
+    const auto xt = transpose(x);
+    for (std::size_t t = t0; t < t1; ++t) {
+      const std::size_t m0 = tiling.begin(t);
+      pack_block(xt, 0, K, m0, m0 + tiling.rows(t), dst + (t - t0) * K * MR, MR);
+    }
+  }
+};
+
+}  // namespace solder::eval::cpu

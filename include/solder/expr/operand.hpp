@@ -1,0 +1,242 @@
+// expr/operand.hpp: what a matrix product may multiply. An operand is anything a backend can
+// pack a panel [k0, k1) x [n0, n1) of: a stored matrix, a block of its columns, either read
+// transposed, a pre-packed weight (the backend's), a generated matrix of random signs (a
+// sketch: regenerated from Philox while packing, never stored), and two operands side by side or
+// one above the other. Transposing any of them is a view: transposes move to the leaves.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "solder/backend.hpp"
+#include "solder/shape.hpp"
+#include "solder/tensor.hpp"
+
+namespace solder {
+
+/// B' [K, N] packed once into the GEMM's layout (a weight reused by every call); defined by
+/// the backend that packs it (eval/cpu/gemm_packing.hpp).
+template <std::size_t N, std::size_t K, bool TransB>
+class packed_matrix;
+
+/// A stored [R, C] matrix read as its transpose [C, R] (a view; nothing is copied). Only a
+/// product's operand may be transposed: the product reads it transposed while packing. R may
+/// be the dynamic batch, which then becomes the product's inner extent.
+template <class S>
+struct transposed {
+  static_assert(S::rank == 2, "solder::transpose: only a [rows, cols] matrix can be transposed (a product's operand)");
+  using stored_shape = S;
+  using space_type = host;
+  tensor_ref<const float, S> ref;
+  std::size_t batch() const { return ref.batch(); }
+};
+
+/// Columns [C0, C1) of a stored [R, C] matrix (R may be the batch), read as they are or
+/// (Trans) transposed: a view with the matrix's row stride.
+template <class S, std::size_t C0, std::size_t C1, bool Trans = false>
+struct column_block {
+  static_assert(S::rank == 2, "solder::columns: only a [rows, cols] matrix has column blocks");
+  static_assert(C0 < C1 && C1 <= S::last, "solder::columns: the block [C0, C1) must be a non-empty range of the columns");
+  using stored_shape = S;
+  using space_type = host;
+  static constexpr std::size_t first = C0, count = C1 - C0;
+  tensor_ref<const float, S> ref;
+  std::size_t batch() const { return ref.batch(); }
+};
+
+/// A pre-packed matrix as a product's right operand.
+template <std::size_t N, std::size_t K, bool TransB>
+struct prepacked {
+  using space_type = host;
+  const packed_matrix<N, K, TransB>* packed;
+};
+
+/// How the terms of a sketch stack: side by side ([TR, Terms * TC]) or one above the other
+/// ([Terms * TR, TC]).
+enum class sketch_stack { columns, rows };
+
+/// Terms sketches of [TR, TC], stacked, each entry +scale or -scale: element e = r * TC + c of
+/// term t has the sign random::sketch_sign(seed, t, e). Read transposed when Trans. Generated
+/// while a product packs it; nothing is stored but the seed and the scale.
+template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack, bool Trans = false>
+struct sign_sketch {
+  static_assert(TR >= 1 && TC >= 1 && Terms >= 1, "solder::sign_sketch: extents and terms must be at least 1");
+  using space_type = any_space;  // regenerated wherever it is read
+  static constexpr std::size_t term_rows = TR, term_cols = TC, terms = Terms;
+  static constexpr sketch_stack stack = Stack;
+  static constexpr std::size_t stored_rows = Stack == sketch_stack::rows ? Terms * TR : TR;
+  static constexpr std::size_t stored_cols = Stack == sketch_stack::columns ? Terms * TC : TC;
+  std::uint64_t seed = 0;
+  float scale = 1.0f;
+};
+
+/// Two operands side by side (Axis columns: [R, CA + CB]) or one above the other (rows:
+/// [RA + RB, C]).
+template <class A, class B, sketch_stack Axis>
+struct operand_concat;
+
+namespace detail {
+
+/// What a product operand is: its extents as the product reads it (`rows` x `cols`, either
+/// may be dyn: the run-time batch), how it is read (form), whether a stored one is transposed,
+/// and its run-time batch.
+enum class operand_form {
+  stored,     // a pointer and a row stride: a tensor, its transpose, a block of columns
+  prepacked,  // the backend's packed panels
+  generated,  // packed from a rule: signs, concatenations
+};
+
+template <class X>
+struct operand_traits;
+template <class S>
+struct operand_traits<tensor_ref<const float, S>> {
+  static constexpr std::size_t rank = S::rank;
+  static constexpr std::size_t rows = S::extents[0], cols = S::last;
+  static constexpr bool trans = false;
+  static constexpr operand_form form = operand_form::stored;
+  static std::size_t batch(const tensor_ref<const float, S>& t) { return t.batch(); }
+};
+template <class S>
+struct operand_traits<transposed<S>> {
+  static constexpr std::size_t rank = 2;
+  static constexpr std::size_t rows = S::extents[1], cols = S::extents[0];
+  static constexpr bool trans = true;
+  static constexpr operand_form form = operand_form::stored;
+  static std::size_t batch(const transposed<S>& t) { return t.batch(); }
+};
+template <class S, std::size_t C0, std::size_t C1, bool Trans>
+struct operand_traits<column_block<S, C0, C1, Trans>> {
+  static constexpr std::size_t rank = 2;
+  static constexpr std::size_t rows = Trans ? C1 - C0 : S::extents[0];
+  static constexpr std::size_t cols = Trans ? S::extents[0] : C1 - C0;
+  static constexpr bool trans = Trans;
+  static constexpr operand_form form = operand_form::stored;
+  static std::size_t batch(const column_block<S, C0, C1, Trans>& t) { return t.batch(); }
+};
+template <std::size_t N, std::size_t K, bool TransB>
+struct operand_traits<prepacked<N, K, TransB>> {
+  static constexpr std::size_t rank = 2;
+  static constexpr std::size_t rows = K, cols = N;
+  static constexpr bool trans = TransB;
+  static constexpr operand_form form = operand_form::prepacked;
+  static std::size_t batch(const prepacked<N, K, TransB>&) { return 1; }
+};
+template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack, bool Trans>
+struct operand_traits<sign_sketch<TR, TC, Terms, Stack, Trans>> {
+  using U = sign_sketch<TR, TC, Terms, Stack, Trans>;
+  static constexpr std::size_t rank = 2;
+  static constexpr std::size_t rows = Trans ? U::stored_cols : U::stored_rows;
+  static constexpr std::size_t cols = Trans ? U::stored_rows : U::stored_cols;
+  static constexpr bool trans = Trans;
+  static constexpr operand_form form = operand_form::generated;
+  static std::size_t batch(const U&) { return 1; }
+};
+template <class A, class B, sketch_stack Axis>
+struct operand_traits<operand_concat<A, B, Axis>> {
+  static constexpr std::size_t rank = 2;
+  static constexpr std::size_t rows = Axis == sketch_stack::rows ? operand_traits<A>::rows + operand_traits<B>::rows
+                                                                 : operand_traits<A>::rows;
+  static constexpr std::size_t cols = Axis == sketch_stack::columns ? operand_traits<A>::cols + operand_traits<B>::cols
+                                                                    : operand_traits<A>::cols;
+  static constexpr bool trans = false;
+  static constexpr operand_form form = operand_form::generated;
+  static std::size_t batch(const operand_concat<A, B, Axis>&) { return 1; }
+};
+
+template <class T, class S>
+tensor_ref<const float, S> as_operand(tensor_ref<T, S> t) {
+  static_assert(std::is_same_v<std::remove_const_t<T>, float>, "solder::matmul: products are implemented for float");
+  return tensor_ref<const float, S>(t);
+}
+template <class T, class S>
+tensor_ref<const float, S> as_operand(const tensor<T, S>& t) {
+  return as_operand(t.ref());
+}
+template <std::size_t N, std::size_t K, bool TransB>
+prepacked<N, K, TransB> as_operand(const packed_matrix<N, K, TransB>& p) {
+  return {&p};
+}
+template <class X>
+  requires requires { operand_traits<X>::rank; }
+X as_operand(const X& x) {
+  return x;
+}
+
+}  // namespace detail
+
+template <class A, class B, sketch_stack Axis>
+struct operand_concat {
+  using a_traits = detail::operand_traits<A>;
+  using b_traits = detail::operand_traits<B>;
+  static_assert(a_traits::form != detail::operand_form::prepacked && b_traits::form != detail::operand_form::prepacked,
+                "solder::concat: a pre-packed matrix cannot be part of a concatenation");
+  static_assert(a_traits::rows != dyn && a_traits::cols != dyn && b_traits::rows != dyn && b_traits::cols != dyn,
+                "solder::concat: concatenated operands need static extents");
+  static_assert(Axis != sketch_stack::columns || a_traits::rows == b_traits::rows,
+                "solder::hcat: operands side by side must have the same number of rows");
+  static_assert(Axis != sketch_stack::rows || a_traits::cols == b_traits::cols,
+                "solder::vcat: operands one above the other must have the same number of columns");
+  using space_type = common_space_t<space_of<A>, space_of<B>>;
+  static constexpr sketch_stack axis = Axis;
+  A a;
+  B b;
+};
+
+/// [a | b]: a and b side by side, as one product operand.
+template <class A, class B>
+auto hcat(const A& a, const B& b) {
+  using OA = decltype(detail::as_operand(a));
+  using OB = decltype(detail::as_operand(b));
+  return operand_concat<OA, OB, sketch_stack::columns>{detail::as_operand(a), detail::as_operand(b)};
+}
+/// [a; b]: a above b, as one product operand.
+template <class A, class B>
+auto vcat(const A& a, const B& b) {
+  using OA = decltype(detail::as_operand(a));
+  using OB = decltype(detail::as_operand(b));
+  return operand_concat<OA, OB, sketch_stack::rows>{detail::as_operand(a), detail::as_operand(b)};
+}
+
+/// columns<C0, C1>(x): columns [C0, C1) of a stored matrix x [R, C] as a product operand.
+template <std::size_t C0, std::size_t C1, class T, class S>
+column_block<S, C0, C1> columns(tensor_ref<T, S> t) {
+  return {detail::as_operand(t)};
+}
+template <std::size_t C0, std::size_t C1, class T, class S>
+column_block<S, C0, C1> columns(const tensor<T, S>& t) {
+  return {detail::as_operand(t)};
+}
+
+/// transpose(w) for a matrix operand of matmul: w [N, K] (PyTorch's linear weight) read as [K, N].
+template <class S>
+transposed<S> transpose(const tensor<float, S>& t) {
+  return {t.ref()};
+}
+template <class T, class S>
+transposed<S> transpose(tensor_ref<T, S> t) {
+  static_assert(std::is_same_v<std::remove_const_t<T>, float>, "solder::transpose: products are implemented for float");
+  return {tensor_ref<const float, S>(t)};
+}
+template <class S>
+tensor_ref<const float, S> transpose(const transposed<S>& t) {
+  return t.ref;
+}
+template <class S, std::size_t C0, std::size_t C1, bool Trans>
+column_block<S, C0, C1, !Trans> transpose(const column_block<S, C0, C1, Trans>& t) {
+  return {t.ref};
+}
+template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack, bool Trans>
+sign_sketch<TR, TC, Terms, Stack, !Trans> transpose(const sign_sketch<TR, TC, Terms, Stack, Trans>& u) {
+  return {u.seed, u.scale};
+}
+/// [a | b]^T = [a^T; b^T], [a; b]^T = [a^T | b^T].
+template <class A, class B, sketch_stack Axis>
+auto transpose(const operand_concat<A, B, Axis>& c) {
+  if constexpr (Axis == sketch_stack::columns)
+    return vcat(transpose(c.a), transpose(c.b));
+  else
+    return hcat(transpose(c.a), transpose(c.b));
+}
+
+}  // namespace solder

@@ -1,0 +1,77 @@
+// nn/product_tail.hpp: what a block of a product layer and the elementwise layers after it
+// (activation, dropout) does around its products, whatever the product layer is (linear,
+// sketched): the forward's store of y = tail(z) from the last product's epilogue (and of z, when
+// the tail's derivative does not follow from y), and the backward's gate pass, g = dL/dz with
+// the bias gradient reduced in the same pass. The products themselves are the layer's.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <tuple>
+
+#include "solder/assign.hpp"
+#include "solder/autodiff/vjp.hpp"
+#include "solder/nn/elementwise_block.hpp"
+
+namespace solder::nn {
+
+/// The buffers a product block keeps between forward and backward, for Out features: the gate
+/// g = dL/dz and, when KeepsPre, the pre-activation z of the last training forward. Grown to the
+/// largest batch, reused.
+template <std::size_t Out, bool KeepsPre>
+class product_tail {
+ public:
+  /// A [batch, Out] view of a workspace, grown (never shrunk) to the batch.
+  template <class SY>
+  static tensor_ref<float, SY> workspace(tensor<float, shape<dyn, Out>>& t, std::size_t batch) {
+    const std::size_t rows = SY::elements(batch) / Out;
+    if (t.batch() < rows) t = tensor<float, shape<dyn, Out>>(rows);
+    return tensor_ref<float, SY>(t.data(), batch);
+  }
+
+  /// y = tail(z) for the product expression z (with its bias), in mode M: one product, the
+  /// tail in its epilogue; in training z is stored beside y when KeepsPre.
+  template <mode M, class Tail, class SY, class Z>
+  void forward(const Tail& tail, tensor_ref<float, SY> y, const Z& z) {
+    if constexpr (KeepsPre && M == mode::train) {
+      auto saved = workspace<SY>(pre, y.batch());
+      assign_all(write(y, tail.template expression<M>(z)), write(saved, z));
+      pre_batch = y.batch();
+    } else {
+      assign(y, tail.template expression<M>(z));
+    }
+  }
+
+  /// g = dL/dz into the gate buffer and, when db is a tensor, db = the column sums of g, in one
+  /// pass; returns g. y and dy are the last forward's output and its gradient.
+  template <mode M, class Tail, class SY, class DB>
+  tensor_ref<const float, SY> gate(const Tail& tail, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
+                                   DB& db, const char* who) {
+    const std::size_t batch = dy.batch();
+    auto g = workspace<SY>(gate_buffer, batch);
+    auto finish = [&](const auto& ge) {
+      if constexpr (std::is_same_v<DB, std::tuple<>>)
+        assign(g, ge);
+      else
+        assign_all(write(g, ge), write(db, sum_to<shape<Out>>(ge)));
+    };
+    if constexpr (Tail::template output_backward_in<M>) {
+      finish(tail.template gate_from_output<M>(y, dy));
+    } else {
+      if (M == mode::eval || pre_batch != batch)
+        solder::detail::fail(std::string(who) + ": this layer's backward needs the pre-activation of a training-mode "
+                             "forward on the same batch (" + std::to_string(batch) + " rows)");
+      const tensor_ref<const float, SY> z(pre.data(), batch);
+      const auto grads = vjp([&](const auto& zv) { return tail.template expression<M>(zv); }, dy, z);
+      finish(std::get<0>(grads));
+    }
+    return tensor_ref<const float, SY>(gate_buffer.data(), batch);
+  }
+
+ private:
+  tensor<float, shape<dyn, Out>> gate_buffer{1};  // g = dL/dz
+  tensor<float, shape<dyn, Out>> pre{1};          // z of the last training forward (KeepsPre)
+  std::size_t pre_batch = 0;                      // its batch; 0: none
+};
+
+}  // namespace solder::nn
