@@ -33,6 +33,15 @@ inline std::size_t bit_differences(const float* a, const float* b, std::size_t n
   return d;
 }
 
+/// Elements where two results differ in any bit, except that any two NaNs are equal: which NaN
+/// an operation with two NaN operands returns (on x86 the first source's, sign included)
+/// depends on the operand order the compiler picks for a commutative instruction such as an FMA.
+inline std::size_t bit_differences_any_nan(const float* a, const float* b, std::size_t n) {
+  std::size_t d = 0;
+  for (std::size_t i = 0; i < n; ++i) d += !(std::isnan(a[i]) && std::isnan(b[i])) && std::memcmp(a + i, b + i, sizeof(float)) != 0;
+  return d;
+}
+
 /// Elements where b is not a's value within 4e-6 relative, with a 1e-6 floor for results near
 /// 0 of operands near 1 (NaN and infinities must match exactly): for results that pass through
 /// exp, tanh or erf (libm, xsimd and CUDA differ by a few ulp) or a * b + c (one fused

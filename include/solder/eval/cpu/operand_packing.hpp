@@ -8,7 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
+#include "solder/eval/cpu/batch.hpp"
 #include "solder/eval/cpu/gemm_blocking.hpp"
 #include "solder/eval/cpu/gemm_packing.hpp"
 #include "solder/expr/operand.hpp"
@@ -24,10 +26,23 @@ inline void copy_rows(const float* src, std::size_t lds, std::size_t k0, std::si
   for (std::size_t k = k0; k < k1; ++k) std::memcpy(out + (k - k0) * ld, src + k * lds + n0, (n1 - n0) * sizeof(float));
 }
 
-/// out[(k - k0) * ld + (n - n0)] = src[n * lds + k]: a stored matrix read transposed, in chunks
-/// of 64 k so the destination block stays in L1 while the source rows stream past.
+/// out[(k - k0) * ld + (n - n0)] = src[n * lds + k]: a stored matrix read transposed. Where ld
+/// is a whole number of vectors up to a register tile's width (every B panel), W rows at a time
+/// through the GEMM's in-register transpose; elsewhere (A tiles) in chunks of 64 k, so the
+/// destination block stays in L1 while the source rows stream past.
 inline void copy_transposed(const float* src, std::size_t lds, std::size_t k0, std::size_t k1, std::size_t n0,
                             std::size_t n1, float* out, std::size_t ld) {
+  constexpr std::size_t W = float_lanes;
+  constexpr std::size_t widest = gemm_detail::b_panels<1>::nr;
+  bool done = false;
+  [&]<std::size_t... V>(std::index_sequence<V...>) {
+    ((ld == (V + 1) * W ? (done = true, [&] {
+       for (std::size_t n = n0; n < n1; n += W)
+         gemm_detail::pack_transposed<W, (V + 1) * W, false>(src + n * lds + k0, lds, std::min(W, n1 - n), k1 - k0,
+                                                             out + (n - n0));
+     }()) : void()), ...);
+  }(std::make_index_sequence<widest / W>{});
+  if (done) return;
   constexpr std::size_t chunk = 64;
   for (std::size_t c0 = k0; c0 < k1; c0 += chunk) {
     const std::size_t c1 = std::min(k1, c0 + chunk);
@@ -39,8 +54,20 @@ inline void copy_transposed(const float* src, std::size_t lds, std::size_t k0, s
   }
 }
 
+/// The 8 signs (+1 or -1) a byte of sign bits stands for: bit j set gives -1 at j.
+struct sign_byte_table {
+  alignas(32) float v[256][8];
+};
+inline constexpr sign_byte_table sign_bytes = [] {
+  sign_byte_table t{};
+  for (int b = 0; b < 256; ++b)
+    for (int j = 0; j < 8; ++j) t.v[b][j] = (b >> j) & 1 ? -1.0f : 1.0f;
+  return t;
+}();
+
 /// out[i * stride] = +scale or -scale, the signs of elements [e0, e0 + count) of sketch `term`:
-/// one Philox block per 128 consecutive elements.
+/// one Philox block per 128 consecutive elements; contiguous runs expand a byte of bits into 8
+/// floats at a time (a table row times the scale: one vector multiply).
 inline void fill_signs(std::uint64_t seed, std::uint64_t term, std::uint64_t e0, std::size_t count, float scale,
                        float* out, std::size_t stride) {
   std::uint64_t e = e0;
@@ -49,6 +76,14 @@ inline void fill_signs(std::uint64_t seed, std::uint64_t term, std::uint64_t e0,
     const std::uint64_t b = e / random::signs_per_block;
     const random::philox_ctr block = random::sign_block(seed, term, b);
     const std::uint64_t stop = std::min(end, (b + 1) * random::signs_per_block);
+    if (stride == 1) {
+      for (; e < stop && (e & 7) != 0; ++e, ++out) *out = random::sign_bit(block, e) ? -scale : scale;
+      for (; e + 8 <= stop; e += 8, out += 8) {
+        const std::uint32_t byte = (block.v[(e >> 5) & 3] >> (e & 24)) & 0xFFu;
+        const float* row = sign_bytes.v[byte];
+        for (int j = 0; j < 8; ++j) out[j] = row[j] * scale;
+      }
+    }
     for (; e < stop; ++e, out += stride) *out = random::sign_bit(block, e) ? -scale : scale;
   }
 }
@@ -94,11 +129,22 @@ void pack_block(const column_block<S, C0, C1, Trans>& x, std::size_t k0, std::si
 template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack, bool Trans>
 void pack_block(const sign_sketch<TR, TC, Terms, Stack, Trans>& u, std::size_t k0, std::size_t k1, std::size_t n0,
                 std::size_t n1, float* out, std::size_t ld) {
-  // Generated along the sketch's own rows, where consecutive elements share Philox blocks.
-  if constexpr (Trans)
-    for (std::size_t n = n0; n < n1; ++n) operand_detail::sketch_row(u, n, k0, k1, out + (n - n0), ld);
-  else
+  // Generated along the sketch's own rows, where consecutive elements share Philox blocks; read
+  // transposed, a few rows at a time into an L1 buffer, then transposed into place.
+  if constexpr (Trans) {
+    constexpr std::size_t rows = float_lanes, span = 256;
+    alignas(64) float buffer[rows * span];
+    for (std::size_t n = n0; n < n1; n += rows) {
+      const std::size_t nr = std::min(rows, n1 - n);
+      for (std::size_t c = k0; c < k1; c += span) {
+        const std::size_t len = std::min(span, k1 - c);
+        for (std::size_t r = 0; r < nr; ++r) operand_detail::sketch_row(u, n + r, c, c + len, buffer + r * span, 1);
+        operand_detail::copy_transposed(buffer, span, 0, len, 0, nr, out + (c - k0) * ld + (n - n0), ld);
+      }
+    }
+  } else {
     for (std::size_t k = k0; k < k1; ++k) operand_detail::sketch_row(u, k, n0, n1, out + (k - k0) * ld, 1);
+  }
 }
 template <class A, class B, sketch_stack Axis>
 void pack_block(const operand_concat<A, B, Axis>& x, std::size_t k0, std::size_t k1, std::size_t n0, std::size_t n1,
