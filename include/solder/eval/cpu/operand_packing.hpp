@@ -70,11 +70,17 @@ inline constexpr sign_byte_table sign_bytes = [] {
 /// floats at a time (a table row times the scale: one vector multiply).
 inline void fill_signs(std::uint64_t seed, std::uint64_t term, std::uint64_t e0, std::size_t count, float scale,
                        float* out, std::size_t stride) {
+  // The last block drawn on this thread: rows packed panel after panel read one block in turn.
+  thread_local struct {
+    std::uint64_t seed = 0, term = 0, b = ~std::uint64_t{0};
+    random::philox_ctr block{};
+  } last;
   std::uint64_t e = e0;
   const std::uint64_t end = e0 + count;
   while (e < end) {
     const std::uint64_t b = e / random::signs_per_block;
-    const random::philox_ctr block = random::sign_block(seed, term, b);
+    if (last.b != b || last.seed != seed || last.term != term) last = {seed, term, b, random::sign_block(seed, term, b)};
+    const random::philox_ctr block = last.block;
     const std::uint64_t stop = std::min(end, (b + 1) * random::signs_per_block);
     if (stride == 1) {
       for (; e < stop && (e & 7) != 0; ++e, ++out) *out = random::sign_bit(block, e) ? -scale : scale;
@@ -166,19 +172,45 @@ void pack_block(const operand_concat<A, B, Axis>& x, std::size_t k0, std::size_t
   }
 }
 
+namespace operand_detail {
+/// How many sketches x holds read as they are (Trans = false) and read transposed.
+template <class X>
+struct sketch_count {
+  static constexpr std::size_t plain = 0, transposed = 0;
+};
+template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack, bool Trans>
+struct sketch_count<sign_sketch<TR, TC, Terms, Stack, Trans>> {
+  static constexpr std::size_t plain = Trans ? 0 : 1, transposed = Trans ? 1 : 0;
+};
+template <class A, class B, sketch_stack Axis>
+struct sketch_count<operand_concat<A, B, Axis>> {
+  static constexpr std::size_t plain = sketch_count<A>::plain + sketch_count<B>::plain;
+  static constexpr std::size_t transposed = sketch_count<A>::transposed + sketch_count<B>::transposed;
+};
+}  // namespace operand_detail
+
 /// Panels [p0, p1) of B' = x into dst in the GEMM's layout (gemm_detail::b_panels<N>),
-/// zero-padded to the panel width.
+/// zero-padded to the panel width. An operand holding a sketch read as it is goes row by row
+/// across the panels, so each Philox block of a sketch row is drawn once, not once per panel.
 template <std::size_t N, class X, class KArg>
 void pack_b_panels_of(const X& x, KArg k_arg, float* dst, std::size_t p0, std::size_t p1) {
   const std::size_t K = gemm_detail::k_of(k_arg);
   using L = gemm_detail::b_panels<N>;
+  using count = operand_detail::sketch_count<X>;
+  constexpr bool by_rows = count::plain > 0 && count::transposed == 0;
   for (std::size_t p = p0; p < p1; ++p) {
     const std::size_t n0 = p * L::nr, width = L::width(p), cols = std::min(width, N - n0);
     float* out = dst + p * K * L::nr;
-    pack_block(x, 0, K, n0, n0 + cols, out, width);
+    if (!by_rows) pack_block(x, 0, K, n0, n0 + cols, out, width);
     if (cols < width)
       for (std::size_t k = 0; k < K; ++k) std::fill(out + k * width + cols, out + (k + 1) * width, 0.0f);
   }
+  if constexpr (by_rows)
+    for (std::size_t k = 0; k < K; ++k)
+      for (std::size_t p = p0; p < p1; ++p) {
+        const std::size_t n0 = p * L::nr, width = L::width(p), cols = std::min(width, N - n0);
+        pack_block(x, k, k + 1, n0, n0 + cols, dst + p * K * L::nr + k * width, width);
+      }
 }
 
 /// The GEMM driver's A source for any operand: tile t of A' = x holds A'[m][k] for its rows at
