@@ -122,7 +122,7 @@ struct plan_report {
   friend std::ostream& operator<<(std::ostream& os, plan_report) {
     using C = cost<Model>;
     os << "plan: " << Model::kernels << " kernels forward (" << (Model::fused ? "fused" : "unfused, one per layer") << ")\n";
-    os << "  " << std::left << std::setw(4) << "#" << std::setw(40) << "kernel" << std::setw(10) << "layers" << std::right
+    os << "  " << std::left << std::setw(4) << "#" << std::setw(54) << "kernel" << std::setw(10) << "layers" << std::right
        << std::setw(14) << "fwd FLOPs" << std::setw(13) << "fwd bytes" << std::setw(14) << "bwd FLOPs" << std::setw(13)
        << "bwd bytes" << "   (per sample)\n";
     [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -137,17 +137,20 @@ struct plan_report {
   template <std::size_t I, class K>
   static void print_kernel(std::ostream& os) {
     using G = std::tuple_element_t<I, typename Model::groups>;
-    const std::string kind = G::kind == nn::layer_kind::product       ? "GEMM + epilogue"
-                             : G::kind == nn::layer_kind::elementwise ? "elementwise pass"
-                                                                       : "layer";
+    using Block = std::tuple_element_t<I, typename Model::blocks_type>;
+    const std::string kind = [] {
+      if constexpr (requires { Block::plan_kind(); }) return std::string(Block::plan_kind());
+      else return std::string(G::kind == nn::layer_kind::product       ? "GEMM + epilogue"
+                              : G::kind == nn::layer_kind::elementwise ? "elementwise pass"
+                                                                        : "layer");
+    }();
     std::ostringstream layers;
     layers << G::first;
     if (G::size > 1) layers << "-" << G::first + G::size - 1;
-    os << "  " << std::left << std::setw(4) << I << std::setw(40) << (nn::group_name<G>() + " (" + kind + ")")
+    os << "  " << std::left << std::setw(4) << I << std::setw(54) << (nn::group_name<G>() + " (" + kind + ")")
        << std::setw(10) << layers.str() << std::right << std::setw(14) << detail::human(K::forward_flops) << std::setw(13)
        << detail::human(K::forward_bytes) << std::setw(14) << detail::human(K::backward_flops) << std::setw(13)
        << detail::human(K::backward_bytes) << "\n";
-    using Block = std::tuple_element_t<I, typename Model::blocks_type>;
     if constexpr (requires { Block::plan_note(); }) os << "      " << Block::plan_note() << "\n";
   }
 };

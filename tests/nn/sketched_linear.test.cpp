@@ -276,7 +276,8 @@ TEST_CASE("sketched_linear: a chain of sketched, linear and elementwise layers t
   std::ostringstream plan;
   plan << plan_report<model_t>{};
   CHECK(plan.str().find("sketched_linear+relu+dropout") != std::string::npos);
-  CHECK(plan.str().find("inference runs two products") != std::string::npos);
+  CHECK(plan.str().find("2 GEMMs + epilogue") != std::string::npos);
+  CHECK(plan.str().find("inference two products (two products 20.7 KFLOP/sample") != std::string::npos);
 
   data::labeled_dataset all = data::load_labeled_csv(SOLDER_DIGITS_CSV, 64, 64);
   data::divide_features(all, 16.0f);

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -259,14 +260,18 @@ class sketched_block {
     gradients(x, y, dy);
   }
 
-  /// A note for plan_report: the forms' costs and the one inference runs.
+  /// plan_report's kind of kernel, and its note: the two forms' costs and the one inference runs.
+  static constexpr const char* plan_kind() { return "2 GEMMs + epilogue"; }
   static std::string plan_note() {
-    auto g = [](double v) { return std::to_string(int(v / 1e3 + 0.5)) + " KFLOP"; };
-    std::string s = "two products " + g(Layer::two_products_flops) + ", " + std::to_string(std::size_t(Layer::two_products_bytes / 1024)) +
-                    " KiB of factors; folded " + g(Layer::folded_flops) + ", " + std::to_string(std::size_t(Layer::folded_bytes / 1024)) +
-                    " KiB of W_eff (per sample; weights per call); inference runs ";
-    s += Layer::inference_strategy == sketch_strategy::folded ? "folded" : "two products";
-    return s + ", training two products";
+    auto form = [](const char* name, double flops, double bytes) {
+      char text[96];
+      std::snprintf(text, sizeof text, "%s %.1f KFLOP/sample, %.0f KiB of weights", name, flops / 1e3, bytes / 1024);
+      return std::string(text);
+    };
+    const bool folded_wins = Layer::inference_strategy == sketch_strategy::folded;
+    return std::string("inference ") + (folded_wins ? "folded" : "two products") + " (" +
+           form("two products", Layer::two_products_flops, Layer::two_products_bytes) + "; " +
+           form("folded", Layer::folded_flops, Layer::folded_bytes) + "); training two products";
   }
 
  private:
