@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """torch_bench.py: the PyTorch peer of solder_bench, same case names and counters.
 
 Cases (impl `torch` unless named), `/threads:<n>` appended when n > 1:
@@ -8,13 +8,21 @@ Cases (impl `torch` unless named), `/threads:<n>` appended when n > 1:
   BM_linear_bias_relu_dropout_<fwd|bwd>/torch/<M>x<N>x<K>  y = dropout(relu(x W^T + b)); GFLOPs
   BM_train_step/torch/digits_mlp/<batch>                   AdamW step of a 64-256-128-10 MLP
   BM_inference/<torch|torch_inference_mode>/digits_mlp/<batch>
+  BM_sketched_linear_fwd/<impl>/<B>x<In>x<Out>_L<L>_k<k>   one thread only; GFLOPs, param_bytes
+      y = 1/(2L) sum_i (x S1_i U1_i + x U2_i S2_i) + b, impl: torch_panther (Panther's bmm
+      forward), torch_two_gemm (x [S1 | U2] [U1; S2], one addmm), torch_compile_panther and
+      torch_compile_two_gemm (torch.compile, Inductor, where torch has it), torch_dense (F.linear)
 
 Dropout p = 0.1 in training mode. Each row is the median over repetitions of the mean time per
-call (bench/README.md states what each case times). Debian's python3-torch imports only under
-/usr/bin/python3:
+call (bench/README.md states what each case times). Run it with PyTorch 2.x from PyPI in the
+virtual environment bench/torch_venv.sh makes (build/torch-venv):
 
-    /usr/bin/python3 bench/torch_bench.py [--threads 1 [2 ...]] [--filter REGEX]
+    bench/torch_venv.sh    # once
+    build/torch-venv/bin/python bench/torch_bench.py [--threads 1 [2 ...]] [--filter REGEX]
         [--repetitions 5] [--min-time 0.2] [--json out.json]
+
+It also runs under Debian's python3-torch (1.13), which imports only under /usr/bin/python3:
+`/usr/bin/python3 bench/torch_bench.py ...` (no torch_compile cases there).
 
 Without torch it says so and exits 0, so scripts that run every bench keep going. It exits 1
 when a case's output fails its check (that case is reported and not timed) or the filter
@@ -30,6 +38,7 @@ import re
 import statistics
 import sys
 import time
+import warnings
 
 torch = F = None  # imported by load_torch, after the OpenMP environment is set
 
@@ -41,10 +50,19 @@ LINEAR_SHAPES = [(64, 1024, 1024), (256, 1024, 2048), (1024, 4096, 4096)]  # (M,
 TRAIN_BATCHES = [32, 256]
 INFERENCE_BATCHES = [1, 256]
 CHECK_STEPS = 30  # training steps of the train-step check
+# sketched linear (B, In, Out, L, k), as sketched.bench.cpp registers them (Panther's configurations)
+SKETCHED_CONFIGS = ([(256, 2048, 1024, 8, 128)]
+                    + [(256, 1024, 512, terms, k) for terms in (2, 4, 8) for k in (16, 32, 64)]
+                    + [(256, 4096, 4096, 1, 16)])
 
 
 class CheckFailed(Exception):
     """A case's output disagrees with its reference; the case is reported and not timed."""
+
+
+class Unavailable(Exception):
+    """A case this torch cannot run (torch.compile failing, for one): reported and not timed, not a
+    failure."""
 
 
 class Case:
@@ -105,7 +123,11 @@ def threads_suffix(threads):
 def loaded_openblas():
     """The OpenBLAS that torch loaded, or None. Debian's torch runs its float GEMMs through
     OpenBLAS (pthreads build), whose own pool starts with one thread per core and which
-    torch.set_num_threads leaves alone: without this, "1-thread" GEMMs use every core."""
+    torch.set_num_threads leaves alone: without this, "1-thread" GEMMs use every core. PyPI's
+    torch runs them through its own MKL, which follows torch.set_num_threads; the OpenBLAS that
+    numpy loads next to it is not torch's."""
+    if torch.backends.mkl.is_available():
+        return None
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split()[-1] for line in maps if "openblas" in line and ".so" in line}
@@ -286,7 +308,9 @@ def jit_linear_relu(w, b, x):
     if hasattr(torch.jit, "enable_onednn_fusion"):  # oneDNN Graph: the CPU fuser that takes linear
         torch.jit.enable_onednn_fusion(True)
         fusers.append("oneDNN Graph " + ("on" if torch._C._jit_llga_enabled() else "not in this build"))
-    fn = torch.jit.freeze(torch.jit.script(LinearReLU().eval()))
+    with warnings.catch_warnings():  # torch 2.x deprecates TorchScript with a FutureWarning
+        warnings.simplefilter("ignore", FutureWarning)
+        fn = torch.jit.freeze(torch.jit.script(LinearReLU().eval()))
     with torch.no_grad():
         for _ in range(5):
             fn(x)
@@ -425,6 +449,135 @@ def inference_case(impl, batch, threads):
 
 
 # ---------------------------------------------------------------------------------------------
+# sketched linear layer: y = 1/(2L) sum_i (x S1_i U1_i + x U2_i S2_i) + b, forward, one thread
+# ---------------------------------------------------------------------------------------------
+
+def sketched_data(b, n_in, n_out, terms, k):
+    """x [B, In] in [-1, 1), and the layer as Panther's SKLinear stores it: S1s [L, In, k],
+    S2s [L, k, Out] (random, in +-1/sqrt(In) and +-1/sqrt(k)), U1s [L, k, Out], U2s [L, In, k]
+    (random signs / sqrt(k)), bias [Out] in +-1/sqrt(In)."""
+    torch.manual_seed(0)
+    x = uniform(b, n_in)
+    s1s = uniform(terms, n_in, k, bound=1 / math.sqrt(n_in))
+    s2s = uniform(terms, k, n_out, bound=1 / math.sqrt(k))
+    signs = lambda *size: (torch.randint(0, 2, size) * 2 - 1).float() / math.sqrt(k)
+    u1s, u2s = signs(terms, k, n_out), signs(terms, n_in, k)
+    bias = uniform(n_out, bound=1 / math.sqrt(n_in))
+    return x, s1s, s2s, u1s, u2s, bias
+
+
+def panther_forward(x, S1s, S2s, U1s, U2s, bias):
+    """Panther's pure-PyTorch forward (FahdSeddik/panther, panther/nn/linear.py:
+    SketchedLinearFunction.forward before its Triton kernels, and the CPU kernel of
+    panther::forward_op since): one bmm pair per path over the expanded input."""
+    num_terms = S2s.shape[0]
+    input = x.unsqueeze(0).expand(num_terms, x.shape[0], x.shape[1])
+    return ((input.bmm(S1s)).bmm(U1s)).mean(0) / 2 + ((input.bmm(U2s)).bmm(S2s)).mean(0) / 2 + bias
+
+
+def two_gemm_operands(S1s, S2s, U1s, U2s):
+    """B1 = [S1_1 .. S1_L | U2_1 .. U2_L] [In, 2Lk] and B2 = [U1_1; ..; U1_L; S2_1; ..; S2_L]
+    [2Lk, Out]: x B1 B2 is the sum over both paths of every term."""
+    b1 = torch.cat(list(S1s) + list(U2s), dim=1).contiguous()
+    b2 = torch.cat(list(U1s) + list(S2s), dim=0).contiguous()
+    return b1, b2
+
+
+def two_gemm_forward(x, b1, b2, bias, alpha):
+    """addmm: 1/(2L) and + b ride on the second GEMM. Measured here (torch 2.x, MKL, one thread)
+    against (x @ B1) @ B2 * (1/(2L)) + b: 1.4x faster at 256x4096x4096_L1_k16, 1.1x at
+    256x1024x512_L2_k16, within noise at the larger Lk."""
+    return torch.addmm(bias, x @ b1, b2, alpha=alpha)
+
+
+def sketched_rows_reference(x, S1s, S2s, U1s, U2s, bias, rows):
+    """Rows of y in float64, term by term, from the stored parameters."""
+    xr = x[rows].double()
+    y = bias.double().expand(len(rows), -1).clone()
+    for s1, s2, u1, u2 in zip(S1s.double(), S2s.double(), U1s.double(), U2s.double()):
+        y += (xr @ s1 @ u1 + xr @ u2 @ s2) / (2 * S1s.shape[0])
+    return y
+
+
+SKETCH_TOL = 1e-4  # relative to max |y|: float32 sums of In, then 2Lk, terms, any order
+
+
+def check_sketched(what, got, ref):
+    """max |got - ref| <= SKETCH_TOL max |ref|; NaN fails."""
+    err = float((got.double() - ref.double()).abs().max())
+    bound = SKETCH_TOL * float(ref.double().abs().max())
+    if not err <= bound:
+        raise CheckFailed(f"{what}: max difference {err:.3g}, "
+                          f"more than {SKETCH_TOL:g} of max |y| ({bound:.3g})")
+
+
+def sketched_fwd_case(impl, b, n_in, n_out, terms, k, threads, notes):
+    sketched = impl != "torch_dense"
+    flops = 4 * b * terms * k * (n_in + n_out) if sketched else 2 * b * n_in * n_out
+    # Panther stores S1, S2, U1, U2 and b; dense stores W and b.
+    params = 2 * terms * k * (n_in + n_out) + n_out if sketched else n_in * n_out + n_out
+
+    def setup():
+        x, s1s, s2s, u1s, u2s, bias = sketched_data(b, n_in, n_out, terms, k)
+        with torch.no_grad():  # inference, as the C++ peers: no graph recorded
+            if not sketched:
+                torch.manual_seed(1)
+                w = uniform(n_out, n_in, bound=1 / math.sqrt(n_in))
+                fn = lambda: F.linear(x, w, bias)
+                rows = sorted({0, b // 2, b - 1})
+                xr, w64 = x[rows].double(), w.double()
+                check_close("y", fn()[rows], xr @ w64.T + bias.double(),
+                            xr.abs() @ w64.abs().T + bias.double().abs())
+            else:
+                b1, b2 = two_gemm_operands(s1s, s2s, u1s, u2s)
+                alpha = 1 / (2 * terms)
+                panther = lambda: panther_forward(x, s1s, s2s, u1s, u2s, bias)
+                two_gemm = lambda: two_gemm_forward(x, b1, b2, bias, alpha)
+                y_two = two_gemm()
+                rows = sorted({0, b // 2, b - 1})
+                check_sketched("torch_two_gemm vs float64", y_two[rows],
+                               sketched_rows_reference(x, s1s, s2s, u1s, u2s, bias, rows))
+                check_sketched("torch_panther vs torch_two_gemm", panther(), y_two)
+                if impl == "torch_panther":
+                    fn = panther
+                elif impl == "torch_two_gemm":
+                    fn = two_gemm
+                else:
+                    fn = compiled(impl, x, s1s, s2s, u1s, u2s, bias, b1, b2, alpha, notes)
+                    check_sketched(f"{impl} vs torch_two_gemm", fn(), y_two)
+
+        def run_once():
+            with torch.no_grad():
+                return timed(fn)()
+        return run_once, lambda s: {"GFLOPs": flops / s * 1e-9, "param_bytes": 4 * params}
+
+    name = f"BM_sketched_linear_fwd/{impl}/{b}x{n_in}x{n_out}_L{terms}_k{k}{threads_suffix(threads)}"
+    return Case(name, threads, setup)
+
+
+def compiled(impl, x, s1s, s2s, u1s, u2s, bias, b1, b2, alpha, notes):
+    """torch.compile (Inductor, default mode) of panther_forward or two_gemm_forward, warmed up.
+    Dynamo's caches are reset first: each case compiles its own static shapes, instead of
+    recompiling one cached function with dynamic shapes (or past Dynamo's recompile limit)."""
+    torch._dynamo.reset()
+    if impl == "torch_compile_panther":
+        fn, args = torch.compile(panther_forward), (x, s1s, s2s, u1s, u2s, bias)
+    else:
+        fn, args = torch.compile(two_gemm_forward), (x, b1, b2, bias, alpha)
+    t0 = time.perf_counter()
+    try:
+        fn(*args)
+    except Exception as e:  # Inductor needs a working C++ compiler and Python headers
+        first_line = str(e).splitlines()[0] if str(e) else ""
+        raise Unavailable(f"torch.compile failed: {type(e).__name__}: {first_line}")
+    notes.append(f"{impl} {x.shape[0]}x{x.shape[1]}x{bias.shape[0]}_L{s1s.shape[0]}_k{s1s.shape[2]}: "
+                 f"first call (compile) {time.perf_counter() - t0:.1f} s")
+    for _ in range(5):
+        fn(*args)
+    return lambda: fn(*args)
+
+
+# ---------------------------------------------------------------------------------------------
 
 def all_cases(threads_list, notes):
     """Every case, in the order printed: per family, per thread count, per shape."""
@@ -447,6 +600,11 @@ def all_cases(threads_list, notes):
         for batch in INFERENCE_BATCHES:
             for impl in grad_off:
                 cases.append(inference_case(impl, batch, threads))
+    if 1 in threads_list:  # one thread only, as sketched.bench.cpp
+        compiled = ["torch_compile_panther", "torch_compile_two_gemm"] if hasattr(torch, "compile") else []
+        for config in SKETCHED_CONFIGS:
+            for impl in ["torch_panther", "torch_two_gemm"] + compiled + ["torch_dense"]:
+                cases.append(sketched_fwd_case(impl, *config, 1, notes))
     return cases
 
 
@@ -471,7 +629,9 @@ def main():
     env = load_torch(max(args.threads))
     if env is None:
         print(f"torch_bench.py: PyTorch is not importable from {sys.executable}; nothing measured.\n"
-              "  Install it with `apt-get install -y python3-torch` and run this script with /usr/bin/python3.")
+              "  Make the venv with bench/torch_venv.sh and run this script with\n"
+              "  build/torch-venv/bin/python (or install Debian's python3-torch and run it with\n"
+              "  /usr/bin/python3).")
         return 0
 
     notes = []
@@ -482,8 +642,12 @@ def main():
 
     torch.zeros(4, 4) @ torch.zeros(4, 4)  # loads the BLAS, so it can be found
     openblas = loaded_openblas()
-    blas = (f"OpenBLAS {openblas[1]}, threads set with openblas_set_num_threads" if openblas
-            else "no OpenBLAS loaded; torch.set_num_threads only")
+    if openblas:
+        blas = f"OpenBLAS {openblas[1]}, threads set with openblas_set_num_threads"
+    elif torch.backends.mkl.is_available():
+        blas = "MKL (torch's own), threads set with torch.set_num_threads"
+    else:
+        blas = "no OpenBLAS loaded; torch.set_num_threads only"
     print(f"PyTorch {torch.__version__}, {sys.executable}; {blas}; "
           f"{env}; "
           f"median of {args.repetitions} repetitions of >= {args.min_time} s")
@@ -499,6 +663,9 @@ def main():
         except CheckFailed as e:
             print(f"{case.name:<74} ERROR OCCURRED: '{e}'", flush=True)
             failed += 1
+            continue
+        except Unavailable as e:
+            print(f"{case.name:<74} SKIPPED: '{e}'", flush=True)
             continue
         seconds, calls = median_seconds(run_once, args.repetitions, args.min_time)
         values = counters(seconds)

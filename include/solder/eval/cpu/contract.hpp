@@ -353,13 +353,8 @@ void assign_contract(const W0& w0, const Ws&... ws) {
       if constexpr (C::a_traits::form == operand_form::stored) return gemm_detail::a_strided<TA>{AV::data(c.a), AV::ld()};
       else return a_operand<A>{c.a};
     }();
-    gemm_from<N>(M, k_arg, a_source, [&](float* dst, std::size_t p0, std::size_t p1) {
-      if constexpr (C::b_traits::form == operand_form::stored) {
-        using BV = contract_detail::operand_view<B>;
-        gemm_detail::pack_b_panels<N, BV::trans>(BV::data(c.b), BV::ld(), k_arg, dst, p0, p1);
-      } else {
-        pack_b_panels_of<N>(c.b, k_arg, dst, p0, p1);
-      }
+    gemm_from<N>(M, k_arg, a_source, [&](float* dst, std::size_t p0, std::size_t p1, std::size_t k0, std::size_t k1) {
+      pack_b_block_of<N>(c.b, dst, p0, p1, k0, k1);
     }, epi);
   } else if constexpr (K == dyn) {
     // K is the batch of both operands (dW = g^T x): one run-time inner extent.

@@ -25,7 +25,7 @@ namespace gemm_detail {
 
 /// What each thread keeps between calls: packed A, the partial sums, and (for the calls that
 /// pack B themselves) the packed B of the calling thread.
-enum class workspace_slot { packed_a, partial_sums, packed_b, count };
+enum class workspace_slot { packed_a, partial_sums, packed_b, block_b, count };
 inline float* thread_workspace(workspace_slot slot, std::size_t n) {
   thread_local growing_buffer<float> spaces[std::size_t(workspace_slot::count)];
   return spaces[std::size_t(slot)].get(n);
@@ -72,15 +72,51 @@ struct l2_prefetch_plan {
   }
 };
 
+/// Where the micro-kernels read B' from: all of it packed before the call (a packed_matrix, or
+/// packed per call), so the next block can be prefetched into L2 while this one is used.
+struct b_packed_whole {
+  static constexpr bool prefetchable = true;
+  const float* data;
+  void prepare(std::size_t /*p*/, std::size_t /*np*/, std::size_t /*k0*/, std::size_t /*kc*/) {}
+  template <std::size_t NR>
+  const float* panel(std::size_t p, std::size_t k0, std::size_t width, std::size_t K) const {
+    return data + p * K * NR + k0 * width;
+  }
+};
+
+/// B' packed one block at a time, right before the tiles use it, into a per-thread buffer that
+/// stays in L2: pack(dst, p0, p1, k0, k1) packs panels [p0, p1) over K range [k0, k1), panel
+/// p - p0 at (p - p0) kc nr, row k - k0 at (k - k0) width. For operands made while packing
+/// (sketches): B' never goes to memory whole, and is made again for each M block.
+template <class Pack>
+struct b_packed_per_block {
+  static constexpr bool prefetchable = false;
+  const Pack* pack;
+  std::size_t floats;  // the largest block: nc kc nr
+  float* buffer = nullptr;
+  std::size_t p0 = 0, kc = 0;
+  void prepare(std::size_t p, std::size_t np, std::size_t k0, std::size_t k_count) {
+    // The buffer of the thread that runs this part (a copy of the source is made per part).
+    if (buffer == nullptr) buffer = thread_workspace(workspace_slot::block_b, floats);
+    (*pack)(buffer, p, p + np, k0, k0 + k_count);
+    p0 = p;
+    kc = k_count;
+  }
+  template <std::size_t NR>
+  const float* panel(std::size_t p, std::size_t /*k0*/, std::size_t /*width*/, std::size_t /*K*/) const {
+    return buffer + (p - p0) * kc * NR;
+  }
+};
+
 /// Computes one thread's part of C with the cache blocking `blocking` (gemm_blocking<N, K>,
 /// gemm_dyn_k_blocking, or a test's smaller one): for each M block, A is packed once over all
 /// of K; for each N block, each K block runs over every tile of the M block, each tile over
 /// every panel of the N block (so a kc x mr panel of A stays in L1 across the panels, and the
 /// kc x nc block of B in L2 across the tiles). Meanwhile the next block of B
 /// (l2_prefetch_plan) and the next panel of A are prefetched into L2.
-template <std::size_t N, class Blocking, class KArg, class ASource, class Epi>
+template <std::size_t N, class Blocking, class KArg, class ASource, class BSource, class Epi>
 void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking blocking, KArg k_arg, const ASource& a,
-                   const float* packed_b, Epi& epi) {
+                   BSource b_source, Epi& epi) {
   const std::size_t K = k_of(k_arg);
   using L = b_panels<N>;
   constexpr std::size_t MR = Blocking::mr;
@@ -119,13 +155,17 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
 
         // The block this thread reads next: the next K block, else the first K block of the
         // next N block, else that of the first N block for the next M block.
-        l2_prefetch_plan<N, KArg> next{packed_b, k_arg};
-        if (!job.last)
-          next.p = pj, next.np = np, next.k0 = k0 + KC, next.kc = std::min(KC, K - k0 - KC);
-        else if (pj + nc < part.p1)
-          next.p = pj + nc, next.np = std::min(nc, part.p1 - pj - nc), next.kc = std::min(KC, K);
-        else if (ti + mc < part.t1)
-          next.p = part.p0, next.np = std::min(nc, panels), next.kc = std::min(KC, K);
+        b_source.prepare(pj, np, k0, job.kc);
+        l2_prefetch_plan<N, KArg> next{nullptr, k_arg};
+        if constexpr (BSource::prefetchable) {
+          next.packed_b = b_source.data;
+          if (!job.last)
+            next.p = pj, next.np = np, next.k0 = k0 + KC, next.kc = std::min(KC, K - k0 - KC);
+          else if (pj + nc < part.p1)
+            next.p = pj + nc, next.np = std::min(nc, part.p1 - pj - nc), next.kc = std::min(KC, K);
+          else if (ti + mc < part.t1)
+            next.p = part.p0, next.np = std::min(nc, panels), next.kc = std::min(KC, K);
+        }
         next.plan(mt * np, job.kc);
 
         for (std::size_t i = 0; i < mt; ++i) {
@@ -150,7 +190,7 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
             const std::size_t width = L::width(p);
             job.n0 = p * NR;
             job.nr = std::min(NR, N - job.n0);
-            job.b = packed_b + p * K * NR + k0 * width;
+            job.b = b_source.template panel<NR>(p, k0, width, K);
             job.partial = partial ? partial + (i * np + j) * MR * NR : nullptr;  // slots in call order
             next.assign(i * np + j, job);
             const std::size_t a_first = j * a_per_call;
@@ -194,10 +234,11 @@ std::pair<std::size_t, std::size_t> choose_split(const row_tiles& tiling, int th
   return {best_tm, best_tn};
 }
 
-/// C = A' B' with B' already packed (b_panels<N>) and A' packed per M block by `a` (a_strided,
-/// or an operand's packer), on up to `threads` threads.
-template <std::size_t N, class Blocking, class KArg, class ASource, class Epi>
-void gemm_packed_from(std::size_t M, KArg k_arg, Blocking blocking, const ASource& a, const float* packed_b, Epi& epi,
+/// C = A' B' with B' read from `b` (b_packed_whole: already packed, b_panels<N>; or
+/// b_packed_per_block) and A' packed per M block by `a` (a_strided, or an operand's packer), on
+/// up to `threads` threads.
+template <std::size_t N, class Blocking, class KArg, class ASource, class BSource, class Epi>
+void gemm_packed_from(std::size_t M, KArg k_arg, Blocking blocking, const ASource& a, const BSource& b, Epi& epi,
                       int threads) {
   if (M == 0) return;
   const std::size_t K = k_of(k_arg);
@@ -205,7 +246,7 @@ void gemm_packed_from(std::size_t M, KArg k_arg, Blocking blocking, const ASourc
   const row_tiles tiling(M, Blocking::mr);
   const double flops = 2.0 * double(M) * double(N) * double(K);
   if (threads <= 1 || flops < parallel_min_flops) {
-    gemm_part_run<N>(gemm_part{0, tiling.count, 0, panels}, tiling, blocking, k_arg, a, packed_b, epi);
+    gemm_part_run<N>(gemm_part{0, tiling.count, 0, panels}, tiling, blocking, k_arg, a, b, epi);
     return;
   }
   const auto [tm, tn] = choose_split<N, Blocking::nr, panels>(tiling, threads);
@@ -213,7 +254,7 @@ void gemm_packed_from(std::size_t M, KArg k_arg, Blocking blocking, const ASourc
     const std::size_t i = t / tn, j = t % tn;
     const std::size_t tiles = tiling.count;
     const gemm_part part{tiles * i / tm, tiles * (i + 1) / tm, panels * j / tn, panels * (j + 1) / tn};
-    gemm_part_run<N>(part, tiling, blocking, k_arg, a, packed_b, epi);
+    gemm_part_run<N>(part, tiling, blocking, k_arg, a, b, epi);
   });
 }
 
@@ -221,7 +262,7 @@ void gemm_packed_from(std::size_t M, KArg k_arg, Blocking blocking, const ASourc
 template <std::size_t N, bool TransA, class Blocking, class KArg, class Epi>
 void gemm_packed(std::size_t M, KArg k_arg, Blocking blocking, const float* A, std::size_t lda,
                  const float* packed_b, Epi& epi, int threads) {
-  gemm_packed_from<N>(M, k_arg, blocking, a_strided<TransA>{A, lda}, packed_b, epi, threads);
+  gemm_packed_from<N>(M, k_arg, blocking, a_strided<TransA>{A, lda}, b_packed_whole{packed_b}, epi, threads);
 }
 
 /// Packs B' for a call that was not given a packed_b, into the calling thread's workspace:
@@ -309,19 +350,24 @@ void gemm_dyn_k(std::size_t M, std::size_t K, const float* A, std::size_t lda, c
 }
 
 /// C[M, N] = A' B' for operands packed by rule (eval/cpu/operand_packing.hpp): `a` packs tiles
-/// of A' per M block (gemm_detail::a_strided, or an operand's packer), pack_b(dst, p0, p1)
-/// packs panels [p0, p1) of B' (gemm_detail::b_panels<N>) once per call. K is static
-/// (gemm_detail::static_k) or a run-time value. The same driver, micro-kernels and epilogue
-/// hook as gemm, so the same bits as gemm for the same packed values.
+/// of A' per M block (gemm_detail::a_strided, or an operand's packer); pack_b(dst, p0, p1, k0,
+/// k1) packs panels [p0, p1) of B' over K range [k0, k1), panel p - p0 at (p - p0) (k1 - k0) nr
+/// and row k - k0 at (k - k0) width (gemm_detail::b_panels<N>), one cache block at a time as
+/// the tiles need it (gemm_detail::b_packed_per_block). K is static (gemm_detail::static_k) or
+/// a run-time value. The same driver, micro-kernels and epilogue hook as gemm, so the same bits
+/// as gemm for the same packed values.
 template <std::size_t N, class KArg, class ASource, class PackB, class Epilogue>
 void gemm_from(std::size_t M, KArg k_arg, const ASource& a, const PackB& pack_b, Epilogue&& epi,
                int threads = solder::num_threads()) {
   if (M == 0) return;
-  const float* packed = gemm_detail::pack_b_with<N>(k_arg, threads, pack_b);
+  auto run = [&](auto blocking) {
+    const gemm_detail::b_packed_per_block<PackB> b{&pack_b, blocking.nc * blocking.kc * decltype(blocking)::nr};
+    gemm_detail::gemm_packed_from<N>(M, k_arg, blocking, a, b, epi, threads);
+  };
   if constexpr (std::is_same_v<KArg, std::size_t>)
-    gemm_detail::gemm_packed_from<N>(M, k_arg, gemm_dyn_k_blocking::for_k(k_arg), a, packed, epi, threads);
+    run(gemm_dyn_k_blocking::for_k(k_arg));
   else
-    gemm_detail::gemm_packed_from<N>(M, k_arg, gemm_blocking<N, KArg::value>{}, a, packed, epi, threads);
+    run(gemm_blocking<N, KArg::value>{});
 }
 
 }  // namespace solder::eval::cpu

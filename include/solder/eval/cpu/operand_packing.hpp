@@ -14,11 +14,21 @@
 #include "solder/eval/cpu/gemm_blocking.hpp"
 #include "solder/eval/cpu/gemm_packing.hpp"
 #include "solder/expr/operand.hpp"
+#include "solder/memory.hpp"
 #include "solder/random/sketch.hpp"
 
 namespace solder::eval::cpu {
 
 namespace operand_detail {
+
+/// dst[i] = src[i] for i < n, n at most a panel's width: whole vectors inline (a call to
+/// memcpy per panel row costs as much as the copy).
+SOLDER_INLINE void copy_short(const float* src, float* dst, std::size_t n) {
+  using V = vec<float>;
+  std::size_t i = 0;
+  for (; i + V::size <= n; i += V::size) V::load_unaligned(src + i).store_unaligned(dst + i);
+  for (; i < n; ++i) dst[i] = src[i];
+}
 
 /// out[(k - k0) * ld + (n - n0)] = src[k * lds + n]: rows of a stored matrix.
 inline void copy_rows(const float* src, std::size_t lds, std::size_t k0, std::size_t k1, std::size_t n0, std::size_t n1,
@@ -189,28 +199,36 @@ struct sketch_count<operand_concat<A, B, Axis>> {
 };
 }  // namespace operand_detail
 
-/// Panels [p0, p1) of B' = x into dst in the GEMM's layout (gemm_detail::b_panels<N>),
-/// zero-padded to the panel width. An operand holding a sketch read as it is goes row by row
-/// across the panels, so each Philox block of a sketch row is drawn once, not once per panel.
-template <std::size_t N, class X, class KArg>
-void pack_b_panels_of(const X& x, KArg k_arg, float* dst, std::size_t p0, std::size_t p1) {
-  const std::size_t K = gemm_detail::k_of(k_arg);
+/// Panels [p0, p1) of B' = x over K range [k0, k1) into dst, as the GEMM's driver reads a cache
+/// block (gemm_from): panel p at (p - p0) (k1 - k0) nr, row k at (k - k0) width, zero-padded to
+/// the panel width (gemm_detail::b_panels<N>). An operand holding a sketch read as it is goes
+/// row by row: each row of the block whole into a buffer (long runs: a Philox block per 128
+/// signs, a byte of them expanded at a time), then cut into the panels.
+template <std::size_t N, class X>
+void pack_b_block_of(const X& x, float* dst, std::size_t p0, std::size_t p1, std::size_t k0, std::size_t k1) {
   using L = gemm_detail::b_panels<N>;
   using count = operand_detail::sketch_count<X>;
   constexpr bool by_rows = count::plain > 0 && count::transposed == 0;
+  const std::size_t kc = k1 - k0;
   for (std::size_t p = p0; p < p1; ++p) {
     const std::size_t n0 = p * L::nr, width = L::width(p), cols = std::min(width, N - n0);
-    float* out = dst + p * K * L::nr;
-    if (!by_rows) pack_block(x, 0, K, n0, n0 + cols, out, width);
+    float* out = dst + (p - p0) * kc * L::nr;
+    if (!by_rows) pack_block(x, k0, k1, n0, n0 + cols, out, width);
     if (cols < width)
-      for (std::size_t k = 0; k < K; ++k) std::fill(out + k * width + cols, out + (k + 1) * width, 0.0f);
+      for (std::size_t k = 0; k < kc; ++k) std::fill(out + k * width + cols, out + (k + 1) * width, 0.0f);
   }
-  if constexpr (by_rows)
-    for (std::size_t k = 0; k < K; ++k)
+  if constexpr (by_rows) {
+    const std::size_t n_begin = p0 * L::nr, n_end = std::min(N, p1 * L::nr);
+    thread_local growing_buffer<float> row_buffer;
+    float* row = row_buffer.get(n_end - n_begin);
+    for (std::size_t k = k0; k < k1; ++k) {
+      pack_block(x, k, k + 1, n_begin, n_end, row, n_end - n_begin);
       for (std::size_t p = p0; p < p1; ++p) {
         const std::size_t n0 = p * L::nr, width = L::width(p), cols = std::min(width, N - n0);
-        pack_block(x, k, k + 1, n0, n0 + cols, dst + p * K * L::nr + k * width, width);
+        operand_detail::copy_short(row + (n0 - n_begin), dst + (p - p0) * kc * L::nr + (k - k0) * width, cols);
       }
+    }
+  }
 }
 
 /// The GEMM driver's A source for any operand: tile t of A' = x holds A'[m][k] for its rows at
