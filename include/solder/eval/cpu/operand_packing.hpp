@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "solder/eval/cpu/batch.hpp"
@@ -36,6 +37,16 @@ inline void copy_rows(const float* src, std::size_t lds, std::size_t k0, std::si
   for (std::size_t k = k0; k < k1; ++k) std::memcpy(out + (k - k0) * ld, src + k * lds + n0, (n1 - n0) * sizeof(float));
 }
 
+/// copy_transposed for ld = Stride, W rows of src at a time through the GEMM's in-register
+/// transpose.
+template <std::size_t Stride>
+void copy_transposed_vectors(const float* src, std::size_t lds, std::size_t k0, std::size_t k1, std::size_t n0,
+                             std::size_t n1, float* out) {
+  constexpr std::size_t W = float_lanes;
+  for (std::size_t n = n0; n < n1; n += W)
+    gemm_detail::pack_transposed<W, Stride, false>(src + n * lds + k0, lds, std::min(W, n1 - n), k1 - k0, out + (n - n0));
+}
+
 /// out[(k - k0) * ld + (n - n0)] = src[n * lds + k]: a stored matrix read transposed. Where ld
 /// is a whole number of vectors up to a register tile's width (every B panel), W rows at a time
 /// through the GEMM's in-register transpose; elsewhere (A tiles) in chunks of 64 k, so the
@@ -43,16 +54,11 @@ inline void copy_rows(const float* src, std::size_t lds, std::size_t k0, std::si
 inline void copy_transposed(const float* src, std::size_t lds, std::size_t k0, std::size_t k1, std::size_t n0,
                             std::size_t n1, float* out, std::size_t ld) {
   constexpr std::size_t W = float_lanes;
-  constexpr std::size_t widest = gemm_detail::b_panels<1>::nr;
-  bool done = false;
-  [&]<std::size_t... V>(std::index_sequence<V...>) {
-    ((ld == (V + 1) * W ? (done = true, [&] {
-       for (std::size_t n = n0; n < n1; n += W)
-         gemm_detail::pack_transposed<W, (V + 1) * W, false>(src + n * lds + k0, lds, std::min(W, n1 - n), k1 - k0,
-                                                             out + (n - n0));
-     }()) : void()), ...);
-  }(std::make_index_sequence<widest / W>{});
-  if (done) return;
+  static_assert(gemm_detail::b_panels<1>::nr <= 2 * W, "solder: a register tile wider than two vectors needs more strides here");
+  // Two strides spelled out, not a fold over an index sequence: with the fold, nvcc 13's front
+  // end printed its index sequence into the types of unrelated kernels of a .cu (a bad type).
+  if (ld == W) return copy_transposed_vectors<W>(src, lds, k0, k1, n0, n1, out);
+  if (ld == 2 * W) return copy_transposed_vectors<2 * W>(src, lds, k0, k1, n0, n1, out);
   constexpr std::size_t chunk = 64;
   for (std::size_t c0 = k0; c0 < k1; c0 += chunk) {
     const std::size_t c1 = std::min(k1, c0 + chunk);
@@ -199,6 +205,35 @@ struct sketch_count<operand_concat<A, B, Axis>> {
 };
 }  // namespace operand_detail
 
+/// Asks for row k, columns [n0, n1) of the stored parts of x (as the product reads it) to be
+/// brought into the cache: a block's rows are short pieces of long rows, which the hardware
+/// prefetcher, stopping at each page, fetches late.
+template <class X>
+void prefetch_row(const X& x, std::size_t k, std::size_t n0, std::size_t n1) {
+  if constexpr (requires { x.a; x.b; }) {
+    using A = std::remove_cvref_t<decltype(x.a)>;
+    if constexpr (X::axis == sketch_stack::columns) {
+      constexpr std::size_t split = solder::detail::operand_traits<A>::cols;
+      if (n0 < split) prefetch_row(x.a, k, n0, std::min(n1, split));
+      if (n1 > split) prefetch_row(x.b, k, std::max(n0, split) - split, n1 - split);
+    } else {
+      constexpr std::size_t split = solder::detail::operand_traits<A>::rows;
+      if (k < split) prefetch_row(x.a, k, n0, n1);
+      else prefetch_row(x.b, k - split, n0, n1);
+    }
+  } else if constexpr (requires { x.ref; } || requires { x.data(); }) {
+    using T = solder::detail::operand_traits<X>;
+    if constexpr (!T::trans) {
+      const float* row = [&] {
+        if constexpr (requires { x.data(); }) return x.data() + k * X::shape_type::last;
+        else return x.ref.data() + k * X::stored_shape::last + X::first;
+      }();
+      for (std::size_t n = n0; n < n1; n += 64 / sizeof(float)) __builtin_prefetch(row + n, 0, 3);
+      __builtin_prefetch(row + n1 - 1, 0, 3);
+    }
+  }
+}
+
 /// Panels [p0, p1) of B' = x over K range [k0, k1) into dst, as the GEMM's driver reads a cache
 /// block (gemm_from): panel p at (p - p0) (k1 - k0) nr, row k at (k - k0) width, zero-padded to
 /// the panel width (gemm_detail::b_panels<N>). An operand holding a sketch read as it is goes
@@ -221,7 +256,10 @@ void pack_b_block_of(const X& x, float* dst, std::size_t p0, std::size_t p1, std
     const std::size_t n_begin = p0 * L::nr, n_end = std::min(N, p1 * L::nr);
     thread_local growing_buffer<float> row_buffer;
     float* row = row_buffer.get(n_end - n_begin);
+    constexpr std::size_t ahead = 8;  // rows: about a microsecond of packing
+    for (std::size_t k = k0; k < std::min(k1, k0 + ahead); ++k) prefetch_row(x, k, n_begin, n_end);
     for (std::size_t k = k0; k < k1; ++k) {
+      if (k + ahead < k1) prefetch_row(x, k + ahead, n_begin, n_end);
       pack_block(x, k, k + 1, n_begin, n_end, row, n_end - n_begin);
       for (std::size_t p = p0; p < p1; ++p) {
         const std::size_t n0 = p * L::nr, width = L::width(p), cols = std::min(width, N - n0);
