@@ -137,12 +137,16 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
   const std::size_t n_blocks = ceil_div(panels, blocking.nc);
   const std::size_t nc = ceil_div(panels, n_blocks);
 
-  float* packed_a = thread_workspace(workspace_slot::packed_a, mc * MR * K);
+  // With one N block each tile's A panel of a K block is used by that block's panels right
+  // away and never again: it is packed then, into L1, instead of the whole M block into memory
+  // first (which, for a narrow B, cost as much as the products).
+  const bool a_per_tile = n_blocks == 1;
+  float* packed_a = thread_workspace(workspace_slot::packed_a, a_per_tile ? MR * KC : mc * MR * K);
   float* partial = k_blocks > 1 ? thread_workspace(workspace_slot::partial_sums, mc * nc * MR * NR) : nullptr;
 
   for (std::size_t ti = part.t0; ti < part.t1; ti += mc) {
     const std::size_t mt = std::min(mc, part.t1 - ti);
-    a.template pack<MR>(tiling, ti, ti + mt, k_arg, packed_a);
+    if (!a_per_tile) a.template pack<MR>(tiling, ti, ti + mt, k_arg, packed_a);
 
     for (std::size_t pj = part.p0; pj < part.p1; pj += nc) {
       const std::size_t np = std::min(nc, part.p1 - pj);
@@ -171,18 +175,23 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
         for (std::size_t i = 0; i < mt; ++i) {
           job.m0 = tiling.begin(ti + i);
           const std::size_t r = tiling.rows(ti + i);
-          job.a = packed_a + i * K * MR + k0 * MR;
           // The A panel used after this tile's calls: the next tile's, else the first tile's in
           // the next K block or N block. Packed A is read from memory once per N block, and
           // the hardware prefetcher stops at every 4 KiB page of a panel.
           const float* a_next = nullptr;
           std::size_t a_next_kc = 0;
-          if (i + 1 < mt)
-            a_next = job.a + K * MR, a_next_kc = job.kc;
-          else if (!job.last)
-            a_next = packed_a + (k0 + KC) * MR, a_next_kc = std::min(KC, K - k0 - KC);
-          else if (pj + nc < part.p1)
-            a_next = packed_a, a_next_kc = std::min(KC, K);
+          if (a_per_tile) {
+            a.template pack_k<MR>(tiling, ti + i, ti + i + 1, k0, job.kc, packed_a);
+            job.a = packed_a;
+          } else {
+            job.a = packed_a + i * K * MR + k0 * MR;
+            if (i + 1 < mt)
+              a_next = job.a + K * MR, a_next_kc = job.kc;
+            else if (!job.last)
+              a_next = packed_a + (k0 + KC) * MR, a_next_kc = std::min(KC, K - k0 - KC);
+            else if (pj + nc < part.p1)
+              a_next = packed_a, a_next_kc = std::min(KC, K);
+          }
           const std::size_t a_lines = ceil_div(a_next_kc * MR * sizeof(float), 64);
           const std::size_t a_per_call = std::min(ceil_div(a_lines, np), ceil_div(job.kc, 2));
           for (std::size_t j = 0; j < np; ++j) {

@@ -140,6 +140,11 @@ struct a_strided {
   void pack(const row_tiles& tiling, std::size_t t0, std::size_t t1, KArg k_arg, float* dst) const {
     pack_a<MR, TransA>(A, lda, tiling, t0, t1, k_arg, dst);
   }
+  /// Tiles [t0, t1) over K range [k0, k0 + kc) only, tile t at (t - t0) kc MR.
+  template <std::size_t MR>
+  void pack_k(const row_tiles& tiling, std::size_t t0, std::size_t t1, std::size_t k0, std::size_t kc, float* dst) const {
+    pack_a<MR, TransA>(TransA ? A + k0 * lda : A + k0, lda, tiling, t0, t1, kc, dst);
+  }
 };
 
 /// Packs panels [p0, p1) of B' into `dst` (b_panels<N>), zero-padded to the panel width.

@@ -283,6 +283,16 @@ struct a_operand {
       pack_block(xt, 0, K, m0, m0 + tiling.rows(t), dst + (t - t0) * K * MR, MR);
     }
   }
+  /// Tiles [t0, t1) over K range [k0, k0 + kc) only, tile t at (t - t0) kc MR.
+  template <std::size_t MR>
+  void pack_k(const gemm_detail::row_tiles& tiling, std::size_t t0, std::size_t t1, std::size_t k0, std::size_t kc,
+              float* dst) const {
+    const auto xt = transpose(x);
+    for (std::size_t t = t0; t < t1; ++t) {
+      const std::size_t m0 = tiling.begin(t);
+      pack_block(xt, k0, k0 + kc, m0, m0 + tiling.rows(t), dst + (t - t0) * kc * MR, MR);
+    }
+  }
 };
 
 }  // namespace solder::eval::cpu
