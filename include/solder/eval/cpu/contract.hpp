@@ -336,7 +336,6 @@ void assign_contract(const W0& w0, const Ws&... ws) {
   constexpr std::size_t N = C::N, K = C::K;
   constexpr bool TA = C::a_traits::trans;
   using A = std::remove_cvref_t<decltype(c.a)>;
-  using B = std::remove_cvref_t<decltype(c.b)>;
   using solder::detail::operand_form;
   using AV = contract_detail::operand_view<A>;
   if constexpr (C::a_traits::form != operand_form::stored || C::b_traits::form == operand_form::generated) {
