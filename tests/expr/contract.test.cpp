@@ -19,6 +19,7 @@
 namespace {
 
 using solder::test::bit_differences;
+using solder::test::product_errors;
 
 using solder::dyn;
 using solder::matmul;
@@ -26,24 +27,6 @@ using solder::shape;
 using solder::tensor;
 using solder::transpose;
 
-constexpr double float_u = 0x1p-24;
-
-/// Elements of c [M, N] farther from sum_k a(m, k) b(k, n) (in double) than the float dot
-/// product's bound (K + 1) u sum_k |a b| (Higham 3.1).
-template <class GetA, class GetB>
-std::size_t product_errors(const float* c, std::size_t M, std::size_t N, std::size_t K, GetA a, GetB b) {
-  std::size_t bad = 0;
-  for (std::size_t m = 0; m < M; ++m)
-    for (std::size_t n = 0; n < N; ++n) {
-      double sum = 0, mag = 0;
-      for (std::size_t k = 0; k < K; ++k) {
-        sum += double(a(m, k)) * double(b(k, n));
-        mag += std::fabs(double(a(m, k)) * double(b(k, n)));
-      }
-      bad += !(std::fabs(double(c[m * N + n]) - sum) <= double(K + 1) * float_u * mag + 1e-30);
-    }
-  return bad;
-}
 
 /// x [M, K] times w^T for w [N, K] (a linear layer), M dynamic, for several M.
 template <std::size_t N, std::size_t K>

@@ -18,6 +18,7 @@
 #include "solder/expr/operators.hpp"
 #include "solder/random/sketch.hpp"
 #include "support/data.hpp"
+#include "support/reference.hpp"
 
 namespace {
 
@@ -31,25 +32,8 @@ using solder::tensor;
 using solder::transpose;
 using solder::vcat;
 using solder::test::bit_differences;
+using solder::test::product_errors;
 
-constexpr double float_u = 0x1p-24;
-
-/// Elements of c [M, N] farther from sum_k a(m, k) b(k, n) (in double) than the float dot
-/// product's bound (K + 1) u sum_k |a b| (Higham 3.1).
-template <class GetA, class GetB>
-std::size_t product_errors(const float* c, std::size_t M, std::size_t N, std::size_t K, GetA a, GetB b) {
-  std::size_t bad = 0;
-  for (std::size_t m = 0; m < M; ++m)
-    for (std::size_t n = 0; n < N; ++n) {
-      double sum = 0, mag = 0;
-      for (std::size_t k = 0; k < K; ++k) {
-        sum += double(a(m, k)) * double(b(k, n));
-        mag += std::fabs(double(a(m, k)) * double(b(k, n)));
-      }
-      bad += !(std::fabs(double(c[m * N + n]) - sum) <= double(K + 1) * float_u * mag + 1e-30);
-    }
-  return bad;
-}
 
 /// The stacked sketch written out as a stored [rows, cols] matrix, from the definition: term t's
 /// element (r, c) is scale * sketch_sign(seed, t, r * TC + c).

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <numbers>
@@ -15,6 +16,24 @@
 #include <vector>
 
 namespace solder::test {
+
+/// Elements of c [M, N] farther from sum_k a(m, k) b(k, n) (in double) than the float dot
+/// product's bound (K + 1) u sum_k |a b| (Higham 3.1), u = 2^-24: a product against a double loop.
+template <class GetA, class GetB>
+std::size_t product_errors(const float* c, std::size_t M, std::size_t N, std::size_t K, GetA a, GetB b) {
+  constexpr double float_u = 0x1p-24;
+  std::size_t bad = 0;
+  for (std::size_t m = 0; m < M; ++m)
+    for (std::size_t n = 0; n < N; ++n) {
+      double sum = 0, mag = 0;
+      for (std::size_t k = 0; k < K; ++k) {
+        sum += double(a(m, k)) * double(b(k, n));
+        mag += std::fabs(double(a(m, k)) * double(b(k, n)));
+      }
+      bad += !(std::fabs(double(c[m * N + n]) - sum) <= double(K + 1) * float_u * mag + 1e-30);
+    }
+  return bad;
+}
 
 /// f'(x) by central differences, (f(x + h) - f(x - h)) / (the step actually taken). Error:
 /// h^2 |f'''| / 6 from truncation plus about eps |f| / h from rounding (fd_step balances them).

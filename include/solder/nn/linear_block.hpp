@@ -37,36 +37,24 @@ inline constexpr bool is_linear<linear<In, Out, B>> = true;
 }  // namespace detail
 
 template <class Linear, class... Tail>
-class linear_block {
+class linear_block : public product_tail<Linear::out_features, Tail...> {
   static_assert(detail::is_linear<Linear>, "solder::nn::linear_block: the first layer must be an nn::linear");
-  static_assert((std::tuple_size_v<decltype(std::declval<Tail&>().params())> + ... + 0) == 0,
-                "solder::nn::linear_block: the layers after the linear one must have no parameters (activations, dropout)");
+  using base = product_tail<Linear::out_features, Tail...>;
 
  public:
   static constexpr std::size_t in_features = Linear::in_features;
   static constexpr std::size_t out_features = Linear::out_features;
-  using tail_type = elementwise_block<Tail...>;
-  /// Whether the layer keeps z = x W^T + b for backward (else it needs only x and y).
-  static constexpr bool keeps_preactivation = !tail_type::output_backward;
+  using typename base::tail_type;
+  using base::keeps_preactivation;
+  using base::tail;
 
   Linear linear;
-  tail_type tail;
 
   explicit linear_block(std::uint64_t seed = 0) : linear(seed) {}
 
   /// The product layer of the block (what the planner and the chain address as the block's head).
   Linear& head() { return linear; }
   const Linear& head() const { return linear; }
-
-  void train() {
-    current = mode::train;
-    tail.train();
-  }
-  void eval() {
-    current = mode::eval;
-    tail.eval();
-  }
-  mode current_mode() const { return current; }
 
   /// Packs W once into the GEMM's layout; every forward then reads the packed copy (no packing
   /// per call) until the weights change. Call it again after changing `linear.weight` (an
@@ -83,12 +71,7 @@ class linear_block {
   template <class SX, class SY>
   void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
     static_assert(check_shapes<SX, SY>());
-    if (current == mode::train) {
-      tail.advance();
-      forward_as<mode::train>(x, y);
-    } else {
-      forward_as<mode::eval>(x, y);
-    }
+    this->in_current_mode([&](auto m) { forward_as<decltype(m)::value>(x, y); });
   }
   template <class SX, class SY>
   void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
@@ -121,10 +104,8 @@ class linear_block {
   }
 
  private:
-  mode current = mode::train;
   std::unique_ptr<packed_matrix<out_features, in_features, true>> packed;
   bool packed_current = false;
-  product_tail<out_features, keeps_preactivation> buffers;
 
   /// The gate g = dL/dz with db (one pass), then dW = g^T x; returns g.
   template <class SX, class SY>
@@ -134,9 +115,7 @@ class linear_block {
     const std::size_t batch = dy.batch();
     if (x.batch() != batch || y.batch() != batch)
       detail::batches_differ("solder::nn::linear_block::backward", {{"x", x.batch()}, {"y", y.batch()}, {"dy", batch}});
-    const char* who = "solder::nn::linear_block::backward";
-    const auto g = current == mode::train ? buffers.template gate<mode::train>(tail, y, dy, linear.bias_grad, who)
-                                          : buffers.template gate<mode::eval>(tail, y, dy, linear.bias_grad, who);
+    const auto g = this->gate(y, dy, linear.bias_grad, "solder::nn::linear_block::backward");
     // dW [Out, In] = g^T x, the product's rule: it sums over the batch.
     assign(linear.weight_grad, std::get<0>(autodiff::right_grads(linear.product(x), g)));
     return g;
@@ -174,9 +153,9 @@ class linear_block {
   template <mode M, class SX, class SY>
   void forward_as(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
     if (packed_current)
-      buffers.template forward<M>(tail, y, packed_product(x));
+      this->template store<M>(y, packed_product(x));
     else
-      buffers.template forward<M>(tail, y, linear.expression(x));
+      this->template store<M>(y, linear.expression(x));
   }
 };
 

@@ -1,13 +1,15 @@
 // nn/product_tail.hpp: what a block of a product layer and the elementwise layers after it
 // (activation, dropout) does around its products, whatever the product layer is (linear,
-// sketched): the forward's store of y = tail(z) from the last product's epilogue (and of z, when
-// the tail's derivative does not follow from y), and the backward's gate pass, g = dL/dz with
-// the bias gradient reduced in the same pass. The products themselves are the layer's.
+// sketched): the tail's layers and the mode, the forward's store of y = tail(z) from the last
+// product's epilogue (and of z, when the tail's derivative does not follow from y), and the
+// backward's gate pass, g = dL/dz with the bias gradient reduced in the same pass. The products
+// themselves are the block's; each product block derives from this.
 #pragma once
 
 #include <cstddef>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "solder/assign.hpp"
 #include "solder/autodiff/vjp.hpp"
@@ -15,12 +17,46 @@
 
 namespace solder::nn {
 
-/// The buffers a product block keeps between forward and backward, for Out features: the gate
-/// g = dL/dz and, when KeepsPre, the pre-activation z of the last training forward. Grown to the
-/// largest batch, reused.
-template <std::size_t Out, bool KeepsPre>
+/// The elementwise layers after a product of Out features, the block's mode, and the buffers
+/// kept between forward and backward: the gate g = dL/dz and, when the tail's derivative needs
+/// it, the pre-activation z of the last training forward. Grown to the largest batch, reused.
+template <std::size_t Out, class... Tail>
 class product_tail {
+  static_assert((std::tuple_size_v<decltype(std::declval<Tail&>().params())> + ... + 0) == 0,
+                "solder::nn: the layers after a product layer in its block must have no parameters (activations, dropout)");
+
  public:
+  using tail_type = elementwise_block<Tail...>;
+  /// Whether the block keeps z = the product (+ b) for backward (else it needs only x and y).
+  static constexpr bool keeps_preactivation = !tail_type::output_backward;
+
+  tail_type tail;
+
+  void train() {
+    current = mode::train;
+    tail.train();
+  }
+  void eval() {
+    current = mode::eval;
+    tail.eval();
+  }
+  mode current_mode() const { return current; }
+
+ protected:
+  mode current = mode::train;
+
+  /// f(std::integral_constant<mode, M>) in the current mode M; a training call first moves the
+  /// dropout streams on, so every training forward draws fresh masks.
+  template <class F>
+  void in_current_mode(F&& f) {
+    if (current == mode::train) {
+      tail.advance();
+      f(std::integral_constant<mode, mode::train>{});
+    } else {
+      f(std::integral_constant<mode, mode::eval>{});
+    }
+  }
+
   /// A [batch, Out] view of a workspace, grown (never shrunk) to the batch.
   template <class SY>
   static tensor_ref<float, SY> workspace(tensor<float, shape<dyn, Out>>& t, std::size_t batch) {
@@ -30,10 +66,10 @@ class product_tail {
   }
 
   /// y = tail(z) for the product expression z (with its bias), in mode M: one product, the
-  /// tail in its epilogue; in training z is stored beside y when KeepsPre.
-  template <mode M, class Tail, class SY, class Z>
-  void forward(const Tail& tail, tensor_ref<float, SY> y, const Z& z) {
-    if constexpr (KeepsPre && M == mode::train) {
+  /// tail in its epilogue; in training z is stored beside y when keeps_preactivation.
+  template <mode M, class SY, class Z>
+  void store(tensor_ref<float, SY> y, const Z& z) {
+    if constexpr (keeps_preactivation && M == mode::train) {
       auto saved = workspace<SY>(pre, y.batch());
       assign_all(write(y, tail.template expression<M>(z)), write(saved, z));
       pre_batch = y.batch();
@@ -43,10 +79,21 @@ class product_tail {
   }
 
   /// g = dL/dz into the gate buffer and, when db is a tensor, db = the column sums of g, in one
-  /// pass; returns g. y and dy are the last forward's output and its gradient.
-  template <mode M, class Tail, class SY, class DB>
-  tensor_ref<const float, SY> gate(const Tail& tail, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
-                                   DB& db, const char* who) {
+  /// pass, in the current mode; returns g. y and dy are the last forward's output and its gradient.
+  template <class SY, class DB>
+  tensor_ref<const float, SY> gate(tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy, DB& db, const char* who) {
+    if (current == mode::train) return gate_as<mode::train>(y, dy, db, who);
+    return gate_as<mode::eval>(y, dy, db, who);
+  }
+
+ private:
+  tensor<float, shape<dyn, Out>> gate_buffer{1};  // g = dL/dz
+  tensor<float, shape<dyn, Out>> pre{1};          // z of the last training forward (keeps_preactivation)
+  std::size_t pre_batch = 0;                      // its batch; 0: none
+
+  template <mode M, class SY, class DB>
+  tensor_ref<const float, SY> gate_as(tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy, DB& db,
+                                      const char* who) {
     const std::size_t batch = dy.batch();
     auto g = workspace<SY>(gate_buffer, batch);
     auto finish = [&](const auto& ge) {
@@ -55,7 +102,7 @@ class product_tail {
       else
         assign_all(write(g, ge), write(db, sum_to<shape<Out>>(ge)));
     };
-    if constexpr (Tail::template output_backward_in<M>) {
+    if constexpr (tail_type::template output_backward_in<M>) {
       finish(tail.template gate_from_output<M>(y, dy));
     } else {
       if (M == mode::eval || pre_batch != batch)
@@ -67,11 +114,6 @@ class product_tail {
     }
     return tensor_ref<const float, SY>(gate_buffer.data(), batch);
   }
-
- private:
-  tensor<float, shape<dyn, Out>> gate_buffer{1};  // g = dL/dz
-  tensor<float, shape<dyn, Out>> pre{1};          // z of the last training forward (KeepsPre)
-  std::size_t pre_batch = 0;                      // its batch; 0: none
 };
 
 }  // namespace solder::nn

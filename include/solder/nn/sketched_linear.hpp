@@ -180,34 +180,23 @@ struct sketched_linear {
 /// rules: the gate pass (with db), then dh = g [U1; S2]^T / (2L) and dS2 = h[:, Lk:]^T g / (2L)
 /// from the second product, dS1 = x^T dh[:, :Lk] and dx = dh [S1 | U2]^T from the first.
 template <class Layer, class... Tail>
-class sketched_block {
-  static_assert((std::tuple_size_v<decltype(std::declval<Tail&>().params())> + ... + 0) == 0,
-                "solder::nn::sketched_block: the layers after the sketched one must have no parameters (activations, dropout)");
+class sketched_block : public product_tail<Layer::out_features, Tail...> {
+  using base = product_tail<Layer::out_features, Tail...>;
 
  public:
   static constexpr std::size_t in_features = Layer::in_features;
   static constexpr std::size_t out_features = Layer::out_features;
   static constexpr std::size_t lk = Layer::lk;
-  using tail_type = elementwise_block<Tail...>;
-  static constexpr bool keeps_preactivation = !tail_type::output_backward;
+  using typename base::tail_type;
+  using base::keeps_preactivation;
+  using base::tail;
 
   Layer sketched;
-  tail_type tail;
 
   explicit sketched_block(std::uint64_t seed = 0) : sketched(seed) {}
 
   Layer& head() { return sketched; }
   const Layer& head() const { return sketched; }
-
-  void train() {
-    current = mode::train;
-    tail.train();
-  }
-  void eval() {
-    current = mode::eval;
-    tail.eval();
-  }
-  mode current_mode() const { return current; }
 
   /// Freezes the parameters for inference: with the folded form, W_eff is computed (one product)
   /// and packed once; every eval-mode forward then runs the linear kernel on it, until
@@ -222,19 +211,14 @@ class sketched_block {
   }
   void weights_changed() { folded_current = false; }
   /// Whether eval-mode forwards run the folded weight now.
-  bool runs_folded() const { return folded_current && current == mode::eval; }
+  bool runs_folded() const { return folded_current && this->current == mode::eval; }
 
   /// y = tail((x [S1 | U2]) [U1; S2] / (2L) + b), or tail(x W_eff + b) in eval mode once folded.
   template <class SX, class SY>
   void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
     static_assert(check_shapes<SX, SY>());
     if (x.batch() != y.batch()) detail::batches_differ("solder::nn::sketched_block::forward", {{"x", x.batch()}, {"y", y.batch()}});
-    if (current == mode::train) {
-      tail.advance();
-      forward_as<mode::train>(x, y);
-    } else {
-      forward_as<mode::eval>(x, y);
-    }
+    this->in_current_mode([&](auto m) { forward_as<decltype(m)::value>(x, y); });
   }
   template <class SX, class SY>
   void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
@@ -279,10 +263,8 @@ class sketched_block {
     tensor<float, shape<in_features, out_features>> dense;
     packed_matrix<out_features, in_features, false> packed;
   };
-  mode current = mode::train;
   std::unique_ptr<folded_weight> folded;
   bool folded_current = false;
-  product_tail<out_features, keeps_preactivation> buffers;
   tensor<float, shape<dyn, 2 * lk>> h_buffer{1}, dh_buffer{1};  // h = x [S1 | U2] of the last forward, and dh
   std::size_t h_batch = 0;                                     // the batch h holds; 0: none
 
@@ -310,7 +292,7 @@ class sketched_block {
   template <mode M, class SX, class SY>
   void forward_as(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
     if (M == mode::eval && folded_current) {
-      buffers.template forward<M>(tail, y, with_bias(matmul(x, folded->packed)));
+      this->template store<M>(y, with_bias(matmul(x, folded->packed)));
       h_batch = 0;
       return;
     }
@@ -319,7 +301,7 @@ class sketched_block {
     assign(h, sketched.first_product(tensor_ref<const float, shape<dyn, in_features>>(x.data(), h.batch())));
     h_batch = h.batch();
     const auto hv = tensor_ref<const float, shape<SX::extents[0], 2 * lk>>(h.data(), batch);
-    buffers.template forward<M>(tail, y, with_bias(sketched.second_product(hv) * Layer::scale));
+    this->template store<M>(y, with_bias(sketched.second_product(hv) * Layer::scale));
   }
 
   /// The gate (with db), dS2 and dh from the second product, dS1 from the first; returns dh.
@@ -335,9 +317,7 @@ class sketched_block {
       assign(grown(h_buffer, rows), sketched.first_product(tensor_ref<const float, shape<dyn, in_features>>(x.data(), rows)));
       h_batch = rows;
     }
-    const char* who = "solder::nn::sketched_block::backward";
-    const auto g = current == mode::train ? buffers.template gate<mode::train>(tail, y, dy, sketched.bias_grad, who)
-                                          : buffers.template gate<mode::eval>(tail, y, dy, sketched.bias_grad, who);
+    const auto g = this->gate(y, dy, sketched.bias_grad, "solder::nn::sketched_block::backward");
     using H = shape<SX::extents[0], 2 * lk>;
     const tensor_ref<const float, H> h(h_buffer.data(), batch);
     const auto dh = tensor_ref<float, H>(grown(dh_buffer, rows).data(), batch);
