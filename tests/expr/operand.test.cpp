@@ -34,7 +34,6 @@ using solder::vcat;
 using solder::test::bit_differences;
 using solder::test::product_errors;
 
-
 /// The stacked sketch written out as a stored [rows, cols] matrix, from the definition: term t's
 /// element (r, c) is scale * sketch_sign(seed, t, r * TC + c).
 template <class U>
