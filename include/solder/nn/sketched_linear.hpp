@@ -109,8 +109,8 @@ struct sketched_linear {
     static constexpr std::size_t in = In, out = Out;
     static constexpr std::size_t parameters = stored_floats;
     static constexpr double forward_flops(std::size_t) { return two_products_flops; }
-    // dh and dS2 from the second product, dx and dS1 from the first: twice the forward's products.
-    static constexpr double backward_flops(std::size_t) { return 8.0 * double(lk) * double(In + Out) + (Bias ? Out : 0); }
+    // dS2 [Lk, Out] and dh [2Lk] from the second product, dS1 [In, Lk] and dx [In] from the first.
+    static constexpr double backward_flops(std::size_t) { return 6.0 * double(lk) * double(In + Out) + (Bias ? Out : 0); }
     static constexpr std::size_t saved_floats(std::size_t) { return 2 * lk; }  // h = x [S1 | U2]
   };
 
