@@ -110,7 +110,7 @@ struct b_packed_per_block {
 
 /// Computes one thread's part of C with the cache blocking `blocking` (gemm_blocking<N, K>,
 /// gemm_dyn_k_blocking, or a test's smaller one): for each M block, A is packed once over all
-/// of K; for each N block, each K block runs over every tile of the M block, each tile over
+/// of K (with a single N block, per tile and K block right before use instead); for each N block, each K block runs over every tile of the M block, each tile over
 /// every panel of the N block (so a kc x mr panel of A stays in L1 across the panels, and the
 /// kc x nc block of B in L2 across the tiles). Meanwhile the next block of B
 /// (l2_prefetch_plan) and the next panel of A are prefetched into L2.
