@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "solder/backend.hpp"
+#include "solder/expr/expression.hpp"
 #include "solder/shape.hpp"
 #include "solder/tensor.hpp"
 

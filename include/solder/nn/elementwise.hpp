@@ -3,10 +3,13 @@
 // pass backward.
 #pragma once
 
+#include <cstddef>
 #include <tuple>
 
 #include "solder/expr/operators.hpp"
 #include "solder/expr/random.hpp"
+#include "solder/nn/layer_kind.hpp"
+#include "solder/ops.hpp"
 #include "solder/tensor.hpp"
 
 namespace solder::nn {
@@ -21,6 +24,16 @@ struct bias {
   static constexpr const char* name = "bias";
   tensor<float, shape<N>> value;  // b
   tensor<float, shape<N>> grad;   // dL/db, written by backward
+
+  /// What the planner and cost.hpp know of the layer (nn/layer_info.hpp).
+  struct planner_traits {
+    static constexpr layer_kind kind = layer_kind::elementwise;
+    static constexpr std::size_t in = N, out = N;
+    static constexpr std::size_t parameters = N;
+    static constexpr double forward_flops(std::size_t) { return double(ops::add::flops) * N; }
+    static constexpr double backward_flops(std::size_t) { return double(ops::add::flops) * N; }  // db's sum
+    static constexpr std::size_t saved_floats(std::size_t) { return 0; }
+  };
 
   auto params() { return std::tie(value); }
   auto grads() { return std::tie(grad); }
@@ -50,6 +63,15 @@ struct bias {
 template <class Op>
 struct activation {
   static constexpr const char* name = Op::name;
+  /// Takes the width it is given (in = out = 0); FLOPs per feature of that width.
+  struct planner_traits {
+    static constexpr layer_kind kind = layer_kind::elementwise;
+    static constexpr std::size_t in = 0, out = 0;
+    static constexpr std::size_t parameters = 0;
+    static constexpr double forward_flops(std::size_t f) { return double(Op::flops) * double(f); }
+    static constexpr double backward_flops(std::size_t f) { return 2.0 * double(Op::flops) * double(f); }
+    static constexpr std::size_t saved_floats(std::size_t) { return 0; }
+  };
   Op op{};
   auto params() { return std::tuple<>{}; }
   auto grads() { return std::tuple<>{}; }
@@ -78,6 +100,15 @@ struct dropout {
   static constexpr float p = P;
   static constexpr const char* name = "dropout";
   philox_state rng{0x5eed, 0};
+  struct planner_traits {
+    static constexpr layer_kind kind = layer_kind::elementwise;
+    static constexpr std::size_t in = 0, out = 0;
+    static constexpr std::size_t parameters = 0;
+    // The keep mask's compare, then ops::dropout's multiply.
+    static constexpr double forward_flops(std::size_t f) { return double(1 + ops::dropout::flops) * double(f); }
+    static constexpr double backward_flops(std::size_t f) { return double(1 + ops::dropout::flops) * double(f); }
+    static constexpr std::size_t saved_floats(std::size_t) { return 0; }  // the mask is regenerated
+  };
 
   auto params() { return std::tuple<>{}; }
   auto grads() { return std::tuple<>{}; }

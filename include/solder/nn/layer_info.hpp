@@ -1,4 +1,5 @@
-// nn/layer_info.hpp: what a layer is to the planner and to the cost model: its kind, features
+// nn/layer_info.hpp: what a layer is to the planner and to the cost model (read from the layer's
+// own planner_traits): its kind, features
 // per sample in and out, parameters, FLOPs and saved floats (layer_info); a planned kernel
 // (group); the widths through a chain of layers and their checks. Below both cost.hpp and the
 // planner (nn/plan.hpp), which read it.
@@ -13,24 +14,18 @@
 #include "solder/diagnostic.hpp"
 #include "solder/ops.hpp"
 #include "solder/nn/elementwise.hpp"
+#include "solder/nn/layer_kind.hpp"
 
 namespace solder::nn {
-
-/// How the planner treats a layer.
-enum class layer_kind {
-  product,      // a matrix product (linear): opens a kernel that later elementwise layers join
-  elementwise,  // bias, activations, dropout: join the open kernel or form one
-  block,        // anything else (layer_norm, softmax, ...): a kernel of its own
-};
 
 /// What the planner and the cost model know of a layer: its kind, its features per sample in
 /// and out (0: shape-preserving, it takes what it is given), parameters and FLOPs per sample
 /// (elementwise layers count per feature; `features` is the width they run at).
 ///
-/// A layer says this beside itself in a nested `planner_traits` (a product layer such as linear or
-/// sketched_linear, with the members below); a layer without one is a block of its own, described
-/// by its in_features, out_features, parameter_count, forward_flops, backward_flops and
-/// saved_floats.
+/// A layer says this beside itself in a nested `planner_traits` with the members below (linear,
+/// sketched_linear, bias, the activations, dropout); a layer without one is a block of its own,
+/// described by its in_features, out_features, parameter_count, forward_flops, backward_flops
+/// and saved_floats.
 template <class L>
 struct layer_info {
   static constexpr layer_kind kind = layer_kind::block;
@@ -43,35 +38,6 @@ struct layer_info {
 template <class L>
   requires requires { typename L::planner_traits; }
 struct layer_info<L> : L::planner_traits {};
-template <std::size_t N>
-struct layer_info<bias<N>> {
-  static constexpr layer_kind kind = layer_kind::elementwise;
-  static constexpr std::size_t in = N, out = N;
-  static constexpr std::size_t parameters = N;
-  static constexpr double forward_flops(std::size_t) { return double(ops::add::flops) * N; }
-  static constexpr double backward_flops(std::size_t) { return double(ops::add::flops) * N; }  // db's sum
-  static constexpr std::size_t saved_floats(std::size_t) { return 0; }
-};
-template <class Op>
-struct layer_info<activation<Op>> {
-  static constexpr layer_kind kind = layer_kind::elementwise;
-  static constexpr std::size_t in = 0, out = 0;
-  static constexpr std::size_t parameters = 0;
-  static constexpr double forward_flops(std::size_t f) { return double(Op::flops) * double(f); }
-  static constexpr double backward_flops(std::size_t f) { return 2.0 * double(Op::flops) * double(f); }
-  static constexpr std::size_t saved_floats(std::size_t) { return 0; }
-};
-template <float P>
-struct layer_info<dropout<P>> {
-  static constexpr layer_kind kind = layer_kind::elementwise;
-  static constexpr std::size_t in = 0, out = 0;
-  static constexpr std::size_t parameters = 0;
-  // The keep mask's compare, then ops::dropout's multiply.
-  static constexpr double forward_flops(std::size_t f) { return double(1 + ops::dropout::flops) * double(f); }
-  static constexpr double backward_flops(std::size_t f) { return double(1 + ops::dropout::flops) * double(f); }
-  static constexpr std::size_t saved_floats(std::size_t) { return 0; }  // the mask is regenerated
-};
-
 /// A planned kernel: layers [First, First + sizeof...(Ls)) of the chain, of kind Kind.
 template <layer_kind Kind, std::size_t First, class... Ls>
 struct group {

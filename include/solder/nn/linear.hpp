@@ -10,7 +10,7 @@
 #include "solder/expr/contract.hpp"
 #include "solder/expr/operators.hpp"
 #include "solder/nn/elementwise.hpp"
-#include "solder/nn/layer_info.hpp"
+#include "solder/nn/layer_kind.hpp"
 #include "solder/random/philox.hpp"
 #include "solder/tensor.hpp"
 

@@ -28,7 +28,7 @@
 #include "solder/expr/operators.hpp"
 #include "solder/nn/batch_check.hpp"
 #include "solder/nn/elementwise_block.hpp"
-#include "solder/nn/layer_info.hpp"
+#include "solder/nn/layer_kind.hpp"
 #include "solder/nn/linear.hpp"
 #include "solder/nn/product_tail.hpp"
 #include "solder/random/seed.hpp"
