@@ -2,8 +2,8 @@
 // with Boost.Hana, from what each layer is (nn/layer_info.hpp, which cost.hpp reads too). A
 // product layer and the parameter-free elementwise layers after it become one block of the
 // product layer's own kind (`Layer::block<Tail...>`: nn::linear_block, one GEMM forward, for a
-// linear layer; nn::sketched_block for a sketched one); any other run of elementwise layers becomes one nn::elementwise_block
-// (one pass); every other layer is a block of its own. The unfused policy makes every layer its
+// linear layer; nn::sketched_block for a sketched one); any other run of elementwise layers
+// becomes one nn::elementwise_block (one pass); every other layer is a block of its own. The unfused policy makes every layer its
 // own block (one kernel per op), as an eager framework runs the model: the comparison the
 // flagship example prints.
 #pragma once

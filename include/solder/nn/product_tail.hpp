@@ -57,11 +57,11 @@ class product_tail {
     }
   }
 
-  /// A [batch, Out] view of a workspace, grown (never shrunk) to the batch.
-  template <class SY>
-  static tensor_ref<float, SY> workspace(tensor<float, shape<dyn, Out>>& t, std::size_t batch) {
-    const std::size_t rows = SY::elements(batch) / Out;
-    if (t.batch() < rows) t = tensor<float, shape<dyn, Out>>(rows);
+  /// A view of shape SY (batch `batch`) of a workspace of rows of W floats, grown (never shrunk).
+  template <class SY, std::size_t W>
+  static tensor_ref<float, SY> workspace(tensor<float, shape<dyn, W>>& t, std::size_t batch) {
+    const std::size_t rows = SY::elements(batch) / W;
+    if (t.batch() < rows) t = tensor<float, shape<dyn, W>>(rows);
     return tensor_ref<float, SY>(t.data(), batch);
   }
 

@@ -266,7 +266,7 @@ class sketched_block : public product_tail<Layer::out_features, Tail...> {
   std::unique_ptr<folded_weight> folded;
   bool folded_current = false;
   tensor<float, shape<dyn, 2 * lk>> h_buffer{1}, dh_buffer{1};  // h = x [S1 | U2] of the last forward, and dh
-  std::size_t h_batch = 0;                                     // the batch h holds; 0: none
+  std::size_t h_rows = 0;                                      // the rows h holds; 0: none
 
   template <class SX, class SY>
   static constexpr bool check_shapes() {
@@ -276,9 +276,16 @@ class sketched_block : public product_tail<Layer::out_features, Tail...> {
     return true;
   }
 
-  static tensor_ref<float, shape<dyn, 2 * lk>> grown(tensor<float, shape<dyn, 2 * lk>>& t, std::size_t batch) {
-    if (t.batch() < batch) t = tensor<float, shape<dyn, 2 * lk>>(batch);
-    return tensor_ref<float, shape<dyn, 2 * lk>>(t.data(), batch);
+  template <class SX>
+  using h_shape = shape<SX::extents[0], 2 * lk>;  // h and dh for an input of shape SX
+
+  /// h = x [S1 | U2] into h_buffer (the first product), remembered for backward.
+  template <class SX>
+  tensor_ref<const float, h_shape<SX>> first(tensor_ref<const float, SX> x) {
+    const auto h = this->template workspace<h_shape<SX>>(h_buffer, x.batch());
+    assign(h, sketched.first_product(x));
+    h_rows = SX::elements(x.batch()) / in_features;
+    return h;
   }
 
   template <class Z>
@@ -293,40 +300,32 @@ class sketched_block : public product_tail<Layer::out_features, Tail...> {
   void forward_as(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
     if (M == mode::eval && folded_current) {
       this->template store<M>(y, with_bias(matmul(x, folded->packed)));
-      h_batch = 0;
+      h_rows = 0;
       return;
     }
-    const std::size_t batch = x.batch();
-    const auto h = grown(h_buffer, SX::elements(batch) / in_features);
-    assign(h, sketched.first_product(tensor_ref<const float, shape<dyn, in_features>>(x.data(), h.batch())));
-    h_batch = h.batch();
-    const auto hv = tensor_ref<const float, shape<SX::extents[0], 2 * lk>>(h.data(), batch);
-    this->template store<M>(y, with_bias(sketched.second_product(hv) * Layer::scale));
+    this->template store<M>(y, with_bias(sketched.second_product(first(x)) * Layer::scale));
   }
 
   /// The gate (with db), dS2 and dh from the second product, dS1 from the first; returns dh.
   template <class SX, class SY>
-  tensor_ref<const float, shape<SX::extents[0], 2 * lk>> gradients(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y,
-                                                                   tensor_ref<const float, SY> dy) {
+  tensor_ref<const float, h_shape<SX>> gradients(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y,
+                                                 tensor_ref<const float, SY> dy) {
     static_assert(check_shapes<SX, SY>());
     const std::size_t batch = dy.batch();
     if (x.batch() != batch || y.batch() != batch)
       detail::batches_differ("solder::nn::sketched_block::backward", {{"x", x.batch()}, {"y", y.batch()}, {"dy", batch}});
-    const std::size_t rows = SX::elements(batch) / in_features;
-    if (h_batch != rows) {  // the last forward ran the folded weight, or another batch: h again
-      assign(grown(h_buffer, rows), sketched.first_product(tensor_ref<const float, shape<dyn, in_features>>(x.data(), rows)));
-      h_batch = rows;
-    }
+    // h of the last forward, or again where that forward ran the folded weight or another batch.
+    const auto h = h_rows == SX::elements(batch) / in_features
+                       ? tensor_ref<const float, h_shape<SX>>(h_buffer.data(), batch)
+                       : first(x);
     const auto g = this->gate(y, dy, sketched.bias_grad, "solder::nn::sketched_block::backward");
-    using H = shape<SX::extents[0], 2 * lk>;
-    const tensor_ref<const float, H> h(h_buffer.data(), batch);
-    const auto dh = tensor_ref<float, H>(grown(dh_buffer, rows).data(), batch);
+    const auto dh = this->template workspace<h_shape<SX>>(dh_buffer, batch);
     const auto second = sketched.second_product(h);
     // Second product: dS2 (the stored part of [U1; S2]) and dh, each scaled by 1/(2L) in its epilogue.
     assign(sketched.s2_grad, std::get<0>(autodiff::right_grads(second, g)) * Layer::scale);
     assign(dh, autodiff::left_grad(second, g) * Layer::scale);
     // First product: dS1 (the stored part of [S1 | U2]).
-    const tensor_ref<const float, H> dhc(dh);
+    const tensor_ref<const float, h_shape<SX>> dhc(dh);
     assign(sketched.s1_grad, std::get<0>(autodiff::right_grads(sketched.first_product(x), dhc)));
     return dhc;
   }

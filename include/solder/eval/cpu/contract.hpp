@@ -247,27 +247,24 @@ inline bool overlaps(const void* p, std::size_t n, const void* q, std::size_t m)
   return a < b + m && b < a + n;
 }
 
-/// Whether two product nodes of one type multiply the same matrices: their stored parts, and
-/// pre-packed matrices and sketches by address and seed.
+/// Whether two operands of one type are the same matrix: stored parts by address, pre-packed
+/// matrices by address, sketches by seed and scale.
+template <class X>
+bool same_operand(const X& u, const X& v) {
+  if constexpr (requires { u.packed; })
+    return u.packed == v.packed;
+  else if constexpr (requires { u.seed; })
+    return u.seed == v.seed && u.scale == v.scale;
+  else if constexpr (requires { u.a; u.b; })
+    return same_operand(u.a, v.a) && same_operand(u.b, v.b);
+  else
+    return operand_view<X>::data(u) == operand_view<X>::data(v);
+}
+
+/// Whether two product nodes of one type multiply the same matrices.
 template <class C>
 bool same_product(const C& x, const C& y) {
-  auto same = [](const auto& p, const auto& q) {
-    bool equal = true;
-    auto check = [&](const auto& u, const auto& v, auto&& self) -> void {
-      using X = std::remove_cvref_t<decltype(u)>;
-      if constexpr (requires { u.packed; })
-        equal = equal && u.packed == v.packed;
-      else if constexpr (requires { u.seed; })
-        equal = equal && u.seed == v.seed && u.scale == v.scale;
-      else if constexpr (requires { u.a; u.b; })
-        self(u.a, v.a, self), self(u.b, v.b, self);
-      else
-        equal = equal && operand_view<X>::data(u) == operand_view<X>::data(v);
-    };
-    check(p, q, check);
-    return equal;
-  };
-  return same(x.a, y.a) && same(x.b, y.b) && x.rows() == y.rows();
+  return same_operand(x.a, y.a) && same_operand(x.b, y.b) && x.rows() == y.rows();
 }
 
 }  // namespace contract_detail
@@ -339,15 +336,10 @@ void assign_contract(const W0& w0, const Ws&... ws) {
   using solder::detail::operand_form;
   using AV = contract_detail::operand_view<A>;
   if constexpr (C::a_traits::form != operand_form::stored || C::b_traits::form == operand_form::generated) {
-    // Generated operands (sketches, concatenations): each packed by its rule, then the same driver.
-    const auto k_arg = [&] {
-      if constexpr (K == dyn) return c.inner();
-      else return gemm_detail::static_k<K>{};
-    }();
-    if constexpr (K == dyn)
-      if (C::b_traits::batch(c.b) != k_arg)
-        solder::detail::fail("solder::matmul: the operands' batch sizes differ (" + std::to_string(k_arg) + " vs " +
-                             std::to_string(C::b_traits::batch(c.b)) + "); the product sums over the batch");
+    // Generated operands (sketches, concatenations): each packed by its rule, then the same
+    // driver. Their extents are static, so K is too.
+    static_assert(K != dyn);
+    const gemm_detail::static_k<K> k_arg;
     const auto a_source = [&] {
       if constexpr (C::a_traits::form == operand_form::stored) return gemm_detail::a_strided<TA>{AV::data(c.a), AV::ld()};
       else return a_operand<A>{c.a};

@@ -274,26 +274,20 @@ void gemm_packed(std::size_t M, KArg k_arg, Blocking blocking, const float* A, s
   gemm_packed_from<N>(M, k_arg, blocking, a_strided<TransA>{A, lda}, b_packed_whole{packed_b}, epi, threads);
 }
 
-/// Packs B' for a call that was not given a packed_b, into the calling thread's workspace:
-/// pack(dst, p0, p1) packs panels [p0, p1), spread over the threads.
-template <std::size_t N, class KArg, class Pack>
-const float* pack_b_with(KArg k_arg, int threads, const Pack& pack) {
+/// Packs B' for a call that was not given a packed_b: into the calling thread's workspace,
+/// panels spread over the threads.
+template <std::size_t N, bool TransB, class KArg>
+const float* pack_b_for_call(const float* B, std::size_t ldb, KArg k_arg, int threads) {
   const std::size_t K = k_of(k_arg);
   using L = b_panels<N>;
   float* dst = thread_workspace(workspace_slot::packed_b, L::floats(K));
   const double bytes = double(N) * double(K) * sizeof(float);
   const int t = threads > 1 && bytes >= (1 << 20) ? threads : 1;
   const std::size_t chunks = std::min<std::size_t>(L::panels, std::size_t(t));
-  parallel_for(chunks, t, [&](std::size_t c) { pack(dst, L::panels * c / chunks, L::panels * (c + 1) / chunks); });
-  return dst;
-}
-
-/// pack_b_with for B stored [K, N] (or, TransB, [N, K]) with leading dimension ldb.
-template <std::size_t N, bool TransB, class KArg>
-const float* pack_b_for_call(const float* B, std::size_t ldb, KArg k_arg, int threads) {
-  return pack_b_with<N>(k_arg, threads, [&](float* dst, std::size_t p0, std::size_t p1) {
-    pack_b_panels<N, TransB>(B, ldb, k_arg, dst, p0, p1);
+  parallel_for(chunks, t, [&](std::size_t c) {
+    pack_b_panels<N, TransB>(B, ldb, k_arg, dst, L::panels * c / chunks, L::panels * (c + 1) / chunks);
   });
+  return dst;
 }
 
 /// C = A' B' for a runtime K with the cache blocking `blocking`: B' packed per call, then the

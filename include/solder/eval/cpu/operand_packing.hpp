@@ -8,8 +8,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
-#include <utility>
 
 #include "solder/eval/cpu/batch.hpp"
 #include "solder/eval/cpu/gemm_blocking.hpp"
@@ -86,17 +84,11 @@ inline constexpr sign_byte_table sign_bytes = [] {
 /// floats at a time (a table row times the scale: one vector multiply).
 inline void fill_signs(std::uint64_t seed, std::uint64_t term, std::uint64_t e0, std::size_t count, float scale,
                        float* out, std::size_t stride) {
-  // The last block drawn on this thread: rows packed panel after panel read one block in turn.
-  thread_local struct {
-    std::uint64_t seed = 0, term = 0, b = ~std::uint64_t{0};
-    random::philox_ctr block{};
-  } last;
   std::uint64_t e = e0;
   const std::uint64_t end = e0 + count;
   while (e < end) {
     const std::uint64_t b = e / random::signs_per_block;
-    if (last.b != b || last.seed != seed || last.term != term) last = {seed, term, b, random::sign_block(seed, term, b)};
-    const random::philox_ctr block = last.block;
+    const random::philox_ctr block = random::sign_block(seed, term, b);
     const std::uint64_t stop = std::min(end, (b + 1) * random::signs_per_block);
     if (stride == 1) {
       for (; e < stop && (e & 7) != 0; ++e, ++out) *out = random::sign_bit(block, e) ? -scale : scale;
@@ -205,35 +197,6 @@ struct sketch_count<operand_concat<A, B, Axis>> {
 };
 }  // namespace operand_detail
 
-/// Asks for row k, columns [n0, n1) of the stored parts of x (as the product reads it) to be
-/// brought into the cache: a block's rows are short pieces of long rows, which the hardware
-/// prefetcher, stopping at each page, fetches late.
-template <class X>
-void prefetch_row(const X& x, std::size_t k, std::size_t n0, std::size_t n1) {
-  if constexpr (requires { x.a; x.b; }) {
-    using A = std::remove_cvref_t<decltype(x.a)>;
-    if constexpr (X::axis == sketch_stack::columns) {
-      constexpr std::size_t split = solder::detail::operand_traits<A>::cols;
-      if (n0 < split) prefetch_row(x.a, k, n0, std::min(n1, split));
-      if (n1 > split) prefetch_row(x.b, k, std::max(n0, split) - split, n1 - split);
-    } else {
-      constexpr std::size_t split = solder::detail::operand_traits<A>::rows;
-      if (k < split) prefetch_row(x.a, k, n0, n1);
-      else prefetch_row(x.b, k - split, n0, n1);
-    }
-  } else if constexpr (requires { x.ref; } || requires { x.data(); }) {
-    using T = solder::detail::operand_traits<X>;
-    if constexpr (!T::trans) {
-      const float* row = [&] {
-        if constexpr (requires { x.data(); }) return x.data() + k * X::shape_type::last;
-        else return x.ref.data() + k * X::stored_shape::last + X::first;
-      }();
-      for (std::size_t n = n0; n < n1; n += 64 / sizeof(float)) __builtin_prefetch(row + n, 0, 3);
-      __builtin_prefetch(row + n1 - 1, 0, 3);
-    }
-  }
-}
-
 /// Panels [p0, p1) of B' = x over K range [k0, k1) into dst, as the GEMM's driver reads a cache
 /// block (gemm_from): panel p at (p - p0) (k1 - k0) nr, row k at (k - k0) width, zero-padded to
 /// the panel width (gemm_detail::b_panels<N>). An operand holding a sketch read as it is goes
@@ -256,10 +219,7 @@ void pack_b_block_of(const X& x, float* dst, std::size_t p0, std::size_t p1, std
     const std::size_t n_begin = p0 * L::nr, n_end = std::min(N, p1 * L::nr);
     thread_local growing_buffer<float> row_buffer;
     float* row = row_buffer.get(n_end - n_begin);
-    constexpr std::size_t ahead = 8;  // rows: about a microsecond of packing
-    for (std::size_t k = k0; k < std::min(k1, k0 + ahead); ++k) prefetch_row(x, k, n_begin, n_end);
     for (std::size_t k = k0; k < k1; ++k) {
-      if (k + ahead < k1) prefetch_row(x, k + ahead, n_begin, n_end);
       pack_block(x, k, k + 1, n_begin, n_end, row, n_end - n_begin);
       for (std::size_t p = p0; p < p1; ++p) {
         const std::size_t n0 = p * L::nr, width = L::width(p), cols = std::min(width, N - n0);
@@ -276,12 +236,7 @@ struct a_operand {
   X x;
   template <std::size_t MR, class KArg>
   void pack(const gemm_detail::row_tiles& tiling, std::size_t t0, std::size_t t1, KArg k_arg, float* dst) const {
-    const std::size_t K = gemm_detail::k_of(k_arg);
-    const auto xt = transpose(x);
-    for (std::size_t t = t0; t < t1; ++t) {
-      const std::size_t m0 = tiling.begin(t);
-      pack_block(xt, 0, K, m0, m0 + tiling.rows(t), dst + (t - t0) * K * MR, MR);
-    }
+    pack_k<MR>(tiling, t0, t1, 0, gemm_detail::k_of(k_arg), dst);
   }
   /// Tiles [t0, t1) over K range [k0, k0 + kc) only, tile t at (t - t0) kc MR.
   template <std::size_t MR>
