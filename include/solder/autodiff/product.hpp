@@ -45,16 +45,13 @@ auto right_leaves(const B& b, const A& a, const G& g) {
     constexpr bool side = std::remove_cvref_t<B>::axis == sketch_stack::columns;
     return std::tuple_cat(right_leaves<R0, C0>(b.a, a, g),
                           right_leaves<side ? R0 : R0 + TA::rows, side ? C0 + TA::cols : C0>(b.b, a, g));
-  } else if constexpr (T::form == solder::detail::operand_form::stored && !T::trans) {
-    static_assert(requires { typename B::shape_type; },
-                  "solder::autodiff: a column block of a product operand has no gradient of its own; pass the matrix");
-    // dB'[R0:R1, C0:C1] = A'[:, R0:R1]^T G[:, C0:C1]
-    return std::make_tuple(matmul(transpose(column_range<R0, R1>(a)), column_range<C0, C1>(g)));
   } else if constexpr (T::form == solder::detail::operand_form::stored) {
-    static_assert(requires { b.ref; } && !requires { B::first; },
+    static_assert(!requires { B::first; },
                   "solder::autodiff: a column block of a product operand has no gradient of its own; pass the matrix");
-    // B' block = W^T for W stored: dW = G[:, C0:C1]^T A'[:, R0:R1]
-    return std::make_tuple(matmul(transpose(column_range<C0, C1>(g)), column_range<R0, R1>(a)));
+    if constexpr (!T::trans)  // dB'[R0:R1, C0:C1] = A'[:, R0:R1]^T G[:, C0:C1]
+      return std::make_tuple(matmul(transpose(column_range<R0, R1>(a)), column_range<C0, C1>(g)));
+    else  // that block is W^T for W stored: dW = G[:, C0:C1]^T A'[:, R0:R1]
+      return std::make_tuple(matmul(transpose(column_range<C0, C1>(g)), column_range<R0, R1>(a)));
   } else {
     static_assert(T::form != solder::detail::operand_form::prepacked,
                   "solder::autodiff: a packed_matrix is read-only; differentiate the product of the matrix it packs");
