@@ -282,7 +282,7 @@ class sketched_block : public product_tail<Layer::out_features, Tail...> {
   /// h = x [S1 | U2] into h_buffer (the first product), remembered for backward.
   template <class SX>
   tensor_ref<const float, h_shape<SX>> first(tensor_ref<const float, SX> x) {
-    const auto h = this->template workspace<h_shape<SX>>(h_buffer, x.batch());
+    const auto h = this->template workspace<shape<SX::extents[0], 2 * lk>>(h_buffer, x.batch());
     assign(h, sketched.first_product(x));
     h_rows = SX::elements(x.batch()) / in_features;
     return h;
@@ -319,7 +319,7 @@ class sketched_block : public product_tail<Layer::out_features, Tail...> {
                        ? tensor_ref<const float, h_shape<SX>>(h_buffer.data(), batch)
                        : first(x);
     const auto g = this->gate(y, dy, sketched.bias_grad, "solder::nn::sketched_block::backward");
-    const auto dh = this->template workspace<h_shape<SX>>(dh_buffer, batch);
+    const auto dh = this->template workspace<shape<SX::extents[0], 2 * lk>>(dh_buffer, batch);
     const auto second = sketched.second_product(h);
     // Second product: dS2 (the stored part of [U1; S2]) and dh, each scaled by 1/(2L) in its epilogue.
     assign(sketched.s2_grad, std::get<0>(autodiff::right_grads(second, g)) * Layer::scale);
