@@ -249,6 +249,11 @@ def bwd_case(impl, rows, cols):
                 outs.append(grads)
                 return s
         else:
+            if compiled:
+                # The timed call may run again (retain_graph below): a compiled backward that
+                # donates its saved buffers refuses that.
+                import torch._functorch.config as functorch_config
+                functorch_config.donated_buffer = False
             fwd = torch.compile(forward, dynamic=False) if compiled else forward
             xs = [uniform(rows, cols).requires_grad_(True) for _ in range(n)]
             y = fwd(xs[0], b)
@@ -262,7 +267,8 @@ def bwd_case(impl, rows, cols):
                 i = k[0] = (k[0] + 1) % n
                 y = fwd(xs[i], b)  # the graph, rebuilt untimed
                 flush.zero_()
-                s, grads = timer.seconds(lambda: torch.autograd.grad(y, (xs[i], b), dys[i]))
+                # retain_graph: the timer runs the call again when the host fell behind.
+                s, grads = timer.seconds(lambda: torch.autograd.grad(y, (xs[i], b), dys[i], retain_graph=True))
                 outs.append(grads)
                 return s
         return run_once, 2 * n

@@ -127,6 +127,17 @@ struct writer<write_target<T, S, E, device>, Lay> {
     store4<Vec>(out + i, v);
   }
   SOLDER_HD SOLDER_INLINE void one(std::size_t i, unsigned, unsigned, acc&) const { out[i] = T(e.at(i)); }
+  /// A whole item by the vector path: all its values first, then the stores, so a thread has
+  /// all its loads in flight at once (stores in between would keep the compiler from moving a
+  /// later load, which might alias them, ahead of them).
+  SOLDER_HD SOLDER_INLINE void whole(std::size_t base, unsigned t, acc&) const {
+    lanes4<T> v[8];
+    for (unsigned k = 0; k < 8; ++k) {
+      const auto x = e.template at4<true>(base + 16 * k + 4 * t);
+      for (unsigned j = 0; j < 4; ++j) v[k].v[j] = T(x.v[j]);
+    }
+    for (unsigned k = 0; k < 8; ++k) store4<true>(out + base + 16 * k + 4 * t, v[k]);
+  }
 };
 
 /// out = scale * reduce(e) over the column walk or the scalar walk; `partial` is the launch's
@@ -160,6 +171,9 @@ struct writer<write_target<T, S, reduce_node<C, K, R, E>, device>, Lay> {
     for (unsigned j = 0; j < 4; ++j) add(a, k, j, T(x.v[j]));
   }
   SOLDER_HD SOLDER_INLINE void one(std::size_t i, unsigned k, unsigned j, acc& a) const { add(a, k, j, T(e.at(i))); }
+  SOLDER_HD SOLDER_INLINE void whole(std::size_t base, unsigned t, acc& a) const {
+    for (unsigned k = 0; k < 8; ++k) vec<true>(base + 16 * k + 4 * t, k, a);
+  }
 
  private:
   SOLDER_HD SOLDER_INLINE static void add(acc& a, unsigned k, unsigned j, T x) {
@@ -194,6 +208,8 @@ struct pass {
   /// below base + limit.
   SOLDER_HD SOLDER_INLINE void item(std::size_t base, unsigned t, std::size_t limit, accs& a) {
     seek_all(base, t, std::index_sequence_for<Ws...>{});
+    if constexpr (Vec)
+      if (limit >= tile) return whole_all(base, t, a, std::index_sequence_for<Ws...>{});
     for (unsigned k = 0; k < 8; ++k) {
       const std::size_t o = 16 * k + 4 * t;
       if (Vec && o + 4 <= limit) {
@@ -292,6 +308,10 @@ struct pass {
   template <std::size_t... I>
   SOLDER_HD SOLDER_INLINE void vec_all(std::size_t i, unsigned k, accs& a, std::index_sequence<I...>) const {
     (std::get<I>(writers).template vec<Vec>(i, k, std::get<I>(a)), ...);
+  }
+  template <std::size_t... I>
+  SOLDER_HD SOLDER_INLINE void whole_all(std::size_t base, unsigned t, accs& a, std::index_sequence<I...>) const {
+    (std::get<I>(writers).whole(base, t, std::get<I>(a)), ...);
   }
   template <std::size_t... I>
   SOLDER_HD SOLDER_INLINE void one_all(std::size_t i, unsigned k, unsigned j, accs& a, std::index_sequence<I...>) const {
