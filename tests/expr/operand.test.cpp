@@ -172,6 +172,9 @@ TEST_CASE("matmul: sketches, concatenations and column blocks against a double l
     check_sketch_products<37, 29, 3, 5>(M);  // edges in every extent
   }
   check_sketch_products<256, 128, 4, 16>(33);
+  // K longer than a K block with a narrow B (one panel): each tile runs all its K blocks with B
+  // packed over all of K, x read where it lies.
+  for (std::size_t M : {std::size_t(1), std::size_t(29)}) check_sketch_products<1100, 12, 2, 4>(M);
 }
 
 TEST_CASE("matmul: generated operands give the same bits for any thread count", "[operand]") {
@@ -189,4 +192,19 @@ TEST_CASE("matmul: generated operands give the same bits for any thread count", 
   two = matmul(x, hcat(s, U{9, 0.25f}));
   solder::set_num_threads(saved);
   CHECK(bit_differences(one.data(), two.data(), one.size()) == 0);
+
+  // A narrow B over K longer than a K block (each tile all its K blocks, x read in place).
+  constexpr std::size_t Long = 1536;
+  using V = sign_sketch<Long, 8, 2, sketch_stack::columns>;
+  tensor<float, shape<Long, 16>> s_long;
+  tensor<float, shape<dyn, Long>> x_long(200);
+  solder::test::fill_uniform(s_long, -1, 1, 10);
+  solder::test::fill_uniform(x_long, -1, 1, 11);
+  tensor<float, shape<dyn, 32>> narrow_one(200), narrow_two(200);
+  solder::set_num_threads(1);
+  narrow_one = matmul(x_long, hcat(s_long, V{12, 0.25f}));
+  solder::set_num_threads(2);
+  narrow_two = matmul(x_long, hcat(s_long, V{12, 0.25f}));
+  solder::set_num_threads(saved);
+  CHECK(bit_differences(narrow_one.data(), narrow_two.data(), narrow_one.size()) == 0);
 }

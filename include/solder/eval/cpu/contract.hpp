@@ -209,14 +209,14 @@ template <class S>
 struct operand_view<tensor_ref<const float, S>> {
   static constexpr bool trans = false;
   static const float* data(const tensor_ref<const float, S>& t) { return t.data(); }
-  static std::size_t ld() { return S::last; }
+  static constexpr std::size_t ld() { return S::last; }
   static std::size_t bytes(const tensor_ref<const float, S>& t) { return S::elements(t.batch()) * sizeof(float); }
 };
 template <class S>
 struct operand_view<transposed<S>> {
   static constexpr bool trans = true;
   static const float* data(const transposed<S>& t) { return t.ref.data(); }
-  static std::size_t ld() { return S::last; }
+  static constexpr std::size_t ld() { return S::last; }
   static std::size_t bytes(const transposed<S>& t) { return S::elements(t.batch()) * sizeof(float); }
 };
 
@@ -224,7 +224,7 @@ template <class S, std::size_t C0, std::size_t C1, bool Trans>
 struct operand_view<column_block<S, C0, C1, Trans>> {
   static constexpr bool trans = Trans;
   static const float* data(const column_block<S, C0, C1, Trans>& t) { return t.ref.data() + C0; }
-  static std::size_t ld() { return S::last; }
+  static constexpr std::size_t ld() { return S::last; }
   static std::size_t bytes(const column_block<S, C0, C1, Trans>& t) { return S::elements(t.batch()) * sizeof(float) - C0 * sizeof(float); }
 };
 
@@ -341,12 +341,14 @@ void assign_contract(const W0& w0, const Ws&... ws) {
     static_assert(K != dyn);
     const gemm_detail::static_k<K> k_arg;
     const auto a_source = [&] {
-      if constexpr (C::a_traits::form == operand_form::stored) return gemm_detail::a_strided<TA>{AV::data(c.a), AV::ld()};
-      else return a_operand<A>{c.a};
+      if constexpr (C::a_traits::form == operand_form::stored && !TA)
+        return gemm_detail::a_rows<AV::ld()>{AV::data(c.a)};
+      else if constexpr (C::a_traits::form == operand_form::stored)
+        return gemm_detail::a_strided<TA>{AV::data(c.a), AV::ld()};
+      else
+        return a_operand<A>{c.a};
     }();
-    gemm_from<N>(M, k_arg, a_source, [&](float* dst, std::size_t p0, std::size_t p1, std::size_t k0, std::size_t k1) {
-      pack_b_block_of<N>(c.b, dst, p0, p1, k0, k1);
-    }, epi);
+    gemm_from<N>(M, k_arg, a_source, b_block_packer<N, std::remove_cvref_t<decltype(c.b)>>{c.b}, epi);
   } else if constexpr (K == dyn) {
     // K is the batch of both operands (dW = g^T x): one run-time inner extent.
     using BV = contract_detail::operand_view<std::remove_cvref_t<decltype(c.b)>>;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -72,6 +73,31 @@ struct l2_prefetch_plan {
   }
 };
 
+/// Which lines of the stored matrix that the next block of B is packed from each micro-kernel
+/// call of the current block prefetches into L2: the walk cut into runs of consecutive lines,
+/// one per call, crossing rows. Packing reads those rows a page apart, which the hardware
+/// prefetcher does not follow; fetched meanwhile, they are in L2 when the block is packed.
+struct row_prefetch_plan {
+  row_lines_walk walk;
+  std::size_t per_call = 0;
+  void plan(std::size_t calls, std::size_t kc_now) {
+    if (walk.rows == 0 || calls == 0) return;
+    per_call = std::min(ceil_div(walk.rows * walk.row_lines, calls), ceil_div(kc_now, 2));
+  }
+  void assign(std::size_t c, tile_job& job) const {
+    job.b_next = nullptr;
+    job.b_next_lines = 0;
+    const std::size_t total = walk.rows * walk.row_lines, first = c * per_call;
+    if (per_call == 0 || first >= total) return;
+    const std::size_t r = first / walk.row_lines, l = first % walk.row_lines;
+    job.b_next = walk.base + r * walk.stride + l * 64;
+    job.b_next_lines = std::min(per_call, total - first);
+    job.b_row_lines = walk.row_lines;
+    job.b_row_left = walk.row_lines - l;
+    job.b_row_skip = walk.stride - walk.row_lines * 64;
+  }
+};
+
 /// Where the micro-kernels read B' from: all of it packed before the call (a packed_matrix, or
 /// packed per call), so the next block can be prefetched into L2 while this one is used.
 struct b_packed_whole {
@@ -92,19 +118,33 @@ template <class Pack>
 struct b_packed_per_block {
   static constexpr bool prefetchable = false;
   const Pack* pack;
-  std::size_t floats;  // the largest block: nc kc nr
+  std::size_t floats;  // the largest cache block: nc kc nr
+  std::size_t nr;
   float* buffer = nullptr;
-  std::size_t p0 = 0, kc = 0;
+  std::size_t p0 = 0, k_base = 0, kc = 0;
+  /// Packs panels [p, p + np) over K range [k0, k0 + k_count): a cache block, or (a tile-major
+  /// run) all of K.
   void prepare(std::size_t p, std::size_t np, std::size_t k0, std::size_t k_count) {
     // The buffer of the thread that runs this part (a copy of the source is made per part).
-    if (buffer == nullptr) buffer = thread_workspace(workspace_slot::block_b, floats);
+    if (buffer == nullptr || np * k_count * nr > floats) {
+      floats = std::max(floats, np * k_count * nr);
+      buffer = thread_workspace(workspace_slot::block_b, floats);
+    }
     (*pack)(buffer, p, p + np, k0, k0 + k_count);
     p0 = p;
+    k_base = k0;
     kc = k_count;
   }
   template <std::size_t NR>
-  const float* panel(std::size_t p, std::size_t /*k0*/, std::size_t /*width*/, std::size_t /*K*/) const {
-    return buffer + (p - p0) * kc * NR;
+  const float* panel(std::size_t p, std::size_t k0, std::size_t width, std::size_t /*K*/) const {
+    return buffer + (p - p0) * kc * NR + (k0 - k_base) * width;
+  }
+  /// The stored rows the block (p, np, k0, k_count) is packed from, where the packer says.
+  row_lines_walk source(std::size_t p, std::size_t np, std::size_t k0, std::size_t k_count) const {
+    if constexpr (requires { pack->source(p, p + np, k0, k0 + k_count); })
+      return pack->source(p, p + np, k0, k0 + k_count);
+    else
+      return {};
   }
 };
 
@@ -127,6 +167,13 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
   const std::size_t k_blocks = std::max<std::size_t>(1, ceil_div(K, KC));
   constexpr auto& full = kernel_table<NV, MR, Epi>;
   constexpr auto& edge = kernel_table<L::edge_nv, MR, Epi>;
+  // A read where it lies (a_rows) where it would be packed per tile; 0: always packed.
+  constexpr std::size_t a_row = [] {
+    if constexpr (requires { ASource::row_stride; }) return ASource::row_stride;
+    else return std::size_t{0};
+  }();
+  constexpr auto& full_rows = kernel_table<NV, MR, Epi, a_row>;
+  constexpr auto& edge_rows = kernel_table<L::edge_nv, MR, Epi, a_row>;
 
   const std::size_t tiles = part.t1 - part.t0;
   const std::size_t panels = part.p1 - part.p0;
@@ -141,11 +188,62 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
   // away and never again: it is packed then, into L1, instead of the whole M block into memory
   // first (which, for a narrow B, cost as much as the products).
   const bool a_per_tile = n_blocks == 1;
+  // Where moreover B over all of K fits the L2 budget (a narrow B), each tile runs all its K
+  // blocks in turn rather than each K block all tiles: the tile's rows of A then stream through
+  // once, which the hardware prefetcher follows, where a K block at a time restarted each row's
+  // stream at every block. Each element's sum still runs in increasing k: the same bits.
+  const bool tile_major =
+      a_per_tile && k_blocks > 1 && panels * K * NR * sizeof(float) <= gemm_blocking<1, 1>::l2_b_bytes;
   float* packed_a = thread_workspace(workspace_slot::packed_a, a_per_tile ? MR * KC : mc * MR * K);
   float* partial = k_blocks > 1 ? thread_workspace(workspace_slot::partial_sums, mc * nc * MR * NR) : nullptr;
 
+  // One call of the micro-kernel for a tile of r rows and a panel of `width` columns, A packed
+  // or (in_place) read where it lies.
+  auto run = [&](const tile_job& job, std::size_t r, std::size_t width, bool in_place) {
+    if (in_place) {
+      if constexpr (a_row != 0) (width == NR ? full_rows : edge_rows)[r - 1](job, epi);
+    } else if (width == NR) {
+      if (r == MR) micro_kernel<MR, NV, MR, Epi>(job, epi);
+      else full[r - 1](job, epi);
+    } else {
+      edge[r - 1](job, epi);
+    }
+  };
+  const bool a_in_place = a_row != 0 && a_per_tile;
+  // A's panel for tile t over K range [k0, k0 + kc): packed into packed_a, or where it lies.
+  auto a_panel = [&](std::size_t t, std::size_t m0, std::size_t k0, std::size_t kc) -> const float* {
+    if constexpr (a_row != 0)
+      if (a_in_place) return a.at(m0, k0);
+    a.template pack_k<MR>(tiling, t, t + 1, k0, kc, packed_a);
+    return packed_a;
+  };
+
   for (std::size_t ti = part.t0; ti < part.t1; ti += mc) {
     const std::size_t mt = std::min(mc, part.t1 - ti);
+    if (tile_major) {
+      b_source.prepare(part.p0, panels, 0, K);
+      for (std::size_t i = 0; i < mt; ++i) {
+        tile_job job{};
+        job.m0 = tiling.begin(ti + i);
+        const std::size_t r = tiling.rows(ti + i);
+        for (std::size_t kb = 0; kb < k_blocks; ++kb) {
+          const std::size_t k0 = kb * KC;
+          job.kc = std::min(KC, K - k0);
+          job.first = kb == 0;
+          job.last = kb + 1 == k_blocks;
+          job.a = a_panel(ti + i, job.m0, k0, job.kc);
+          for (std::size_t j = 0; j < panels; ++j) {
+            const std::size_t p = part.p0 + j, width = L::width(p);
+            job.n0 = p * NR;
+            job.nr = std::min(NR, N - job.n0);
+            job.b = b_source.template panel<NR>(p, k0, width, K);
+            job.partial = partial + j * MR * NR;
+            run(job, r, width, a_in_place);
+          }
+        }
+      }
+      continue;
+    }
     if (!a_per_tile) a.template pack<MR>(tiling, ti, ti + mt, k_arg, packed_a);
 
     for (std::size_t pj = part.p0; pj < part.p1; pj += nc) {
@@ -161,16 +259,20 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
         // next N block, else that of the first N block for the next M block.
         b_source.prepare(pj, np, k0, job.kc);
         l2_prefetch_plan<N, KArg> next{nullptr, k_arg};
+        if (!job.last)
+          next.p = pj, next.np = np, next.k0 = k0 + KC, next.kc = std::min(KC, K - k0 - KC);
+        else if (pj + nc < part.p1)
+          next.p = pj + nc, next.np = std::min(nc, part.p1 - pj - nc), next.kc = std::min(KC, K);
+        else if (ti + mc < part.t1)
+          next.p = part.p0, next.np = std::min(nc, panels), next.kc = std::min(KC, K);
+        row_prefetch_plan next_rows;
         if constexpr (BSource::prefetchable) {
           next.packed_b = b_source.data;
-          if (!job.last)
-            next.p = pj, next.np = np, next.k0 = k0 + KC, next.kc = std::min(KC, K - k0 - KC);
-          else if (pj + nc < part.p1)
-            next.p = pj + nc, next.np = std::min(nc, part.p1 - pj - nc), next.kc = std::min(KC, K);
-          else if (ti + mc < part.t1)
-            next.p = part.p0, next.np = std::min(nc, panels), next.kc = std::min(KC, K);
+          next.plan(mt * np, job.kc);
+        } else {
+          if (next.np != 0) next_rows.walk = b_source.source(next.p, next.np, next.k0, next.kc);
+          next_rows.plan(mt * np, job.kc);
         }
-        next.plan(mt * np, job.kc);
 
         for (std::size_t i = 0; i < mt; ++i) {
           job.m0 = tiling.begin(ti + i);
@@ -181,8 +283,7 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
           const float* a_next = nullptr;
           std::size_t a_next_kc = 0;
           if (a_per_tile) {
-            a.template pack_k<MR>(tiling, ti + i, ti + i + 1, k0, job.kc, packed_a);
-            job.a = packed_a;
+            job.a = a_panel(ti + i, job.m0, k0, job.kc);
           } else {
             job.a = packed_a + i * K * MR + k0 * MR;
             if (i + 1 < mt)
@@ -201,7 +302,10 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
             job.nr = std::min(NR, N - job.n0);
             job.b = b_source.template panel<NR>(p, k0, width, K);
             job.partial = partial ? partial + (i * np + j) * MR * NR : nullptr;  // slots in call order
-            next.assign(i * np + j, job);
+            if constexpr (BSource::prefetchable)
+              next.assign(i * np + j, job);
+            else
+              next_rows.assign(i * np + j, job);
             const std::size_t a_first = j * a_per_call;
             job.a_next = a_first < a_lines ? reinterpret_cast<const char*>(a_next) + a_first * 64 : nullptr;
             job.a_next_lines = a_first < a_lines ? std::min(a_per_call, a_lines - a_first) : 0;
@@ -209,12 +313,7 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
             if (!job.first && partial != nullptr)
               for (std::size_t line = 0; line < MR * NR * sizeof(float); line += 64)
                 __builtin_prefetch(reinterpret_cast<const char*>(job.partial + MR * NR) + line, 0, 3);
-            if (width == NR) {
-              if (r == MR) micro_kernel<MR, NV, MR, Epi>(job, epi);
-              else full[r - 1](job, epi);
-            } else {
-              edge[r - 1](job, epi);
-            }
+            run(job, r, width, a_in_place);
           }
         }
       }
@@ -364,7 +463,8 @@ void gemm_from(std::size_t M, KArg k_arg, const ASource& a, const PackB& pack_b,
                int threads = solder::num_threads()) {
   if (M == 0) return;
   auto run = [&](auto blocking) {
-    const gemm_detail::b_packed_per_block<PackB> b{&pack_b, blocking.nc * blocking.kc * decltype(blocking)::nr};
+    constexpr std::size_t nr = decltype(blocking)::nr;
+    const gemm_detail::b_packed_per_block<PackB> b{&pack_b, blocking.nc * blocking.kc * nr, nr};
     gemm_detail::gemm_packed_from<N>(M, k_arg, blocking, a, b, epi, threads);
   };
   if constexpr (std::is_same_v<KArg, std::size_t>)

@@ -38,8 +38,8 @@ struct gemm_tile<A> {
 
 namespace gemm_detail {
 
-/// One k step of an R x NV tile: acc[r][v] += a[r] * b[v * W .. v * W + W - 1].
-template <std::size_t R, std::size_t NV>
+/// One k step of an R x NV tile: acc[r][v] += a[r * ARow] * b[v * W .. v * W + W - 1].
+template <std::size_t R, std::size_t NV, std::size_t ARow = 1>
 SOLDER_INLINE void fma_step(vec<float> (&acc)[R][NV], const float* a, const float* b) {
   using V = vec<float>;
   V bv[NV];
@@ -47,7 +47,7 @@ SOLDER_INLINE void fma_step(vec<float> (&acc)[R][NV], const float* a, const floa
   for (std::size_t v = 0; v < NV; ++v) bv[v] = V::load_aligned(b + v * V::size);
 #pragma GCC unroll 16
   for (std::size_t r = 0; r < R; ++r) {
-    const V ar(a[r]);
+    const V ar(a[r * ARow]);
 #pragma GCC unroll 8
     for (std::size_t v = 0; v < NV; ++v) acc[r][v] = xsimd::fma(ar, bv[v], acc[r][v]);
   }
@@ -66,22 +66,28 @@ struct tile_job {
   std::size_t m0, n0, nr;   // the tile's place in C and its valid columns (R rows are valid)
   const char* b_next;       // lines of the next block of B to prefetch into L2 (at even steps)
   std::size_t b_next_lines; //   how many (at most kc / 2)
+  std::size_t b_row_lines;  //   in rows of this many lines (0: one run), the first row
+  std::size_t b_row_left;   //   ending after b_row_left of them, each next row b_row_skip
+  std::size_t b_row_skip;   //   bytes after the end of the previous
   const char* a_next;       // lines of the next panel of A to prefetch into L2 (at odd steps)
   std::size_t a_next_lines; //   how many (at most kc / 2)
 };
 
 /// The micro-kernel: the C tile of R rows from m0 and NV vectors from n0 over one K block.
+/// A is read at a[k * AStride + r * ARow]: a packed panel (AStride = the tile height, ARow = 1),
+/// or rows of A as stored (AStride = 1, ARow = its row length, known at compile time, so each
+/// row's broadcast is one load at a constant offset).
 ///   first  the accumulators start at 0, else at the partial sums stored in `partial`
 ///   last   the accumulators hold the whole K sum and go to the epilogue,
 ///          epi.template tile<R, NV>(acc, m0, n0, R, nr); otherwise they are stored to `partial`
 /// Every element is one chain of FMAs in increasing k, whatever R and NV: the tile a row or a
 /// column lands in never changes its value (so thread counts and edge tiles give equal bits).
-template <std::size_t R, std::size_t NV, std::size_t AStride, class Epilogue>
+template <std::size_t R, std::size_t NV, std::size_t AStride, class Epilogue, std::size_t ARow = 1>
 void micro_kernel(const tile_job& job, Epilogue& epi) {
   using V = vec<float>;
   constexpr std::size_t W = V::size;
   constexpr std::size_t BS = NV * W;  // floats of B per k step
-  static_assert(R >= 1 && R <= AStride, "solder::eval::cpu::micro_kernel: R must be in [1, AStride]");
+  static_assert(R >= 1 && (ARow > 1 || R <= AStride), "solder::eval::cpu::micro_kernel: R must be in [1, AStride]");
   const float* __restrict a = job.a;
   const float* __restrict b = job.b;
   float* __restrict partial = job.partial;
@@ -107,7 +113,10 @@ void micro_kernel(const tile_job& job, Epilogue& epi) {
   const char* b_next = job.b_next;
   const char* a_next = job.a_next;
   std::size_t b_left = job.b_next_lines, a_left = job.a_next_lines;
-  auto step = [&](const char*& next, std::size_t& left) SOLDER_INLINE_LAMBDA {
+  // The next block of B may be rows of a stored matrix (B packed per block): at the end of a
+  // row the stream skips to the next one. Packed B is one run (b_row_left never reaches 0).
+  std::size_t b_row_left = job.b_row_lines == 0 ? ~std::size_t{0} : job.b_row_left;
+  auto step = [&](const char*& next, std::size_t& left, auto rows) SOLDER_INLINE_LAMBDA {
     // One prefetch per cache line of B this step reads.
 #pragma GCC unroll 8
     for (std::size_t line = 0; line < BS * sizeof(float); line += 64)
@@ -116,17 +125,24 @@ void micro_kernel(const tile_job& job, Epilogue& epi) {
       __builtin_prefetch(next, 0, 2);
       next += 64;
       --left;
+      if constexpr (decltype(rows)::value)
+        if (--b_row_left == 0) {
+          next += job.b_row_skip;
+          b_row_left = job.b_row_lines;
+        }
     }
-    fma_step<R, NV>(acc, a, b);
+    fma_step<R, NV, ARow>(acc, a, b);
     a += AStride;
     b += BS;
   };
+  constexpr std::true_type in_rows{};
+  constexpr std::false_type one_run{};
   std::size_t k = 0;
   for (; k + 2 <= job.kc; k += 2) {
-    step(b_next, b_left);
-    step(a_next, a_left);
+    step(b_next, b_left, in_rows);
+    step(a_next, a_left, one_run);
   }
-  if (k < job.kc) step(b_next, b_left);
+  if (k < job.kc) step(b_next, b_left, in_rows);
 
   if (job.last) {
     epi.template tile<R, NV>(acc, job.m0, job.n0, R, job.nr);
@@ -142,15 +158,16 @@ void micro_kernel(const tile_job& job, Epilogue& epi) {
 template <class Epilogue>
 using micro_kernel_fn = void (*)(const tile_job&, Epilogue&);
 
-template <std::size_t NV, std::size_t AStride, class Epilogue, std::size_t... R>
+template <std::size_t NV, std::size_t AStride, class Epilogue, std::size_t ARow, std::size_t... R>
 constexpr std::array<micro_kernel_fn<Epilogue>, sizeof...(R)> make_kernel_table(std::index_sequence<R...>) {
-  return {&micro_kernel<R + 1, NV, AStride, Epilogue>...};
+  return {&micro_kernel<R + 1, NV, AStride, Epilogue, ARow>...};
 }
 
-/// kernels[R - 1] computes R rows: the full tile is R = AStride, the bottom edge of C fewer.
-template <std::size_t NV, std::size_t AStride, class Epilogue>
-inline constexpr std::array<micro_kernel_fn<Epilogue>, AStride> kernel_table =
-    make_kernel_table<NV, AStride, Epilogue>(std::make_index_sequence<AStride>{});
+/// kernels[R - 1] computes R rows: the full tile is R = MR, the bottom edge of C fewer. A is
+/// read packed (ARow = 0) or as stored with rows ARow floats apart.
+template <std::size_t NV, std::size_t MR, class Epilogue, std::size_t ARow = 0>
+inline constexpr std::array<micro_kernel_fn<Epilogue>, MR> kernel_table =
+    make_kernel_table<NV, ARow == 0 ? MR : 1, Epilogue, ARow == 0 ? 1 : ARow>(std::make_index_sequence<MR>{});
 
 }  // namespace gemm_detail
 }  // namespace solder::eval::cpu

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
@@ -147,6 +148,16 @@ struct a_strided {
   }
 };
 
+/// a_strided<false> for A stored [M, K] with rows Lda floats apart, Lda known at compile time:
+/// where each tile's panel of A would be packed right before its one use (gemm_part_run's
+/// narrow B), the micro-kernels read A where it lies instead (`row_stride`, `at`).
+template <std::size_t Lda>
+struct a_rows : a_strided<false> {
+  static constexpr std::size_t row_stride = Lda;
+  explicit a_rows(const float* a) : a_strided<false>{a, Lda} {}
+  const float* at(std::size_t m, std::size_t k) const { return A + m * Lda + k; }
+};
+
 /// Packs panels [p0, p1) of B' into `dst` (b_panels<N>), zero-padded to the panel width.
 ///   TransB = false: B stored [K, N], B'[k][n] = B[k * ldb + n] (rows of a panel are copies)
 ///   TransB = true:  B stored [N, K], B'[k][n] = B[n * ldb + k] (a transpose, 16 columns at
@@ -177,6 +188,25 @@ void pack_b_panels(const float* B, std::size_t ldb, KArg k_arg, float* dst, std:
       }
     }
   }
+}
+
+/// Lines of a stored matrix a block of B is packed from: `rows` rows of `row_lines` lines,
+/// `stride` bytes apart, from `base` (rows == 0: none; a generated operand has none).
+struct row_lines_walk {
+  const char* base = nullptr;
+  std::size_t row_lines = 0, rows = 0, stride = 0;
+};
+
+/// The walk of rows of `bytes` bytes of a matrix from `first`, `stride` bytes apart: whole
+/// lines from the one holding `first`, one more where rows start off a line boundary; one run
+/// where the rows' lines meet.
+inline row_lines_walk rows_of(const void* first, std::size_t bytes, std::size_t rows, std::size_t stride) {
+  if (bytes == 0 || rows == 0) return {};
+  const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(first);
+  const char* base = reinterpret_cast<const char*>(at - at % 64);
+  const std::size_t lines = ceil_div(bytes, 64) + (at % 64 == 0 && stride % 64 == 0 ? 0 : 1);
+  if (lines * 64 >= stride) return {base, ceil_div(at % 64 + (rows - 1) * stride + bytes, 64), 1, 0};
+  return {base, lines, rows, stride};
 }
 
 }  // namespace solder::eval::cpu::gemm_detail

@@ -7,11 +7,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
+#include <optional>
 
 #include "solder/eval/cpu/batch.hpp"
 #include "solder/eval/cpu/gemm_blocking.hpp"
 #include "solder/eval/cpu/gemm_packing.hpp"
+#include "solder/eval/cpu/philox.hpp"
 #include "solder/expr/operand.hpp"
 #include "solder/memory.hpp"
 #include "solder/random/sketch.hpp"
@@ -20,8 +21,8 @@ namespace solder::eval::cpu {
 
 namespace operand_detail {
 
-/// dst[i] = src[i] for i < n, n at most a panel's width: whole vectors inline (a call to
-/// memcpy per panel row costs as much as the copy).
+/// dst[i] = src[i] for i < n: whole vectors inline (a call to memcpy per panel row, 128 bytes,
+/// costs as much as the copy).
 SOLDER_INLINE void copy_short(const float* src, float* dst, std::size_t n) {
   using V = vec<float>;
   std::size_t i = 0;
@@ -32,7 +33,7 @@ SOLDER_INLINE void copy_short(const float* src, float* dst, std::size_t n) {
 /// out[(k - k0) * ld + (n - n0)] = src[k * lds + n]: rows of a stored matrix.
 inline void copy_rows(const float* src, std::size_t lds, std::size_t k0, std::size_t k1, std::size_t n0, std::size_t n1,
                       float* out, std::size_t ld) {
-  for (std::size_t k = k0; k < k1; ++k) std::memcpy(out + (k - k0) * ld, src + k * lds + n0, (n1 - n0) * sizeof(float));
+  for (std::size_t k = k0; k < k1; ++k) copy_short(src + k * lds + n0, out + (k - k0) * ld, n1 - n0);
 }
 
 /// copy_transposed for ld = Stride, W rows of src at a time through the GEMM's in-register
@@ -68,38 +69,71 @@ inline void copy_transposed(const float* src, std::size_t lds, std::size_t k0, s
   }
 }
 
-/// The 8 signs (+1 or -1) a byte of sign bits stands for: bit j set gives -1 at j.
-struct sign_byte_table {
-  alignas(32) float v[256][8];
-};
-inline constexpr sign_byte_table sign_bytes = [] {
-  sign_byte_table t{};
-  for (int b = 0; b < 256; ++b)
-    for (int j = 0; j < 8; ++j) t.v[b][j] = (b >> j) & 1 ? -1.0f : 1.0f;
-  return t;
-}();
+/// The sign bits of one sketch term, a Philox group at a time: the 16 blocks of counters
+/// (16 g .. 16 g + 15, term) under the seed, which are the dropout generator's group of stream
+/// (seed, offset = term), so its SIMD cores make them (eval/cpu/philox.hpp); a group holds the
+/// signs of 2048 consecutive elements.
+class sign_bits {
+ public:
+  static constexpr std::uint64_t group_signs = 16 * random::signs_per_block;
 
-/// out[i * stride] = +scale or -scale, the signs of elements [e0, e0 + count) of sketch `term`:
-/// one Philox block per 128 consecutive elements; contiguous runs expand a byte of bits into 8
-/// floats at a time (a table row times the scale: one vector multiply).
-inline void fill_signs(std::uint64_t seed, std::uint64_t term, std::uint64_t e0, std::size_t count, float scale,
-                       float* out, std::size_t stride) {
+  sign_bits(std::uint64_t seed, std::uint64_t term) : stream_(seed, term), seed_(seed), term_(term) {}
+  bool is(std::uint64_t seed, std::uint64_t term) const { return seed == seed_ && term == term_; }
+
+  /// The signs of elements e .. e + 15 (e a multiple of 16): bit j set where e + j is negative.
+  /// The group's word 16 k + l is bits 16 k .. 16 k + 15 of its block l.
+  SOLDER_INLINE std::uint32_t piece(std::uint64_t e) {
+    const std::uint64_t g = e / group_signs;
+    if (g != group_) [[unlikely]]
+      make(g);
+    return bits_[16 * ((e / 16) % 8) + (e / random::signs_per_block) % 16];
+  }
+  bool negative(std::uint64_t e) { return ((piece(e & ~std::uint64_t{15}) >> (e & 15)) & 1u) != 0; }
+
+ private:
+  [[gnu::noinline]] void make(std::uint64_t g) {
+    detail::philox_groups<arch, 1>(stream_, g, bits_);
+    group_ = g;
+  }
+
+  detail::philox_stream stream_;
+  std::uint64_t seed_, term_;
+  std::uint64_t group_ = ~std::uint64_t{0};
+  alignas(64) std::uint16_t bits_[random::bits16_group];
+};
+
+/// The calling thread's sign_bits of (seed, term), kept between calls so the rows of a block
+/// that share a group generate it once (one slot per term mod 8: the terms a block spans).
+inline sign_bits& sign_source(std::uint64_t seed, std::uint64_t term) {
+  thread_local std::optional<sign_bits> slots[8];
+  std::optional<sign_bits>& slot = slots[term % 8];
+  if (!slot || !slot->is(seed, term)) slot.emplace(seed, term);
+  return *slot;
+}
+
+/// out[j] = bit j of `bits` set ? minus : plus, for j < 16.
+SOLDER_INLINE void expand_signs16(std::uint32_t bits, const vec<float>& plus, const vec<float>& minus, float* out) {
+  using I = xsimd::batch<std::int32_t, arch>;
+  alignas(64) static constexpr std::int32_t lane_bit[16] = {1 << 0, 1 << 1, 1 << 2,  1 << 3,  1 << 4,  1 << 5,  1 << 6,  1 << 7,
+                                                           1 << 8, 1 << 9, 1 << 10, 1 << 11, 1 << 12, 1 << 13, 1 << 14, 1 << 15};
+  const I word(static_cast<std::int32_t>(bits));
+  for (std::size_t h = 0; h < 16; h += I::size) {
+    const auto negative = (word & I::load_aligned(lane_bit + h)) != I(0);
+    xsimd::select(xsimd::bool_cast(negative), minus, plus).store_unaligned(out + h);
+  }
+}
+
+/// out[i * stride] = +scale or -scale, the signs of elements [e0, e0 + count) of the term `src`
+/// generates; contiguous runs 16 at a time (a compare and a blend per vector).
+inline void fill_signs(sign_bits& src, std::uint64_t e0, std::size_t count, float scale, float* out, std::size_t stride) {
   std::uint64_t e = e0;
   const std::uint64_t end = e0 + count;
-  while (e < end) {
-    const std::uint64_t b = e / random::signs_per_block;
-    const random::philox_ctr block = random::sign_block(seed, term, b);
-    const std::uint64_t stop = std::min(end, (b + 1) * random::signs_per_block);
-    if (stride == 1) {
-      for (; e < stop && (e & 7) != 0; ++e, ++out) *out = random::sign_bit(block, e) ? -scale : scale;
-      for (; e + 8 <= stop; e += 8, out += 8) {
-        const std::uint32_t byte = (block.v[(e >> 5) & 3] >> (e & 24)) & 0xFFu;
-        const float* row = sign_bytes.v[byte];
-        for (int j = 0; j < 8; ++j) out[j] = row[j] * scale;
-      }
-    }
-    for (; e < stop; ++e, out += stride) *out = random::sign_bit(block, e) ? -scale : scale;
+  if (stride == 1) {
+    const vec<float> plus(scale), minus(-scale);
+    for (; e < end && (e & 15) != 0; ++e, ++out) *out = src.negative(e) ? -scale : scale;
+    for (; e + 16 <= end; e += 16, out += 16) expand_signs16(src.piece(e), plus, minus, out);
   }
+  for (; e < end; ++e, out += stride) *out = src.negative(e) ? -scale : scale;
 }
 
 /// Row r, columns [c0, c1) of the stacked sketch u (as stored, untransposed) into out[(c - c0) * stride].
@@ -109,12 +143,13 @@ void sketch_row(const U& u, std::size_t r, std::size_t c0, std::size_t c1, float
   if constexpr (U::stack == sketch_stack::columns) {
     for (std::size_t c = c0; c < c1;) {
       const std::size_t t = c / TC, stop = std::min(c1, (t + 1) * TC);
-      fill_signs(u.seed, t, std::uint64_t(r) * TC + (c - t * TC), stop - c, u.scale, out + (c - c0) * stride, stride);
+      fill_signs(sign_source(u.seed, t), std::uint64_t(r) * TC + (c - t * TC), stop - c, u.scale, out + (c - c0) * stride,
+                 stride);
       c = stop;
     }
   } else {
     const std::size_t t = r / TR;
-    fill_signs(u.seed, t, std::uint64_t(r - t * TR) * TC + c0, c1 - c0, u.scale, out, stride);
+    fill_signs(sign_source(u.seed, t), std::uint64_t(r - t * TR) * TC + c0, c1 - c0, u.scale, out, stride);
   }
 }
 
@@ -181,53 +216,121 @@ void pack_block(const operand_concat<A, B, Axis>& x, std::size_t k0, std::size_t
 }
 
 namespace operand_detail {
-/// How many sketches x holds read as they are (Trans = false) and read transposed.
+/// Whether the block [k0, k1) x [n0, n1) of x holds a sketch read as it is (Trans = false).
 template <class X>
-struct sketch_count {
-  static constexpr std::size_t plain = 0, transposed = 0;
-};
+bool plain_sketch_in(const X& /*x*/, std::size_t, std::size_t, std::size_t, std::size_t) {
+  return false;
+}
 template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack, bool Trans>
-struct sketch_count<sign_sketch<TR, TC, Terms, Stack, Trans>> {
-  static constexpr std::size_t plain = Trans ? 0 : 1, transposed = Trans ? 1 : 0;
-};
+bool plain_sketch_in(const sign_sketch<TR, TC, Terms, Stack, Trans>&, std::size_t, std::size_t, std::size_t, std::size_t) {
+  return !Trans;
+}
 template <class A, class B, sketch_stack Axis>
-struct sketch_count<operand_concat<A, B, Axis>> {
-  static constexpr std::size_t plain = sketch_count<A>::plain + sketch_count<B>::plain;
-  static constexpr std::size_t transposed = sketch_count<A>::transposed + sketch_count<B>::transposed;
-};
+bool plain_sketch_in(const operand_concat<A, B, Axis>& x, std::size_t k0, std::size_t k1, std::size_t n0, std::size_t n1) {
+  if constexpr (Axis == sketch_stack::columns) {
+    constexpr std::size_t split = solder::detail::operand_traits<A>::cols;
+    return (n0 < split && plain_sketch_in(x.a, k0, k1, n0, std::min(n1, split))) ||
+           (n1 > split && plain_sketch_in(x.b, k0, k1, std::max(n0, split) - split, n1 - split));
+  } else {
+    constexpr std::size_t split = solder::detail::operand_traits<A>::rows;
+    return (k0 < split && plain_sketch_in(x.a, k0, std::min(k1, split), n0, n1)) ||
+           (k1 > split && plain_sketch_in(x.b, std::max(k0, split) - split, k1 - split, n0, n1));
+  }
+}
 }  // namespace operand_detail
 
 /// Panels [p0, p1) of B' = x over K range [k0, k1) into dst, as the GEMM's driver reads a cache
 /// block (gemm_from): panel p at (p - p0) (k1 - k0) nr, row k at (k - k0) width, zero-padded to
-/// the panel width (gemm_detail::b_panels<N>). An operand holding a sketch read as it is goes
-/// row by row: each row of the block whole into a buffer (long runs: a Philox block per 128
-/// signs, a byte of them expanded at a time), then cut into the panels.
+/// the panel width (gemm_detail::b_panels<N>). Each panel is packed on its own, except the
+/// panels holding a sketch read as it is: those go row by row, each row of them whole into a
+/// buffer (long runs, where consecutive rows share Philox groups), then cut into the panels.
 template <std::size_t N, class X>
 void pack_b_block_of(const X& x, float* dst, std::size_t p0, std::size_t p1, std::size_t k0, std::size_t k1) {
   using L = gemm_detail::b_panels<N>;
-  using count = operand_detail::sketch_count<X>;
-  constexpr bool by_rows = count::plain > 0 && count::transposed == 0;
   const std::size_t kc = k1 - k0;
+  std::size_t first = p1, last = p0;  // the panels with a plain sketch: [first, last)
   for (std::size_t p = p0; p < p1; ++p) {
     const std::size_t n0 = p * L::nr, width = L::width(p), cols = std::min(width, N - n0);
     float* out = dst + (p - p0) * kc * L::nr;
-    if (!by_rows) pack_block(x, k0, k1, n0, n0 + cols, out, width);
+    if (operand_detail::plain_sketch_in(x, k0, k1, n0, n0 + cols)) {
+      first = std::min(first, p);
+      last = p + 1;
+    } else {
+      pack_block(x, k0, k1, n0, n0 + cols, out, width);
+    }
     if (cols < width)
       for (std::size_t k = 0; k < kc; ++k) std::fill(out + k * width + cols, out + (k + 1) * width, 0.0f);
   }
-  if constexpr (by_rows) {
-    const std::size_t n_begin = p0 * L::nr, n_end = std::min(N, p1 * L::nr);
-    thread_local growing_buffer<float> row_buffer;
-    float* row = row_buffer.get(n_end - n_begin);
-    for (std::size_t k = k0; k < k1; ++k) {
-      pack_block(x, k, k + 1, n_begin, n_end, row, n_end - n_begin);
-      for (std::size_t p = p0; p < p1; ++p) {
-        const std::size_t n0 = p * L::nr, width = L::width(p), cols = std::min(width, N - n0);
-        operand_detail::copy_short(row + (n0 - n_begin), dst + (p - p0) * kc * L::nr + (k - k0) * width, cols);
-      }
+  if (first >= last) return;
+  const std::size_t n_begin = first * L::nr, n_end = std::min(N, last * L::nr);
+  thread_local growing_buffer<float> row_buffer;
+  float* row = row_buffer.get(n_end - n_begin);
+  for (std::size_t k = k0; k < k1; ++k) {
+    pack_block(x, k, k + 1, n_begin, n_end, row, n_end - n_begin);
+    for (std::size_t p = first; p < last; ++p) {
+      const std::size_t n0 = p * L::nr, width = L::width(p), cols = std::min(width, N - n0);
+      operand_detail::copy_short(row + (n0 - n_begin), dst + (p - p0) * kc * L::nr + (k - k0) * width, cols);
     }
   }
 }
+
+namespace operand_detail {
+/// The stored rows the block [k0, k1) x [n0, n1) of x is packed from (gemm_detail::rows_of),
+/// for the driver to prefetch; none for a sketch, the first stored part's for a concatenation.
+template <class S>
+gemm_detail::row_lines_walk stored_rows(const tensor_ref<const float, S>& x, std::size_t k0, std::size_t k1,
+                                        std::size_t n0, std::size_t n1) {
+  return gemm_detail::rows_of(x.data() + k0 * S::last + n0, (n1 - n0) * sizeof(float), k1 - k0, S::last * sizeof(float));
+}
+template <class S>
+gemm_detail::row_lines_walk stored_rows(const transposed<S>& x, std::size_t k0, std::size_t k1, std::size_t n0,
+                                        std::size_t n1) {
+  return gemm_detail::rows_of(x.ref.data() + n0 * S::last + k0, (k1 - k0) * sizeof(float), n1 - n0, S::last * sizeof(float));
+}
+template <class S, std::size_t C0, std::size_t C1, bool Trans>
+gemm_detail::row_lines_walk stored_rows(const column_block<S, C0, C1, Trans>& x, std::size_t k0, std::size_t k1,
+                                        std::size_t n0, std::size_t n1) {
+  const float* base = x.ref.data() + C0;
+  if constexpr (Trans)
+    return gemm_detail::rows_of(base + n0 * S::last + k0, (k1 - k0) * sizeof(float), n1 - n0, S::last * sizeof(float));
+  else
+    return gemm_detail::rows_of(base + k0 * S::last + n0, (n1 - n0) * sizeof(float), k1 - k0, S::last * sizeof(float));
+}
+template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack, bool Trans>
+gemm_detail::row_lines_walk stored_rows(const sign_sketch<TR, TC, Terms, Stack, Trans>&, std::size_t, std::size_t,
+                                        std::size_t, std::size_t) {
+  return {};
+}
+template <class A, class B, sketch_stack Axis>
+gemm_detail::row_lines_walk stored_rows(const operand_concat<A, B, Axis>& x, std::size_t k0, std::size_t k1,
+                                        std::size_t n0, std::size_t n1) {
+  gemm_detail::row_lines_walk w;
+  if constexpr (Axis == sketch_stack::columns) {
+    constexpr std::size_t split = solder::detail::operand_traits<A>::cols;
+    if (n0 < split) w = stored_rows(x.a, k0, k1, n0, std::min(n1, split));
+    if (w.rows == 0 && n1 > split) w = stored_rows(x.b, k0, k1, std::max(n0, split) - split, n1 - split);
+  } else {
+    constexpr std::size_t split = solder::detail::operand_traits<A>::rows;
+    if (k0 < split) w = stored_rows(x.a, k0, std::min(k1, split), n0, n1);
+    if (w.rows == 0 && k1 > split) w = stored_rows(x.b, std::max(k0, split) - split, k1 - split, n0, n1);
+  }
+  return w;
+}
+}  // namespace operand_detail
+
+/// The B packer gemm_from takes for an operand x of N columns: packs a block (pack_b_block_of)
+/// and names the stored rows a block is packed from, so the driver prefetches the next block's.
+template <std::size_t N, class X>
+struct b_block_packer {
+  const X& x;
+  void operator()(float* dst, std::size_t p0, std::size_t p1, std::size_t k0, std::size_t k1) const {
+    pack_b_block_of<N>(x, dst, p0, p1, k0, k1);
+  }
+  gemm_detail::row_lines_walk source(std::size_t p0, std::size_t p1, std::size_t k0, std::size_t k1) const {
+    using L = gemm_detail::b_panels<N>;
+    return operand_detail::stored_rows(x, k0, k1, p0 * L::nr, std::min(N, p1 * L::nr));
+  }
+};
 
 /// The GEMM driver's A source for any operand: tile t of A' = x holds A'[m][k] for its rows at
 /// k * MR + r, which is a block of x^T packed with row stride MR.
