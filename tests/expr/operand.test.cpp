@@ -177,34 +177,31 @@ TEST_CASE("matmul: sketches, concatenations and column blocks against a double l
   for (std::size_t M : {std::size_t(1), std::size_t(29)}) check_sketch_products<1100, 12, 2, 4>(M);
 }
 
-TEST_CASE("matmul: generated operands give the same bits for any thread count", "[operand]") {
-  constexpr std::size_t In = 512, LK = 64;
-  using U = sign_sketch<In, 16, 4, sketch_stack::columns>;
+namespace {
+
+/// x [S | U] on 1 and 2 threads, x [200, In], S [In, Terms TC] stored, U Terms sketches [In, TC].
+template <std::size_t In, std::size_t TC, std::size_t Terms>
+void check_thread_bits(std::uint64_t seed) {
+  constexpr std::size_t LK = Terms * TC;
+  using U = sign_sketch<In, TC, Terms, sketch_stack::columns>;
   tensor<float, shape<In, LK>> s;
   tensor<float, shape<dyn, In>> x(200);
-  solder::test::fill_uniform(s, -1, 1, 7);
-  solder::test::fill_uniform(x, -1, 1, 8);
+  solder::test::fill_uniform(s, -1, 1, seed);
+  solder::test::fill_uniform(x, -1, 1, seed + 1);
   tensor<float, shape<dyn, 2 * LK>> one(200), two(200);
   const int saved = solder::num_threads();
   solder::set_num_threads(1);
-  one = matmul(x, hcat(s, U{9, 0.25f}));
+  one = matmul(x, hcat(s, U{seed + 2, 0.25f}));
   solder::set_num_threads(2);
-  two = matmul(x, hcat(s, U{9, 0.25f}));
+  two = matmul(x, hcat(s, U{seed + 2, 0.25f}));
   solder::set_num_threads(saved);
   CHECK(bit_differences(one.data(), two.data(), one.size()) == 0);
+}
 
+}  // namespace
+
+TEST_CASE("matmul: generated operands give the same bits for any thread count", "[operand]") {
+  check_thread_bits<512, 16, 4>(7);
   // A narrow B over K longer than a K block (each tile all its K blocks, x read in place).
-  constexpr std::size_t Long = 1536;
-  using V = sign_sketch<Long, 8, 2, sketch_stack::columns>;
-  tensor<float, shape<Long, 16>> s_long;
-  tensor<float, shape<dyn, Long>> x_long(200);
-  solder::test::fill_uniform(s_long, -1, 1, 10);
-  solder::test::fill_uniform(x_long, -1, 1, 11);
-  tensor<float, shape<dyn, 32>> narrow_one(200), narrow_two(200);
-  solder::set_num_threads(1);
-  narrow_one = matmul(x_long, hcat(s_long, V{12, 0.25f}));
-  solder::set_num_threads(2);
-  narrow_two = matmul(x_long, hcat(s_long, V{12, 0.25f}));
-  solder::set_num_threads(saved);
-  CHECK(bit_differences(narrow_one.data(), narrow_two.data(), narrow_one.size()) == 0);
+  check_thread_bits<1536, 8, 2>(10);
 }

@@ -150,10 +150,12 @@ struct b_packed_per_block {
 
 /// Computes one thread's part of C with the cache blocking `blocking` (gemm_blocking<N, K>,
 /// gemm_dyn_k_blocking, or a test's smaller one): for each M block, A is packed once over all
-/// of K (with a single N block, per tile and K block right before use instead); for each N block, each K block runs over every tile of the M block, each tile over
+/// of K (with a single N block, per tile and K block right before use instead, or read where
+/// it lies); for each N block, each K block runs over every tile of the M block, each tile over
 /// every panel of the N block (so a kc x mr panel of A stays in L1 across the panels, and the
-/// kc x nc block of B in L2 across the tiles). Meanwhile the next block of B
-/// (l2_prefetch_plan) and the next panel of A are prefetched into L2.
+/// kc x nc block of B in L2 across the tiles). Meanwhile the next block of B (l2_prefetch_plan,
+/// or the rows it is packed from: row_prefetch_plan) and the next panel of A are prefetched
+/// into L2. A narrow B is run tile by tile over all of K instead (tile_major below).
 template <std::size_t N, class Blocking, class KArg, class ASource, class BSource, class Epi>
 void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking blocking, KArg k_arg, const ASource& a,
                    BSource b_source, Epi& epi) {
@@ -197,10 +199,11 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
   float* packed_a = thread_workspace(workspace_slot::packed_a, a_per_tile ? MR * KC : mc * MR * K);
   float* partial = k_blocks > 1 ? thread_workspace(workspace_slot::partial_sums, mc * nc * MR * NR) : nullptr;
 
+  const bool a_in_place = a_row != 0 && a_per_tile;
   // One call of the micro-kernel for a tile of r rows and a panel of `width` columns, A packed
-  // or (in_place) read where it lies.
-  auto run = [&](const tile_job& job, std::size_t r, std::size_t width, bool in_place) {
-    if (in_place) {
+  // or (a_in_place) read where it lies.
+  auto run = [&](const tile_job& job, std::size_t r, std::size_t width) {
+    if (a_in_place) {
       if constexpr (a_row != 0) (width == NR ? full_rows : edge_rows)[r - 1](job, epi);
     } else if (width == NR) {
       if (r == MR) micro_kernel<MR, NV, MR, Epi>(job, epi);
@@ -209,7 +212,6 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
       edge[r - 1](job, epi);
     }
   };
-  const bool a_in_place = a_row != 0 && a_per_tile;
   // A's panel for tile t over K range [k0, k0 + kc): packed into packed_a, or where it lies.
   auto a_panel = [&](std::size_t t, std::size_t m0, std::size_t k0, std::size_t kc) -> const float* {
     if constexpr (a_row != 0)
@@ -238,7 +240,7 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
             job.nr = std::min(NR, N - job.n0);
             job.b = b_source.template panel<NR>(p, k0, width, K);
             job.partial = partial + j * MR * NR;
-            run(job, r, width, a_in_place);
+            run(job, r, width);
           }
         }
       }
@@ -313,7 +315,7 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
             if (!job.first && partial != nullptr)
               for (std::size_t line = 0; line < MR * NR * sizeof(float); line += 64)
                 __builtin_prefetch(reinterpret_cast<const char*>(job.partial + MR * NR) + line, 0, 3);
-            run(job, r, width, a_in_place);
+            run(job, r, width);
           }
         }
       }

@@ -277,24 +277,29 @@ void pack_b_block_of(const X& x, float* dst, std::size_t p0, std::size_t p1, std
 namespace operand_detail {
 /// The stored rows the block [k0, k1) x [n0, n1) of x is packed from (gemm_detail::rows_of),
 /// for the driver to prefetch; none for a sketch, the first stored part's for a concatenation.
+/// A matrix from `base` with rows ld floats apart, read as it is or (Trans) transposed.
+template <bool Trans>
+gemm_detail::row_lines_walk stored_rows_of(const float* base, std::size_t ld, std::size_t k0, std::size_t k1,
+                                           std::size_t n0, std::size_t n1) {
+  if constexpr (Trans)
+    return gemm_detail::rows_of(base + n0 * ld + k0, (k1 - k0) * sizeof(float), n1 - n0, ld * sizeof(float));
+  else
+    return gemm_detail::rows_of(base + k0 * ld + n0, (n1 - n0) * sizeof(float), k1 - k0, ld * sizeof(float));
+}
 template <class S>
 gemm_detail::row_lines_walk stored_rows(const tensor_ref<const float, S>& x, std::size_t k0, std::size_t k1,
                                         std::size_t n0, std::size_t n1) {
-  return gemm_detail::rows_of(x.data() + k0 * S::last + n0, (n1 - n0) * sizeof(float), k1 - k0, S::last * sizeof(float));
+  return stored_rows_of<false>(x.data(), S::last, k0, k1, n0, n1);
 }
 template <class S>
 gemm_detail::row_lines_walk stored_rows(const transposed<S>& x, std::size_t k0, std::size_t k1, std::size_t n0,
                                         std::size_t n1) {
-  return gemm_detail::rows_of(x.ref.data() + n0 * S::last + k0, (k1 - k0) * sizeof(float), n1 - n0, S::last * sizeof(float));
+  return stored_rows_of<true>(x.ref.data(), S::last, k0, k1, n0, n1);
 }
 template <class S, std::size_t C0, std::size_t C1, bool Trans>
 gemm_detail::row_lines_walk stored_rows(const column_block<S, C0, C1, Trans>& x, std::size_t k0, std::size_t k1,
                                         std::size_t n0, std::size_t n1) {
-  const float* base = x.ref.data() + C0;
-  if constexpr (Trans)
-    return gemm_detail::rows_of(base + n0 * S::last + k0, (k1 - k0) * sizeof(float), n1 - n0, S::last * sizeof(float));
-  else
-    return gemm_detail::rows_of(base + k0 * S::last + n0, (n1 - n0) * sizeof(float), k1 - k0, S::last * sizeof(float));
+  return stored_rows_of<Trans>(x.ref.data() + C0, S::last, k0, k1, n0, n1);
 }
 template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack, bool Trans>
 gemm_detail::row_lines_walk stored_rows(const sign_sketch<TR, TC, Terms, Stack, Trans>&, std::size_t, std::size_t,
