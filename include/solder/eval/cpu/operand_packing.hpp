@@ -25,9 +25,10 @@ namespace operand_detail {
 /// costs as much as the copy).
 SOLDER_INLINE void copy_short(const float* src, float* dst, std::size_t n) {
   using V = vec<float>;
-  std::size_t i = 0;
-  for (; i + V::size <= n; i += V::size) V::load_unaligned(src + i).store_unaligned(dst + i);
-  for (; i < n; ++i) dst[i] = src[i];
+  // The tail's length bounded by a vector, so the compiler sees its loop is short.
+  const std::size_t whole = n - n % V::size;
+  for (std::size_t i = 0; i < whole; i += V::size) V::load_unaligned(src + i).store_unaligned(dst + i);
+  for (std::size_t j = 0; j < n % V::size; ++j) dst[whole + j] = src[whole + j];
 }
 
 /// out[(k - k0) * ld + (n - n0)] = src[k * lds + n]: rows of a stored matrix.
