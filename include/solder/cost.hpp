@@ -23,18 +23,17 @@ namespace solder {
 
 namespace detail {
 
-/// Cost of one planned kernel (group G of a chain with Layers, run as Block), per sample.
-template <class G, class Block, class... Layers>
+/// Cost of one planned kernel (group G of a chain whose shapes are W, run as Block), per sample.
+template <class G, class Block, class W>
 struct kernel_cost;
-template <nn::layer_kind K, std::size_t F, class... Ls, class Block, class... Layers>
-struct kernel_cost<nn::group<K, F, Ls...>, Block, Layers...> {
-  using W = nn::chain_widths<Layers...>;
+template <nn::layer_kind K, std::size_t F, class... Ls, class Block, class W>
+struct kernel_cost<nn::group<K, F, Ls...>, Block, W> {
   static constexpr std::size_t last = F + sizeof...(Ls) - 1;
   static constexpr std::size_t in = F == 0 ? W::input : W::after[F - 1];
   static constexpr std::size_t out = W::after[last];
   static constexpr std::size_t params = (nn::layer_info<Ls>::parameters + ... + 0);
-  static constexpr double forward_flops = nn::group_flops<nn::group<K, F, Ls...>, Layers...>(true);
-  static constexpr double backward_flops = nn::group_flops<nn::group<K, F, Ls...>, Layers...>(false);
+  static constexpr double forward_flops = nn::group_flops<nn::group<K, F, Ls...>, W>(true);
+  static constexpr double backward_flops = nn::group_flops<nn::group<K, F, Ls...>, W>(false);
   /// Floats per sample the kernel keeps for backward beyond its input and output.
   static constexpr std::size_t saved = [] {
     if constexpr (requires { Block::keeps_preactivation; })
@@ -64,7 +63,8 @@ struct model_cost<Model, std::tuple<Layers...>> {
   using model = Model;
   using groups = typename model::groups;
   template <std::size_t I>
-  using kernel = detail::kernel_cost<std::tuple_element_t<I, groups>, std::tuple_element_t<I, typename model::blocks_type>, Layers...>;
+  using kernel = detail::kernel_cost<std::tuple_element_t<I, groups>, std::tuple_element_t<I, typename model::blocks_type>,
+                                     typename model::widths>;
   static constexpr std::size_t kernels = model::kernels;
 
   template <class F>
@@ -164,9 +164,9 @@ template <class Model, class... Layers>
 struct summary<Model, std::tuple<Layers...>> {
   using model = Model;
   friend std::ostream& operator<<(std::ostream& os, summary) {
-    using W = nn::chain_widths<Layers...>;
+    using W = typename model::widths;
     using C = cost<model>;
-    os << "  " << std::left << std::setw(4) << "#" << std::setw(20) << "layer" << std::setw(14) << "output" << std::right
+    os << "  " << std::left << std::setw(4) << "#" << std::setw(20) << "layer" << std::setw(20) << "output" << std::right
        << std::setw(12) << "params" << std::setw(14) << "FLOPs" << std::setw(16) << "activations" << "\n";
     std::size_t i = 0;
     (
@@ -175,8 +175,10 @@ struct summary<Model, std::tuple<Layers...>> {
           const std::size_t width = W::after[i];
           const bool stored = ends_group(i);
           std::ostringstream shape_text;
-          shape_text << "[-1, " << width << "]";
-          os << "  " << std::left << std::setw(4) << i << std::setw(20) << L::name << std::setw(14) << shape_text.str()
+          shape_text << "[-1";
+          for (std::size_t d = 0; d < W::shapes[i].rank; ++d) shape_text << ", " << W::shapes[i][d];
+          shape_text << "]";
+          os << "  " << std::left << std::setw(4) << i << std::setw(20) << L::name << std::setw(20) << shape_text.str()
              << std::right << std::setw(12) << nn::layer_info<L>::parameters << std::setw(14)
              << detail::human(nn::layer_info<L>::forward_flops(width)) << std::setw(16)
              << (stored ? detail::human(4.0 * double(width)) + "B" : std::string("(fused)")) << "\n";

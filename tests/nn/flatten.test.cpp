@@ -13,6 +13,7 @@
 #include <catch2/catch.hpp>
 
 #include "solder/nn/flatten.hpp"
+#include "solder/nn/layer_info.hpp"
 #include "support/data.hpp"
 
 namespace {
@@ -63,18 +64,42 @@ void check_flatten(std::size_t batch) {
 
 }  // namespace
 
-TEST_CASE("nn::flatten: constants and parameters", "[nn][flatten]") {
+TEST_CASE("nn::flatten: constants, parameters and the sample shapes it takes", "[nn][flatten]") {
   using L = solder::nn::flatten<3, 4, 5>;
+  using info = solder::nn::layer_info<L>;
+  using rules = solder::nn::shape_rules<L>;
+  using solder::nn::sample_shape;
   STATIC_REQUIRE(L::features == 60);
-  STATIC_REQUIRE(L::in_features == 60);
-  STATIC_REQUIRE(L::out_features == 60);
-  STATIC_REQUIRE(L::parameter_count == 0);
-  STATIC_REQUIRE(L::saved_floats == 0);
-  STATIC_REQUIRE(L::forward_flops == 0);
-  STATIC_REQUIRE(L::backward_flops == 0);
+  STATIC_REQUIRE(info::parameters == 0);
+  STATIC_REQUIRE(info::saved_floats(60) == 0);
+  STATIC_REQUIRE(info::forward_flops(60) == 0);
+  STATIC_REQUIRE(info::backward_flops(60) == 0);
   STATIC_REQUIRE(solder::nn::flatten<7>::features == 7);
+  STATIC_REQUIRE(rules::takes(sample_shape(3, 4, 5)));
+  STATIC_REQUIRE(rules::takes(sample_shape(60)));
+  STATIC_REQUIRE(!rules::takes(sample_shape(4, 3, 5)));
+  STATIC_REQUIRE(!rules::takes(sample_shape(59)));
+  STATIC_REQUIRE(rules::gives(sample_shape(3, 4, 5)) == sample_shape(60));
+  using any = solder::nn::shape_rules<solder::nn::flatten<>>;
+  STATIC_REQUIRE(any::takes(sample_shape(16, 2, 2)));
+  STATIC_REQUIRE(any::gives(sample_shape(16, 2, 2)) == sample_shape(64));
+  STATIC_REQUIRE(any::gives(sample_shape(9)) == sample_shape(9));
   CHECK(std::string(L::name) == "flatten");
   CHECK(L().params("2.").empty());
+}
+
+TEST_CASE("nn::flatten<>: a sample of any shape, in torch.flatten's order", "[nn][flatten]") {
+  tensor<float, shape<dyn, 3, 4, 5>> x(2);
+  solder::test::fill_uniform(x, -1, 1, 5);
+  tensor<float, shape<dyn, 60>> y(2), dy(2);
+  tensor<float, shape<dyn, 3, 4, 5>> dx(2);
+  solder::test::fill_uniform(dy, -1, 1, 6);
+  solder::nn::flatten<> layer;
+  layer.forward(x, y);
+  layer.backward(x, y, dy, dx);
+  CHECK(y(1, (2 * 4 + 3) * 5 + 4) == x(1, 2, 3, 4));
+  CHECK(std::memcmp(y.data(), x.data(), x.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(dx.data(), dy.data(), dy.size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("nn::flatten: [batch, 3, 4, 5] to [batch, 60] and back, in torch.flatten's order", "[nn][flatten]") {

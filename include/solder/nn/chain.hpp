@@ -49,24 +49,49 @@ struct profile_entry {
   double forward_flops = 0, backward_flops = 0;  // accumulated over the timed calls
 };
 
-template <bool Fused, class... Layers>
+/// How a chain is planned: fused or one kernel per layer, and the sample shape of its input
+/// (rank 0: fixed by its first layers).
+template <bool Fused, sample_shape Input = sample_shape{}>
+struct chain_config {
+  static constexpr bool fused = Fused;
+  static constexpr sample_shape input = Input;
+};
+
+/// The sample shape of a chain's input, when its first layer does not fix it (a convolution
+/// takes images of any height and width): nn::chain<nn::input<1, 8, 8>, nn::conv2d<1, 16, 3, 3>, ...>.
+/// It is not a layer: layer<0>() and the parameter names start at the layer after it.
+template <std::size_t... Extents>
+struct input {
+  static_assert(sizeof...(Extents) >= 1 && sizeof...(Extents) <= sample_shape::max_rank && ((Extents >= 1) && ...),
+                "solder::nn::input: give the extents of one sample, 1 to 4 of them, each at least 1 (e.g. input<1, 8, 8>)");
+  static constexpr sample_shape shape{Extents...};
+};
+
+template <class Config, class... Layers>
 class basic_chain {
   static_assert(sizeof...(Layers) >= 1, "solder::chain: a chain needs at least one layer");
-  static_assert(check_chain<Layers...>());
 
  public:
   using layer_list = std::tuple<Layers...>;
-  using widths = chain_widths<Layers...>;
-  using groups = typename plan_groups<Fused, Layers...>::type;
+  using widths = chain_shapes<Config::input, Layers...>;
+
+ private:
+  static_assert(check_chain<widths, Layers...>());
+
+ public:
+  static constexpr bool fused = Config::fused;
+  using groups = typename plan_groups<fused, Layers...>::type;
   using blocks_type = typename blocks_of<groups>::type;
   static constexpr std::size_t kernels = std::tuple_size_v<groups>;
+  /// Elements of one input and one output sample, and their shapes ([features] for an MLP).
   static constexpr std::size_t in_features = widths::input;
   static constexpr std::size_t out_features = widths::output;
-  static constexpr bool fused = Fused;
-  using input_ref = tensor_ref<const float, shape<dyn, in_features>>;
-  using output_ref = tensor_ref<const float, shape<dyn, out_features>>;
-  using input_tensor = tensor<float, shape<dyn, in_features>>;
-  using output_tensor = tensor<float, shape<dyn, out_features>>;
+  static constexpr sample_shape input_shape = widths::input_shape;
+  static constexpr sample_shape output_shape = widths::output_shape;
+  using input_ref = tensor_ref<const float, typename widths::input_batch>;
+  using output_ref = tensor_ref<const float, typename widths::output_batch>;
+  using input_tensor = tensor<float, typename widths::input_batch>;
+  using output_tensor = tensor<float, typename widths::output_batch>;
 
   blocks_type blocks;
 
@@ -101,6 +126,8 @@ class basic_chain {
         seed_dropouts<G::first + 1>(b.tail.layers, seed);
       } else if constexpr (G::kind == layer_kind::elementwise) {
         seed_dropouts<G::first>(b.layers, seed);
+      } else if constexpr (requires { b.reset_parameters(seed); }) {
+        b.reset_parameters(random::derive_seed(seed, G::first));
       }
     });
   }
@@ -149,7 +176,7 @@ class basic_chain {
     return output_tensor(output_view(batch));
   }
   template <class S>
-    requires(S::rank == 2 && S::last == in_features)
+    requires(S::rank >= 2 && S::inner_size == in_features)
   output_tensor forward(tensor_ref<const float, S> x) {
     return forward(as_input(x));
   }
@@ -173,7 +200,7 @@ class basic_chain {
   /// its own copy, which backward reads). x as for forward, but a temporary tensor is refused:
   /// backward would read it after it is gone.
   template <class X>
-  void forward_into(X&& x, tensor_ref<float, shape<dyn, out_features>> out) {
+  void forward_into(X&& x, tensor_ref<float, typename widths::output_batch> out) {
     static_assert(std::is_lvalue_reference_v<X> || !detail::is_owning_tensor<std::remove_cvref_t<X>>,
                   "solder::chain::forward_into: the batch is a temporary tensor, but backward reads it after forward; "
                   "keep it in a variable (or call forward, which keeps a temporary batch)");
@@ -197,7 +224,7 @@ class basic_chain {
   }
 
   /// dL/d(output) buffer of the chain (the loss writes into it; train_step does).
-  tensor_ref<float, shape<dyn, out_features>> output_grad() { return tensor_ref<float, shape<dyn, out_features>>(dout.data(), batch); }
+  tensor_ref<float, typename widths::output_batch> output_grad() { return tensor_ref<float, typename widths::output_batch>(dout.data(), batch); }
 
   /// One training step: forward, the loss and its gradient (one pass), backward, the
   /// optimizer's step. Returns the mean loss. `loss` is any loss of nn/criterion.hpp with the
@@ -301,10 +328,12 @@ class basic_chain {
     input = x.data();
     run_forward(n, std::make_index_sequence<kernels>{});
   }
+  /// x as the chain's input: a batch of samples of input_shape, or of as many features.
   template <class S>
   static input_ref as_input(tensor_ref<const float, S> x) {
-    static_assert(S::rank == 2 && S::last == in_features,
-                  "solder::chain: the input must be [batch, in_features] of the chain's first layer");
+    static_assert(S::rank >= 2 && S::inner_size == in_features,
+                  "solder::chain: the input must be [batch, ...] with the elements of one sample of the chain's input "
+                  "shape (in_features) after the batch extent");
     return input_ref(x.data(), S::elements(x.batch()) / in_features);
   }
   template <class S>
@@ -326,9 +355,7 @@ class basic_chain {
   std::vector<profile_entry> timings;
 
   template <class G>
-  using out_tensor = tensor<float, shape<dyn, chain_widths<Layers...>::after[G::first + G::size - 1]>>;
-  template <class G>
-  using in_width = std::integral_constant<std::size_t, G::first == 0 ? in_features : chain_widths<Layers...>::after[G::first - 1]>;
+  using out_tensor = tensor<float, typename widths::template batch_after<G::first + G::size - 1>>;
   template <class Gs>
   struct buffers_of;
   template <class... Gs>
@@ -338,8 +365,8 @@ class basic_chain {
   };
   using buffers = buffers_of<groups>;
   typename buffers::type acts = buffers::make(), grads = buffers::make();  // each block's output and dL/d(output)
-  tensor<float, shape<dyn, out_features>> dout{1};    // dL/d(model output), for train_step
-  tensor<float, shape<dyn, in_features>> dinput{1};   // dL/dx of a first block that must write one
+  output_tensor dout{1};  // dL/d(model output), for train_step
+  input_tensor dinput{1};  // dL/dx of a first block that must write one
 
 
   template <std::size_t First, class Tuple>
@@ -392,8 +419,8 @@ class basic_chain {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       ((std::get<I>(acts) = std::tuple_element_t<I, decltype(acts)>(n), std::get<I>(grads) = std::tuple_element_t<I, decltype(grads)>(n)), ...);
     }(std::make_index_sequence<kernels>{});
-    dout = tensor<float, shape<dyn, out_features>>(n);
-    dinput = tensor<float, shape<dyn, in_features>>(n);
+    dout = output_tensor(n);
+    dinput = input_tensor(n);
     capacity = n;
   }
 
@@ -437,7 +464,7 @@ class basic_chain {
 
   template <std::size_t... I>
   void run_forward(std::size_t n, std::index_sequence<I...>) {
-    (timed(I, true, group_flops<std::tuple_element_t<I, groups>, Layers...>(true) * double(n),
+    (timed(I, true, group_flops<std::tuple_element_t<I, groups>, widths>(true) * double(n),
            [&] { std::get<I>(blocks).forward(block_input<I>(n), act_view<I>(n)); }),
      ...);
   }
@@ -457,7 +484,7 @@ class basic_chain {
       if constexpr (requires { b.backward_params(block_input<0>(n), y, dy); })
         b.backward_params(block_input<0>(n), y, dy);
       else
-        b.backward(block_input<0>(n), y, dy, tensor_ref<float, shape<dyn, in_features>>(dinput.data(), n));
+        b.backward(block_input<0>(n), y, dy, tensor_ref<float, typename widths::input_batch>(dinput.data(), n));
     } else {
       b.backward(block_input<I>(n), y, dy, grad_view<I - 1>(n));
     }
@@ -467,21 +494,33 @@ class basic_chain {
   void run_backward(std::size_t n, std::index_sequence<I...>) {
     // Last block first.
     constexpr std::size_t K = sizeof...(I);
-    (timed(K - 1 - I, false, group_flops<std::tuple_element_t<K - 1 - I, groups>, Layers...>(false) * double(n),
+    (timed(K - 1 - I, false, group_flops<std::tuple_element_t<K - 1 - I, groups>, widths>(false) * double(n),
            [&] { backward_block<K - 1 - I>(n); }),
      ...);
   }
 };
 
-/// A model: its layers planned into fused kernels.
+namespace detail {
+template <bool Fused, class... Layers>
+struct chain_of {
+  using type = basic_chain<chain_config<Fused>, Layers...>;
+};
+template <bool Fused, std::size_t... Extents, class... Layers>
+struct chain_of<Fused, input<Extents...>, Layers...> {
+  using type = basic_chain<chain_config<Fused, input<Extents...>::shape>, Layers...>;
+};
+}  // namespace detail
+
+/// A model: its layers planned into fused kernels (optionally after an nn::input<...> that
+/// gives the shape of one input sample).
 template <class... Layers>
-using chain = basic_chain<true, Layers...>;
+using chain = typename detail::chain_of<true, Layers...>::type;
 /// The same model with one kernel per layer (what an eager framework runs), for comparisons.
 template <class... Layers>
-using unfused_chain = basic_chain<false, Layers...>;
+using unfused_chain = typename detail::chain_of<false, Layers...>::type;
 
-template <bool Fused, class... Layers>
-void basic_chain<Fused, Layers...>::print_profile(std::ostream& os) const {
+template <class Config, class... Layers>
+void basic_chain<Config, Layers...>::print_profile(std::ostream& os) const {
   double total = 0;
   for (const auto& e : timings) total += e.forward_seconds + e.backward_seconds;
   auto row = [&](const std::string& name, double s, std::size_t calls, double flops) {

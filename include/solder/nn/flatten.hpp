@@ -1,5 +1,5 @@
-// nn/flatten.hpp: torch's nn.Flatten for a chain of [batch, features] activations: a sample of
-// extents [C, H, W] read as C*H*W features. The memory is the same, so it is a view or a copy.
+// nn/flatten.hpp: torch's nn.Flatten: a sample of extents [C, H, W] read as C*H*W features.
+// The memory is the same, so it is a view or a copy.
 #pragma once
 
 #include <cstddef>
@@ -11,6 +11,8 @@
 #include "solder/config.hpp"
 #include "solder/diagnostic.hpp"
 #include "solder/nn/batch_check.hpp"
+#include "solder/nn/layer_kind.hpp"
+#include "solder/nn/sample_shape.hpp"
 #include "solder/optim/optimizer.hpp"
 #include "solder/shape.hpp"
 #include "solder/tensor.hpp"
@@ -19,36 +21,59 @@ namespace solder::nn {
 
 /// y [batch, E0*E1*...] = x [batch, E0, E1, ...] (or x already [batch, E0*E1*...]) in the same
 /// row-major order: torch's nn.Flatten(). Forward copies x to y and backward dy to dx, unless
-/// they are the same memory; view() gives the flat view with no copy at all.
+/// they are the same memory; view() gives the flat view with no copy at all. flatten<> (no
+/// extents) takes a sample of any shape, as a chain hands it over.
 template <std::size_t... Extents>
 struct flatten {
-  static_assert(sizeof...(Extents) >= 1 && ((Extents >= 1) && ...),
-                "solder::nn::flatten: give the extents of one sample, each at least 1 (e.g. flatten<3, 8, 8>)");
+  static_assert(((Extents >= 1) && ...), "solder::nn::flatten: each extent of a sample must be at least 1 (e.g. flatten<3, 8, 8>)");
+  static_assert(sizeof...(Extents) <= sample_shape::max_rank, "solder::nn::flatten: at most 4 extents");
 
+  static constexpr bool any_shape = sizeof...(Extents) == 0;
   /// Features per sample: the product of the extents.
   static constexpr std::size_t features = (Extents * ... * std::size_t(1));
-  static constexpr std::size_t in_features = features;
-  static constexpr std::size_t out_features = features;
   static constexpr const char* name = "flatten";
-  static constexpr std::size_t parameter_count = 0;
-  static constexpr double forward_flops = 0;
-  static constexpr double backward_flops = 0;
-  static constexpr std::size_t saved_floats = 0;
+
+  struct planner_traits {
+    static constexpr layer_kind kind = layer_kind::block;
+    static constexpr std::size_t in = 0, out = 0;
+    static constexpr std::size_t parameters = 0;
+    static constexpr double forward_flops(std::size_t) { return 0; }
+    static constexpr double backward_flops(std::size_t) { return 0; }
+    static constexpr std::size_t saved_floats(std::size_t) { return 0; }
+    static constexpr bool takes(sample_shape s) {
+      if constexpr (any_shape)
+        return s.fixed();
+      else
+        return s == sample_shape(Extents...) || s == sample_shape(features);
+    }
+    static constexpr sample_shape gives(sample_shape s) { return sample_shape(s.size()); }
+    static constexpr void append_takes(fixed_string& m) {
+      if constexpr (any_shape) {
+        m.append("any shape");
+      } else {
+        append_sample_shape(m, sample_shape(Extents...));
+        m.append(" or [").append(features).append("]");
+      }
+    }
+  };
 
   /// No parameters.
   std::vector<optim::param> params(const std::string& /*prefix*/ = "") { return {}; }
 
   /// The [batch, features] view of x [batch, Extents...]: the same memory, nothing copied.
   template <class T, std::size_t B>
+    requires(!any_shape)
   static tensor_ref<T, shape<B, features>> view(tensor_ref<T, shape<B, Extents...>> x) {
     return tensor_ref<T, shape<B, features>>(x.data(), x.batch());
   }
   template <class T, std::size_t B>
+    requires(!any_shape)
   static tensor_ref<T, shape<B, features>> view(tensor<T, shape<B, Extents...>>& x) {
     return view(x.ref());
   }
 
-  /// y = x for x [batch, Extents...] or [batch, features] and y [batch, features].
+  /// y = x for x [batch, Extents...] or [batch, features] and y [batch, features] (flatten<>: x
+  /// of any shape, y [batch, its elements per sample]).
   template <class SX, class SY>
   void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
     static_assert(check_shapes<SX, SY>());
@@ -87,6 +112,8 @@ struct flatten {
     constexpr bool ok = [] {
       if constexpr (SX::rank < 2) {
         return false;
+      } else if constexpr (any_shape) {
+        return std::is_same_v<SY, shape<SX::extents[0], SX::inner_size>>;
       } else {
         using flat = shape<SX::extents[0], features>;
         return (std::is_same_v<SX, shape<SX::extents[0], Extents...>> || std::is_same_v<SX, flat>) &&
@@ -100,10 +127,14 @@ struct flatten {
         fixed_string s("solder::nn::flatten<");
         std::size_t k = 0;
         ((s.append(k++ ? ", " : "").append(Extents)), ...);
-        s.append(">: x must be [batch");
-        ((s.append(", ").append(Extents)), ...);
-        s.append("] or [batch, ").append(features).append("] and y [batch, ").append(features);
-        s.append("]; got x ");
+        if constexpr (any_shape) {
+          s.append(">: y must be [batch, the elements of one sample of x]");
+        } else {
+          s.append(">: x must be [batch");
+          ((s.append(", ").append(Extents)), ...);
+          s.append("] or [batch, ").append(features).append("] and y [batch, ").append(features).append("]");
+        }
+        s.append("; got x ");
         solder::detail::append_shape<SX>(s);
         s.append(" and y ");
         solder::detail::append_shape<SY>(s);
