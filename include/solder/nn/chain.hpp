@@ -49,12 +49,12 @@ struct profile_entry {
   double forward_flops = 0, backward_flops = 0;  // accumulated over the timed calls
 };
 
-/// How a chain is planned: fused or one kernel per layer, and the sample shape of its input
-/// (rank 0: fixed by its first layers).
-template <bool Fused, sample_shape Input = sample_shape{}>
+/// How a chain is planned: fused or one kernel per layer, and the shape of its input (Input:
+/// an nn::input<...>, or unstated_input: fixed by its first layers).
+template <bool Fused, class Input = unstated_input>
 struct chain_config {
   static constexpr bool fused = Fused;
-  static constexpr sample_shape input = Input;
+  using input = Input;
 };
 
 /// The sample shape of a chain's input, when its first layer does not fix it (a convolution
@@ -73,7 +73,7 @@ class basic_chain {
 
  public:
   using layer_list = std::tuple<Layers...>;
-  using widths = chain_shapes<Config::input, Layers...>;
+  using widths = chain_shapes<typename Config::input, Layers...>;
 
  private:
   static_assert(check_chain<widths, Layers...>());
@@ -238,6 +238,14 @@ class basic_chain {
     backward(output_ref(dout.data(), batch));
     opt.step();
     return value;
+  }
+
+  /// train_step on a batch of another shape with the elements of one input sample per row (a
+  /// [batch, 64] batch for a chain over [1, 8, 8] images).
+  template <class S, class Target, class Optimizer, class Loss = cross_entropy_loss>
+    requires(!std::is_same_v<S, typename widths::input_batch> && S::rank >= 2 && S::inner_size == in_features)
+  float train_step(tensor_ref<const float, S> x, const Target& target, Optimizer& opt, const Loss& loss = {}) {
+    return train_step(as_input(x), target, opt, loss);
   }
 
   /// Every parameter with its gradient, named as PyTorch's nn.Sequential names them ("0.weight",
@@ -507,7 +515,7 @@ struct chain_of {
 };
 template <bool Fused, std::size_t... Extents, class... Layers>
 struct chain_of<Fused, input<Extents...>, Layers...> {
-  using type = basic_chain<chain_config<Fused, input<Extents...>::shape>, Layers...>;
+  using type = basic_chain<chain_config<Fused, input<Extents...>>, Layers...>;
 };
 }  // namespace detail
 

@@ -104,16 +104,21 @@ struct shape_rules {
   }
 };
 
-/// The sample shape after each layer of a chain that takes samples of shape Given (rank 0:
-/// fixed by the first layer that fixes its input, when only shape-preserving layers precede
+/// The input of a chain that does not say its shape: its first layers fix it.
+struct unstated_input {
+  static constexpr sample_shape shape{};
+};
+
+/// The sample shape after each layer of a chain that takes samples of shape Given::shape (rank
+/// 0: fixed by the first layer that fixes its input, when only shape-preserving layers precede
 /// it). shapes[i] is the shape after layer i, after[i] its elements (the features a kernel
 /// writes per sample); mismatch is the first layer that cannot take what reaches it.
-template <sample_shape Given, class... Layers>
+template <class Given, class... Layers>
 struct chain_shapes {
   static constexpr std::size_t count = sizeof...(Layers);
   static constexpr sample_shape input_shape = [] {
-    if constexpr (Given.fixed()) {
-      return Given;
+    if constexpr (Given::shape.fixed()) {
+      return Given::shape;
     } else {
       sample_shape s;
       bool open = true;
@@ -161,7 +166,7 @@ struct chain_shapes {
 
 /// The shapes of a chain of Layers whose input the layers fix themselves.
 template <class... Layers>
-using chain_widths = chain_shapes<sample_shape{}, Layers...>;
+using chain_widths = chain_shapes<unstated_input, Layers...>;
 
 /// FLOPs per sample of the kernel group G of a chain of Layers, forward or backward: the sum of
 /// its layers' counts at the widths they run at.

@@ -1,5 +1,6 @@
 // nn/sample_shape.hpp: the shape of one sample as a chain sees it ([features] or [C, H, W]),
-// a constexpr value the planner computes layer by layer, and the tensor shape it stands for.
+// a constexpr value the planner computes layer by layer (never a template argument: nvcc's
+// front end cannot pass a class with constructors as one), and the tensor shape it stands for.
 #pragma once
 
 #include <array>
@@ -51,8 +52,7 @@ constexpr void append_sample_shape(fixed_string& s, const sample_shape& shape) {
 }
 
 namespace detail {
-// Extents as plain numbers: a class-type template argument taken from an array element in a
-// dependent context crashes GCC 12.
+/// shape<dyn, D0, ..., D(Rank - 1)>: a batch of samples of shape [D0, ...].
 template <std::size_t Rank, std::size_t D0, std::size_t D1, std::size_t D2, std::size_t D3>
 struct batched;
 template <std::size_t D0, std::size_t D1, std::size_t D2, std::size_t D3>
@@ -72,10 +72,6 @@ struct batched<4, D0, D1, D2, D3> {
   using type = shape<dyn, D0, D1, D2, D3>;
 };
 }  // namespace detail
-
-/// The tensor shape of a batch of samples of shape S: shape<dyn, S[0], ..., S[rank - 1]>.
-template <sample_shape S>
-using batch_of = typename detail::batched<S.rank, S.dims[0], S.dims[1], S.dims[2], S.dims[3]>::type;
 
 /// The sample shape of a batched tensor shape shape<dyn or B, E...>: [E...].
 template <class S>
