@@ -1,0 +1,560 @@
+// nn/pool.hpp: 2-d pooling over NCHW [batch, C, H, W] activations with torch's semantics:
+// max_pool2d, avg_pool2d, adaptive_avg_pool2d (and global_avg_pool2d). The math is written per
+// output element forward and per input element backward (nn::pool2d), as functions of their
+// coordinates that a device kernel can run too; the layers run them over executor<cpu>'s planes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "solder/config.hpp"
+#include "solder/diagnostic.hpp"
+#include "solder/eval/cpu/executor.hpp"
+#include "solder/nn/batch_check.hpp"
+#include "solder/nn/layer_kind.hpp"
+#include "solder/nn/sample_shape.hpp"
+#include "solder/optim/optimizer.hpp"
+#include "solder/shape.hpp"
+#include "solder/simd.hpp"
+#include "solder/tensor.hpp"
+
+namespace solder::nn {
+
+namespace pool2d {
+
+using index = std::ptrdiff_t;
+
+/// The extents one pooling body reads: samples [C, H, W] in, [C, Ho, Wo] out, and the square
+/// window (kernel, stride, pad) of max and avg pooling (unused by adaptive pooling).
+struct geometry {
+  index channels, h, w;
+  index ho, wo;
+  index kernel = 1, stride = 1, pad = 0;
+
+  SOLDER_HD SOLDER_INLINE index in_offset(index n, index c) const { return (n * channels + c) * h * w; }
+  SOLDER_HD SOLDER_INLINE index out_offset(index n, index c) const { return (n * channels + c) * ho * wo; }
+};
+
+SOLDER_HD SOLDER_INLINE index min(index a, index b) { return a < b ? a : b; }
+SOLDER_HD SOLDER_INLINE index max(index a, index b) { return a < b ? b : a; }
+
+/// A half-open range [begin, end) of rows or columns.
+struct interval {
+  index begin, end;
+};
+
+/// The input rows (or columns) of window o of a strided window, clipped to the input [0, n):
+/// the padding adds none (max: it is -inf; avg: it adds 0).
+SOLDER_HD SOLDER_INLINE interval window(index o, index n, const geometry& g) {
+  const index first = o * g.stride - g.pad;
+  return {max(first, 0), min(first + g.kernel, n)};
+}
+
+/// The windows o in [0, n_out) whose range holds input row (or column) i: o S - P <= i and
+/// i <= o S - P + K - 1.
+SOLDER_HD SOLDER_INLINE interval windows_over(index i, index n_out, const geometry& g) {
+  const index past = i + g.pad - g.kernel + 1;  // o S >= past
+  return {past <= 0 ? 0 : (past + g.stride - 1) / g.stride, min((i + g.pad) / g.stride + 1, n_out)};
+}
+
+/// avg_pool2d's divisor for output (oh, ow), as torch: the window clipped to the padded input
+/// [-P, H + P) when CountIncludePad (the pad counts, what lies beyond it does not), else to the
+/// input itself.
+SOLDER_HD SOLDER_INLINE index avg_divisor(index oh, index ow, const geometry& g, bool count_include_pad) {
+  if (!count_include_pad) {
+    const interval r = window(oh, g.h, g), q = window(ow, g.w, g);
+    return (r.end - r.begin) * (q.end - q.begin);
+  }
+  const index h0 = oh * g.stride - g.pad, w0 = ow * g.stride - g.pad;
+  return (min(h0 + g.kernel, g.h + g.pad) - h0) * (min(w0 + g.kernel, g.w + g.pad) - w0);
+}
+
+/// Adaptive window o of n_out over n inputs, as torch: [floor(o n / n_out), ceil((o + 1) n / n_out)).
+/// The same formula with n and n_out swapped gives the windows that hold input i.
+SOLDER_HD SOLDER_INLINE interval adaptive_window(index o, index n_out, index n) {
+  return {(o * n) / n_out, ((o + 1) * n + n_out - 1) / n_out};
+}
+
+/// y[n, c, oh, ow] = the max of x over the window, and argmax[n, c, oh, ow] = its index
+/// ih * W + iw in the plane. As torch's CPU kernel: the first maximal element in row-major
+/// window order wins a tie; a NaN wins over any number and the last NaN of the window is kept,
+/// so a NaN anywhere in the window makes y NaN.
+SOLDER_HD SOLDER_INLINE void max_forward_at(const float* x, float* y, std::int32_t* argmax, const geometry& g, index n,
+                                            index c, index oh, index ow) {
+  const float* xp = x + g.in_offset(n, c);
+  const interval r = window(oh, g.h, g), q = window(ow, g.w, g);
+  // torch starts from -inf at the window's first element, so a window of -inf points there.
+  float best = -std::numeric_limits<float>::infinity();
+  index at = r.begin * g.w + q.begin;
+  for (index ih = r.begin; ih < r.end; ++ih)
+    for (index iw = q.begin; iw < q.end; ++iw) {
+      const float v = xp[ih * g.w + iw];
+      if (v > best || simd::isnan(v)) {
+        best = v;
+        at = ih * g.w + iw;
+      }
+    }
+  const index o = g.out_offset(n, c) + oh * g.wo + ow;
+  y[o] = best;
+  argmax[o] = std::int32_t(at);
+}
+
+/// dx[n, c, ih, iw] = the sum of dy over the windows whose argmax is (ih, iw), added in
+/// row-major output order (the order of torch's scatter, so the same float sum).
+SOLDER_HD SOLDER_INLINE void max_backward_at(const float* dy, const std::int32_t* argmax, float* dx, const geometry& g,
+                                             index n, index c, index ih, index iw) {
+  const index base = g.out_offset(n, c), self = ih * g.w + iw;
+  const interval r = windows_over(ih, g.ho, g), q = windows_over(iw, g.wo, g);
+  float sum = 0;
+  for (index oh = r.begin; oh < r.end; ++oh)
+    for (index ow = q.begin; ow < q.end; ++ow) {
+      const index o = base + oh * g.wo + ow;
+      if (argmax[o] == self) sum += dy[o];
+    }
+  dx[g.in_offset(n, c) + self] = sum;
+}
+
+/// y[n, c, oh, ow] = (sum of x over the window) / avg_divisor, summed in float in row-major
+/// window order as torch's CPU kernel.
+SOLDER_HD SOLDER_INLINE void avg_forward_at(const float* x, float* y, const geometry& g, bool count_include_pad,
+                                            index n, index c, index oh, index ow) {
+  const float* xp = x + g.in_offset(n, c);
+  const interval r = window(oh, g.h, g), q = window(ow, g.w, g);
+  float sum = 0;
+  for (index ih = r.begin; ih < r.end; ++ih)
+    for (index iw = q.begin; iw < q.end; ++iw) sum += xp[ih * g.w + iw];
+  y[g.out_offset(n, c) + oh * g.wo + ow] = sum / float(avg_divisor(oh, ow, g, count_include_pad));
+}
+
+/// dx[n, c, ih, iw] = the sum of dy / avg_divisor over the windows that hold (ih, iw), in
+/// row-major output order.
+SOLDER_HD SOLDER_INLINE void avg_backward_at(const float* dy, float* dx, const geometry& g, bool count_include_pad,
+                                             index n, index c, index ih, index iw) {
+  const float* dyp = dy + g.out_offset(n, c);
+  const interval r = windows_over(ih, g.ho, g), q = windows_over(iw, g.wo, g);
+  float sum = 0;
+  for (index oh = r.begin; oh < r.end; ++oh)
+    for (index ow = q.begin; ow < q.end; ++ow)
+      sum += dyp[oh * g.wo + ow] / float(avg_divisor(oh, ow, g, count_include_pad));
+  dx[g.in_offset(n, c) + ih * g.w + iw] = sum;
+}
+
+/// y[n, c, oh, ow] = (sum of x over the adaptive window) / kh / kw: float sum in row-major
+/// order and two divisions, as torch's CPU kernel.
+SOLDER_HD SOLDER_INLINE void adaptive_avg_forward_at(const float* x, float* y, const geometry& g, index n, index c,
+                                                     index oh, index ow) {
+  const float* xp = x + g.in_offset(n, c);
+  const interval r = adaptive_window(oh, g.ho, g.h), q = adaptive_window(ow, g.wo, g.w);
+  float sum = 0;
+  for (index ih = r.begin; ih < r.end; ++ih)
+    for (index iw = q.begin; iw < q.end; ++iw) sum += xp[ih * g.w + iw];
+  y[g.out_offset(n, c) + oh * g.wo + ow] = sum / float(r.end - r.begin) / float(q.end - q.begin);
+}
+
+/// dx[n, c, ih, iw] = the sum of dy / kh / kw over the adaptive windows that hold (ih, iw), in
+/// row-major output order.
+SOLDER_HD SOLDER_INLINE void adaptive_avg_backward_at(const float* dy, float* dx, const geometry& g, index n, index c,
+                                                      index ih, index iw) {
+  const float* dyp = dy + g.out_offset(n, c);
+  const interval r = adaptive_window(ih, g.h, g.ho), q = adaptive_window(iw, g.w, g.wo);
+  float sum = 0;
+  for (index oh = r.begin; oh < r.end; ++oh) {
+    const interval wr = adaptive_window(oh, g.ho, g.h);
+    for (index ow = q.begin; ow < q.end; ++ow) {
+      const interval wq = adaptive_window(ow, g.wo, g.w);
+      sum += dyp[oh * g.wo + ow] / float(wr.end - wr.begin) / float(wq.end - wq.begin);
+    }
+  }
+  dx[g.in_offset(n, c) + ih * g.w + iw] = sum;
+}
+
+/// f(n, c, i, j) for every element (i, j) of a rows x cols plane of each of `planes` planes
+/// (plane p = n C + c). Elements are independent, so the thread count cannot change a result;
+/// `plane_work` (elements touched per plane) decides whether threads pay.
+template <class F>
+void for_each_in_planes(std::size_t planes, std::size_t channels, std::size_t rows, std::size_t cols,
+                        std::size_t plane_work, const F& f) {
+  executor<cpu>::for_rows(planes, plane_work, [&](std::size_t p) {
+    const index n = index(p / channels), c = index(p % channels);
+    for (index i = 0; i < index(rows); ++i)
+      for (index j = 0; j < index(cols); ++j) f(n, c, i, j);
+  });
+}
+
+/// Output extent of a strided window over n inputs: floor((n + 2P - K) / S) + 1, torch's
+/// ceil_mode=False; 0 when the padded input is shorter than the window.
+constexpr std::size_t out_extent(std::size_t n, std::size_t k, std::size_t s, std::size_t p) {
+  return n + 2 * p >= k ? (n + 2 * p - k) / s + 1 : 0;
+}
+
+/// "[C, H, W] with H + 2*1 >= 3 and W + 2*1 >= 3" (or "H, W >= 3" without padding).
+constexpr void append_window_takes(fixed_string& m, std::size_t k, std::size_t p) {
+  m.append("[C, H, W]");
+  if (k <= 1) return;
+  if (p == 0) {
+    m.append(" with H, W >= ").append(k);
+  } else {
+    m.append(" with H + 2*").append(p).append(" >= ").append(k);
+    m.append(" and W + 2*").append(p).append(" >= ").append(k);
+  }
+}
+
+/// The shape check every pooling layer runs on its tensor types: x [batch, C, H, W] that the
+/// layer takes (Traits::takes), y [batch, C, Ho, Wo] as it gives. One error per mistake.
+template <fixed_string Who, class Traits, class SX, class SY>
+constexpr bool check_shapes() {
+  constexpr bool x_ok = [] {
+    if constexpr (SX::rank == 4)
+      return Traits::takes(sample_of<SX>());
+    else
+      return false;
+  }();
+  if constexpr (!x_ok) {
+    constexpr fixed_string m = [] {
+      fixed_string s = Who;
+      s.append(": the samples of x must be ");
+      Traits::append_takes(s);
+      s.append("; got x ");
+      solder::detail::append_shape<SX>(s);
+      return s;
+    }();
+    return diagnostic<m>::reported;
+  } else {
+    constexpr bool y_ok = [] {
+      if constexpr (SY::rank == 4)
+        return SY::extents[0] == SX::extents[0] && sample_of<SY>() == Traits::gives(sample_of<SX>());
+      else
+        return false;
+    }();
+    if constexpr (y_ok) {
+      return true;
+    } else {
+      constexpr fixed_string m = [] {
+        const sample_shape want = Traits::gives(sample_of<SX>());
+        fixed_string s = Who;
+        s.append(": x ");
+        solder::detail::append_shape<SX>(s);
+        s.append(" gives y [");
+        if (SX::extents[0] == dyn)
+          s.append("?");
+        else
+          s.append(SX::extents[0]);
+        for (std::size_t d = 0; d < want.rank; ++d) s.append(", ").append(want.dims[d]);
+        s.append("]; got y ");
+        solder::detail::append_shape<SY>(s);
+        return s;
+      }();
+      return diagnostic<m>::reported;
+    }
+  }
+}
+
+}  // namespace pool2d
+
+/// y [batch, C, Ho, Wo] = the max of x [batch, C, H, W] over K x K windows at stride S, with P
+/// rows and columns of -inf padding: torch's nn.MaxPool2d(K, S, P) (dilation 1, ceil_mode=False),
+/// Ho = floor((H + 2P - K) / S) + 1. A NaN in a window makes its y NaN. Forward saves each
+/// output's argmax; backward routes dy there (ties: the first maximal element, row-major).
+template <std::size_t K, std::size_t Stride = K, std::size_t Pad = 0>
+class max_pool2d {
+  static_assert(K >= 1 && Stride >= 1, "solder::nn::max_pool2d: the kernel size and the stride must be at least 1");
+  static_assert(Pad <= K / 2, "solder::nn::max_pool2d: the padding must be at most half the kernel size (Pad <= K / 2), "
+                              "as torch requires; use a larger kernel or less padding");
+
+ public:
+  static constexpr const char* name = "max_pool2d";
+
+  struct planner_traits {
+    static constexpr layer_kind kind = layer_kind::block;
+    static constexpr std::size_t in = 0, out = 0;
+    static constexpr std::size_t parameters = 0;
+    // K*K compares per output forward; one add per output routed backward.
+    static constexpr double forward_flops(std::size_t out_features) { return double(K * K) * double(out_features); }
+    static constexpr double backward_flops(std::size_t out_features) { return double(out_features); }
+    // The argmax of each output (an int32, one float's size).
+    static constexpr std::size_t saved_floats(std::size_t out_features) { return out_features; }
+    static constexpr bool takes(sample_shape s) {
+      return s.rank == 3 && s[0] >= 1 && pool2d::out_extent(s[1], K, Stride, Pad) >= 1 &&
+             pool2d::out_extent(s[2], K, Stride, Pad) >= 1;
+    }
+    static constexpr sample_shape gives(sample_shape s) {
+      if (!takes(s)) return {};
+      return sample_shape(s[0], pool2d::out_extent(s[1], K, Stride, Pad), pool2d::out_extent(s[2], K, Stride, Pad));
+    }
+    static constexpr void append_takes(fixed_string& m) { pool2d::append_window_takes(m, K, Pad); }
+  };
+
+  /// No parameters.
+  std::vector<optim::param> params(const std::string& /*prefix*/ = "") { return {}; }
+
+  /// y = max_pool2d(x) for x [batch, C, H, W], y [batch, C, Ho, Wo] (not overlapping x); saves
+  /// the argmax of every output for backward.
+  template <class SX, class SY>
+  void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+    static_assert(pool2d::check_shapes<who, planner_traits, SX, SY>());
+    if (x.batch() != y.batch())
+      detail::batches_differ("solder::nn::max_pool2d::forward", {{"x", x.batch()}, {"y", y.batch()}});
+    constexpr pool2d::geometry g = geometry_of<SX, SY>();
+    const std::size_t planes = x.size() / (SX::extents[2] * SX::extents[3]);
+    if (argmax.size() < y.size()) argmax.resize(y.size());
+    saved_x = x.size();
+    saved_y = y.size();
+    const float* xp = x.data();
+    float* yp = y.data();
+    std::int32_t* ap = argmax.data();
+    pool2d::for_each_in_planes(planes, g.channels, g.ho, g.wo, g.h * g.w,
+                               [=](pool2d::index n, pool2d::index c, pool2d::index oh, pool2d::index ow) {
+                                 pool2d::max_forward_at(xp, yp, ap, g, n, c, oh, ow);
+                               });
+  }
+  template <class SX, class SY>
+  void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
+    forward(x.ref(), y.ref());
+  }
+
+  /// dx = dL/dx (overwritten) for the last forward, whose input and output x and y were: each
+  /// dy goes to its window's saved argmax. x and y are not read.
+  template <class SX, class SY>
+  void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
+                tensor_ref<float, SX> dx) {
+    static_assert(pool2d::check_shapes<who, planner_traits, SX, SY>());
+    const std::size_t batch = x.batch();
+    if (y.batch() != batch || dy.batch() != batch || dx.batch() != batch)
+      detail::batches_differ("solder::nn::max_pool2d::backward",
+                             {{"x", batch}, {"y", y.batch()}, {"dy", dy.batch()}, {"dx", dx.batch()}});
+    if (saved_y == 0)
+      solder::detail::fail("solder::nn::max_pool2d::backward: no forward has run; backward needs the argmax the "
+                           "forward on this batch saved");
+    if (x.size() != saved_x || y.size() != saved_y)
+      solder::detail::fail("solder::nn::max_pool2d::backward: the last forward saw x of " + std::to_string(saved_x) +
+                           " and y of " + std::to_string(saved_y) + " elements but backward got " +
+                           std::to_string(x.size()) + " and " + std::to_string(y.size()) +
+                           "; run forward on this batch first");
+    constexpr pool2d::geometry g = geometry_of<SX, SY>();
+    const std::size_t planes = x.size() / (SX::extents[2] * SX::extents[3]);
+    const float* dyp = dy.data();
+    const std::int32_t* ap = argmax.data();
+    float* dxp = dx.data();
+    // A gather per input element: no two threads write one dx, and each sum has a fixed order.
+    pool2d::for_each_in_planes(planes, g.channels, g.h, g.w, g.h * g.w,
+                               [=](pool2d::index n, pool2d::index c, pool2d::index ih, pool2d::index iw) {
+                                 pool2d::max_backward_at(dyp, ap, dxp, g, n, c, ih, iw);
+                               });
+  }
+  template <class SX, class SY>
+  void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy, tensor<float, SX>& dx) {
+    backward(x.ref(), y.ref(), dy.ref(), dx.ref());
+  }
+
+ private:
+  static constexpr fixed_string who = [] {
+    fixed_string s("solder::nn::max_pool2d<");
+    s.append(K).append(", ").append(Stride).append(", ").append(Pad).append(">");
+    return s;
+  }();
+
+  template <class SX, class SY>
+  static constexpr pool2d::geometry geometry_of() {
+    static_assert(SX::extents[2] * SX::extents[3] <= std::size_t(std::numeric_limits<std::int32_t>::max()),
+                  "solder::nn::max_pool2d: an input plane H * W must fit the int32 argmax; split the image");
+    return {pool2d::index(SX::extents[1]), pool2d::index(SX::extents[2]), pool2d::index(SX::extents[3]),
+            pool2d::index(SY::extents[2]), pool2d::index(SY::extents[3]), pool2d::index(K), pool2d::index(Stride),
+            pool2d::index(Pad)};
+  }
+
+  // Saved rather than recomputed from x: backward then reads Ho*Wo indices per plane instead of
+  // H*W inputs and K*K compares per output, and routes exactly where forward chose, as torch.
+  std::vector<std::int32_t> argmax;  // per output of the last forward: ih * W + iw in its plane
+  std::size_t saved_x = 0, saved_y = 0;  // its x and y elements; 0: no forward yet
+};
+
+/// y [batch, C, Ho, Wo] = the mean of x [batch, C, H, W] over K x K windows at stride S with P
+/// rows and columns of zero padding: torch's nn.AvgPool2d(K, S, P, ceil_mode=False,
+/// count_include_pad). The divisor is the window clipped to the padded input [-P, H + P) when
+/// CountIncludePad, to the input itself otherwise. Backward spreads dy / divisor over the window.
+template <std::size_t K, std::size_t Stride = K, std::size_t Pad = 0, bool CountIncludePad = true>
+class avg_pool2d {
+  static_assert(K >= 1 && Stride >= 1, "solder::nn::avg_pool2d: the kernel size and the stride must be at least 1");
+  static_assert(Pad <= K / 2, "solder::nn::avg_pool2d: the padding must be at most half the kernel size (Pad <= K / 2), "
+                              "as torch requires; use a larger kernel or less padding");
+
+ public:
+  static constexpr const char* name = "avg_pool2d";
+
+  struct planner_traits {
+    static constexpr layer_kind kind = layer_kind::block;
+    static constexpr std::size_t in = 0, out = 0;
+    static constexpr std::size_t parameters = 0;
+    // K*K - 1 adds and a divide per output; backward a divide and K*K adds per output.
+    static constexpr double forward_flops(std::size_t out_features) { return double(K * K) * double(out_features); }
+    static constexpr double backward_flops(std::size_t out_features) { return double(K * K + 1) * double(out_features); }
+    static constexpr std::size_t saved_floats(std::size_t) { return 0; }
+    static constexpr bool takes(sample_shape s) {
+      return s.rank == 3 && s[0] >= 1 && pool2d::out_extent(s[1], K, Stride, Pad) >= 1 &&
+             pool2d::out_extent(s[2], K, Stride, Pad) >= 1;
+    }
+    static constexpr sample_shape gives(sample_shape s) {
+      if (!takes(s)) return {};
+      return sample_shape(s[0], pool2d::out_extent(s[1], K, Stride, Pad), pool2d::out_extent(s[2], K, Stride, Pad));
+    }
+    static constexpr void append_takes(fixed_string& m) { pool2d::append_window_takes(m, K, Pad); }
+  };
+
+  /// No parameters.
+  std::vector<optim::param> params(const std::string& /*prefix*/ = "") { return {}; }
+
+  /// y = avg_pool2d(x) for x [batch, C, H, W], y [batch, C, Ho, Wo] (not overlapping x).
+  template <class SX, class SY>
+  void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+    static_assert(pool2d::check_shapes<who, planner_traits, SX, SY>());
+    if (x.batch() != y.batch())
+      detail::batches_differ("solder::nn::avg_pool2d::forward", {{"x", x.batch()}, {"y", y.batch()}});
+    constexpr pool2d::geometry g = geometry_of<SX, SY>();
+    const std::size_t planes = x.size() / (SX::extents[2] * SX::extents[3]);
+    const float* xp = x.data();
+    float* yp = y.data();
+    pool2d::for_each_in_planes(planes, g.channels, g.ho, g.wo, g.h * g.w,
+                               [=](pool2d::index n, pool2d::index c, pool2d::index oh, pool2d::index ow) {
+                                 pool2d::avg_forward_at(xp, yp, g, CountIncludePad, n, c, oh, ow);
+                               });
+  }
+  template <class SX, class SY>
+  void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
+    forward(x.ref(), y.ref());
+  }
+
+  /// dx = dL/dx (overwritten), dx not overlapping dy; x and y are not read.
+  template <class SX, class SY>
+  void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
+                tensor_ref<float, SX> dx) {
+    static_assert(pool2d::check_shapes<who, planner_traits, SX, SY>());
+    const std::size_t batch = x.batch();
+    if (y.batch() != batch || dy.batch() != batch || dx.batch() != batch)
+      detail::batches_differ("solder::nn::avg_pool2d::backward",
+                             {{"x", batch}, {"y", y.batch()}, {"dy", dy.batch()}, {"dx", dx.batch()}});
+    constexpr pool2d::geometry g = geometry_of<SX, SY>();
+    const std::size_t planes = x.size() / (SX::extents[2] * SX::extents[3]);
+    const float* dyp = dy.data();
+    float* dxp = dx.data();
+    // A gather per input element: no two threads write one dx, and each sum has a fixed order.
+    pool2d::for_each_in_planes(planes, g.channels, g.h, g.w, g.h * g.w,
+                               [=](pool2d::index n, pool2d::index c, pool2d::index ih, pool2d::index iw) {
+                                 pool2d::avg_backward_at(dyp, dxp, g, CountIncludePad, n, c, ih, iw);
+                               });
+  }
+  template <class SX, class SY>
+  void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy, tensor<float, SX>& dx) {
+    backward(x.ref(), y.ref(), dy.ref(), dx.ref());
+  }
+
+ private:
+  static constexpr fixed_string who = [] {
+    fixed_string s("solder::nn::avg_pool2d<");
+    s.append(K).append(", ").append(Stride).append(", ").append(Pad);
+    s.append(CountIncludePad ? ", true>" : ", false>");
+    return s;
+  }();
+
+  template <class SX, class SY>
+  static constexpr pool2d::geometry geometry_of() {
+    return {pool2d::index(SX::extents[1]), pool2d::index(SX::extents[2]), pool2d::index(SX::extents[3]),
+            pool2d::index(SY::extents[2]), pool2d::index(SY::extents[3]), pool2d::index(K), pool2d::index(Stride),
+            pool2d::index(Pad)};
+  }
+};
+
+/// y [batch, C, Oh, Ow] = the mean of x [batch, C, H, W] over adaptive windows: torch's
+/// nn.AdaptiveAvgPool2d((Oh, Ow)), rows [floor(i H / Oh), ceil((i + 1) H / Oh)) and likewise
+/// columns (windows overlap when Oh does not divide H). Any H, W >= 1.
+template <std::size_t Oh, std::size_t Ow = Oh>
+class adaptive_avg_pool2d {
+  static_assert(Oh >= 1 && Ow >= 1, "solder::nn::adaptive_avg_pool2d: the output size Oh, Ow must be at least 1");
+
+ public:
+  static constexpr const char* name = "adaptive_avg_pool2d";
+
+  struct planner_traits {
+    static constexpr layer_kind kind = layer_kind::block;
+    static constexpr std::size_t in = 0, out = 0;
+    static constexpr std::size_t parameters = 0;
+    // Per output, its two divides. The window adds (about H*W/(Oh*Ow) per output) depend on the
+    // input size, which out_features alone does not give: a lower bound.
+    static constexpr double forward_flops(std::size_t out_features) { return 2.0 * double(out_features); }
+    static constexpr double backward_flops(std::size_t out_features) { return 2.0 * double(out_features); }
+    static constexpr std::size_t saved_floats(std::size_t) { return 0; }
+    static constexpr bool takes(sample_shape s) { return s.rank == 3 && s[0] >= 1 && s[1] >= 1 && s[2] >= 1; }
+    static constexpr sample_shape gives(sample_shape s) {
+      if (!takes(s)) return {};
+      return sample_shape(s[0], Oh, Ow);
+    }
+    static constexpr void append_takes(fixed_string& m) { m.append("[C, H, W]"); }
+  };
+
+  /// No parameters.
+  std::vector<optim::param> params(const std::string& /*prefix*/ = "") { return {}; }
+
+  /// y = adaptive_avg_pool2d(x) for x [batch, C, H, W], y [batch, C, Oh, Ow] (not overlapping x).
+  template <class SX, class SY>
+  void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+    static_assert(pool2d::check_shapes<who, planner_traits, SX, SY>());
+    if (x.batch() != y.batch())
+      detail::batches_differ("solder::nn::adaptive_avg_pool2d::forward", {{"x", x.batch()}, {"y", y.batch()}});
+    constexpr pool2d::geometry g = geometry_of<SX>();
+    const std::size_t planes = x.size() / (SX::extents[2] * SX::extents[3]);
+    const float* xp = x.data();
+    float* yp = y.data();
+    pool2d::for_each_in_planes(planes, g.channels, g.ho, g.wo, g.h * g.w,
+                               [=](pool2d::index n, pool2d::index c, pool2d::index oh, pool2d::index ow) {
+                                 pool2d::adaptive_avg_forward_at(xp, yp, g, n, c, oh, ow);
+                               });
+  }
+  template <class SX, class SY>
+  void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
+    forward(x.ref(), y.ref());
+  }
+
+  /// dx = dL/dx (overwritten), dx not overlapping dy; x and y are not read.
+  template <class SX, class SY>
+  void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
+                tensor_ref<float, SX> dx) {
+    static_assert(pool2d::check_shapes<who, planner_traits, SX, SY>());
+    const std::size_t batch = x.batch();
+    if (y.batch() != batch || dy.batch() != batch || dx.batch() != batch)
+      detail::batches_differ("solder::nn::adaptive_avg_pool2d::backward",
+                             {{"x", batch}, {"y", y.batch()}, {"dy", dy.batch()}, {"dx", dx.batch()}});
+    constexpr pool2d::geometry g = geometry_of<SX>();
+    const std::size_t planes = x.size() / (SX::extents[2] * SX::extents[3]);
+    const float* dyp = dy.data();
+    float* dxp = dx.data();
+    // A gather per input element: no two threads write one dx, and each sum has a fixed order.
+    pool2d::for_each_in_planes(planes, g.channels, g.h, g.w, g.h * g.w,
+                               [=](pool2d::index n, pool2d::index c, pool2d::index ih, pool2d::index iw) {
+                                 pool2d::adaptive_avg_backward_at(dyp, dxp, g, n, c, ih, iw);
+                               });
+  }
+  template <class SX, class SY>
+  void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy, tensor<float, SX>& dx) {
+    backward(x.ref(), y.ref(), dy.ref(), dx.ref());
+  }
+
+ private:
+  static constexpr fixed_string who = [] {
+    fixed_string s("solder::nn::adaptive_avg_pool2d<");
+    s.append(Oh).append(", ").append(Ow).append(">");
+    return s;
+  }();
+
+  template <class SX>
+  static constexpr pool2d::geometry geometry_of() {
+    return {pool2d::index(SX::extents[1]), pool2d::index(SX::extents[2]), pool2d::index(SX::extents[3]),
+            pool2d::index(Oh), pool2d::index(Ow)};
+  }
+};
+
+/// The mean over each whole plane, y [batch, C, 1, 1]: adaptive_avg_pool2d<1, 1>.
+using global_avg_pool2d = adaptive_avg_pool2d<1, 1>;
+
+}  // namespace solder::nn
