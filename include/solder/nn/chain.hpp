@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "solder/nn/buffer.hpp"
 #include "solder/nn/criterion.hpp"
 #include "solder/nn/plan.hpp"
 #include "solder/optim/optimizer.hpp"
@@ -122,8 +123,9 @@ class basic_chain {
     for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
       if constexpr (G::kind == layer_kind::product) {
         b.head().reset_parameters(random::derive_seed(seed, G::first));
+        if constexpr (requires { b.reset_norm(); }) b.reset_norm();
         b.weights_changed();
-        seed_dropouts<G::first + 1>(b.tail.layers, seed);
+        seed_dropouts<G::first + tail_first<std::remove_cvref_t<decltype(b)>>>(b.tail.layers, seed);
       } else if constexpr (G::kind == layer_kind::elementwise) {
         seed_dropouts<G::first>(b.layers, seed);
       } else if constexpr (requires { b.reset_parameters(seed); }) {
@@ -254,13 +256,28 @@ class basic_chain {
     std::vector<optim::param> out;
     for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
       const std::string at = std::to_string(G::first) + ".";
-      if constexpr (G::kind == layer_kind::product) {
+      if constexpr (requires { b.params_from(G::first); }) {
+        for (auto& p : b.params_from(G::first)) out.push_back(p);
+      } else if constexpr (G::kind == layer_kind::product) {
         add_layer_params(at, b.head(), out);
       } else if constexpr (G::kind == layer_kind::elementwise) {
         add_bias_params<G::first>(b.layers, out);
       } else if constexpr (requires { b.params(at); }) {
         for (auto& p : b.params(at)) out.push_back(p);
       }
+    });
+    return out;
+  }
+
+  /// The state besides parameters (batch_norm's running statistics), named as torch's
+  /// state_dict names them ("1.running_mean", ...); nn::save and nn::load include them.
+  std::vector<buffer> buffers() {
+    std::vector<buffer> out;
+    for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
+      if constexpr (requires { b.buffers_from(G::first); })
+        for (auto& t : b.buffers_from(G::first)) out.push_back(t);
+      else if constexpr (G::kind == layer_kind::block && requires { b.buffers(std::string()); })
+        for (auto& t : b.buffers(std::to_string(G::first) + ".")) out.push_back(t);
     });
     return out;
   }
@@ -316,7 +333,9 @@ class basic_chain {
   static auto& layer_in(B& b) {
     using G = std::tuple_element_t<block_of_layer<I>, groups>;
     constexpr std::size_t at = I - G::first;
-    if constexpr (G::kind == layer_kind::product) {
+    if constexpr (requires { b.template layer<at>(); } && G::kind == layer_kind::product) {
+      return b.template layer<at>();
+    } else if constexpr (G::kind == layer_kind::product) {
       if constexpr (at == 0)
         return b.head();
       else
@@ -365,14 +384,14 @@ class basic_chain {
   template <class G>
   using out_tensor = tensor<float, typename widths::template batch_after<G::first + G::size - 1>>;
   template <class Gs>
-  struct buffers_of;
+  struct outputs_of;
   template <class... Gs>
-  struct buffers_of<std::tuple<Gs...>> {
+  struct outputs_of<std::tuple<Gs...>> {
     using type = std::tuple<out_tensor<Gs>...>;
     static type make() { return type(out_tensor<Gs>(1)...); }
   };
-  using buffers = buffers_of<groups>;
-  typename buffers::type acts = buffers::make(), grads = buffers::make();  // each block's output and dL/d(output)
+  using outputs = outputs_of<groups>;
+  typename outputs::type acts = outputs::make(), grads = outputs::make();  // each block's output and dL/d(output)
   output_tensor dout{1};  // dL/d(model output), for train_step
   input_tensor dinput{1};  // dL/dx of a first block that must write one
 
@@ -387,6 +406,16 @@ class basic_chain {
           ...);
     }(std::make_index_sequence<std::tuple_size_v<Tuple>>{});
   }
+
+  /// The index within a product block of its tail's first layer (after the product layer, and
+  /// after a normalization folded into it).
+  template <class B>
+  static constexpr std::size_t tail_first = [] {
+    if constexpr (requires { B::tail_first; })
+      return B::tail_first;
+    else
+      return std::size_t(1);
+  }();
 
   /// A product layer's parameters, named by its param_names ("weight", "bias" for linear).
   template <class L>

@@ -2,10 +2,11 @@
 // with Boost.Hana, from what each layer is (nn/layer_info.hpp, which cost.hpp reads too). A
 // product layer and the parameter-free elementwise layers after it become one block of the
 // product layer's own kind (`Layer::block<Tail...>`: nn::linear_block, one GEMM forward, for a
-// linear layer; nn::sketched_block for a sketched one); any other run of elementwise layers
-// becomes one nn::elementwise_block (one pass); every other layer is a block of its own. The unfused policy makes every layer its
-// own block (one kernel per op), as an eager framework runs the model: the comparison the
-// flagship example prints.
+// linear layer; nn::sketched_block for a sketched one; nn::conv_block for a convolution, which
+// also takes the batch_norm right after it and folds it in when the model is frozen); any
+// other run of elementwise layers becomes one nn::elementwise_block (one pass); every other
+// layer is a block of its own. The unfused policy makes every layer its own block (one kernel
+// per op), as an eager framework runs the model: the comparison the flagship example prints.
 #pragma once
 
 #include <boost/hana/append.hpp>
@@ -57,11 +58,38 @@ struct block_of<group<layer_kind::block, F, L>> {
 template <class L>
 constexpr bool parameter_free = layer_info<L>::parameters == 0;
 
-/// Whether layer L joins the group G before it (fused policy): elementwise parameter-free
-/// layers join a product's group; elementwise layers join an elementwise group.
+/// The layer a group starts with.
+template <class G>
+struct head_of;
+template <layer_kind K, std::size_t F, class Head, class... Ls>
+struct head_of<group<K, F, Head, Ls...>> {
+  using type = Head;
+};
+
+/// The rewrite of a product followed by a normalization that folds into it (conv2d ->
+/// batch_norm): the normalization joins the product's group, whose block folds it into the
+/// product's weights when the model is frozen. Both layers say so in their planner_traits.
+template <class G, class L>
+constexpr bool folds_into() {
+  if constexpr (G::kind != layer_kind::product || G::size != 1) {
+    return false;
+  } else {
+    using Head = typename head_of<G>::type;
+    if constexpr (requires { layer_info<L>::folds_into_product; layer_info<Head>::folds_normalization; })
+      return layer_info<L>::folds_into_product && layer_info<Head>::folds_normalization;
+    else
+      return false;
+  }
+}
+
+/// Whether layer L joins the group G before it (fused policy): a normalization that folds into
+/// the product before it; elementwise parameter-free layers join a product's group;
+/// elementwise layers join an elementwise group.
 template <class G, class L>
 constexpr bool joins() {
-  if constexpr (layer_info<L>::kind != layer_kind::elementwise)
+  if constexpr (folds_into<G, L>())
+    return true;
+  else if constexpr (layer_info<L>::kind != layer_kind::elementwise)
     return false;
   else if constexpr (G::kind == layer_kind::product)
     return parameter_free<L>;

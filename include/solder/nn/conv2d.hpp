@@ -1,0 +1,666 @@
+// nn/conv2d.hpp: PyTorch's nn.Conv2d (zero padding) over NCHW activations: per sample and group,
+// im2col into a per-thread workspace, then solder's GEMM with the bias in its epilogue; backward
+// as GEMMs too, with dx gathered per input element (col2im without atomics). Depthwise layers
+// (Groups == Cin) run a direct loop per plane instead.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "solder/config.hpp"
+#include "solder/diagnostic.hpp"
+#include "solder/eval/cpu/access.hpp"
+#include "solder/eval/cpu/batch.hpp"
+#include "solder/eval/cpu/chunking.hpp"
+#include "solder/eval/cpu/gemm.hpp"
+#include "solder/eval/cpu/gemm_epilogue.hpp"
+#include "solder/eval/cpu/parallel.hpp"
+#include "solder/memory.hpp"
+#include "solder/nn/batch_check.hpp"
+#include "solder/nn/layer_kind.hpp"
+#include "solder/nn/linear.hpp"
+#include "solder/nn/sample_shape.hpp"
+#include "solder/optim/optimizer.hpp"
+#include "solder/shape.hpp"
+#include "solder/tensor.hpp"
+
+namespace solder::nn {
+
+namespace detail {
+
+/// Where the windows of a convolution of one [C, H, W] sample fall: a Kh x Kw kernel with
+/// stride S, zero padding P and dilation D on each side gives [Ho, Wo] outputs. The per-element
+/// bodies below are functions of their coordinates only, for the CPU loops and device code alike.
+template <std::size_t H, std::size_t W, std::size_t Kh, std::size_t Kw, std::size_t S, std::size_t P, std::size_t D>
+struct conv2d_geometry {
+  static constexpr std::size_t height = H;
+  static constexpr std::size_t width = W;
+  static constexpr std::size_t out_height = (H + 2 * P - D * (Kh - 1) - 1) / S + 1;
+  static constexpr std::size_t out_width = (W + 2 * P - D * (Kw - 1) - 1) / S + 1;
+  static constexpr std::size_t in_plane = H * W;
+  static constexpr std::size_t out_plane = out_height * out_width;
+  static constexpr std::size_t taps = Kh * Kw;
+
+  /// The input row (column) that tap kh (kw) of output row ho (column wo) reads; past the
+  /// padding on the left or top it wraps to a huge value, so one unsigned compare with H (W)
+  /// tests both edges.
+  SOLDER_HD static constexpr std::size_t in_row(std::size_t ho, std::size_t kh) { return ho * S + kh * D - P; }
+  SOLDER_HD static constexpr std::size_t in_col(std::size_t wo, std::size_t kw) { return wo * S + kw * D - P; }
+
+  /// col[(ci Kh + kh) Kw + kw][ho Wo + wo] = x[ci][in_row(ho, kh)][in_col(wo, kw)] for x
+  /// [C, H, W], 0 in the padding: im2col's element.
+  SOLDER_HD static float im2col_at(const float* x, std::size_t ci, std::size_t kh, std::size_t kw, std::size_t ho,
+                                   std::size_t wo) {
+    const std::size_t hi = in_row(ho, kh), wi = in_col(wo, kw);
+    return hi < H && wi < W ? x[(ci * H + hi) * W + wi] : 0.0f;
+  }
+
+  /// The output columns [first, last) whose tap kw reads inside the input (first == last: none).
+  // (Ternaries rather than std::min and std::max, which device code cannot call.)
+  SOLDER_HD static constexpr std::size_t first_inside(std::size_t kw) {
+    const std::size_t first = kw * D >= P ? 0 : (P - kw * D + S - 1) / S;
+    return first < out_width ? first : out_width;
+  }
+  SOLDER_HD static constexpr std::size_t last_inside(std::size_t kw) {
+    std::size_t last = W + P <= kw * D ? 0 : (W + P - kw * D + S - 1) / S;
+    last = last < out_width ? last : out_width;
+    return last > first_inside(kw) ? last : first_inside(kw);
+  }
+
+  /// out[wo] = im2col_at(x, 0, kh, kw, ho, wo) for every wo of output row ho, x one plane
+  /// [H, W]: im2col's elements a row at a time, the padding's zeros split off so the inside
+  /// is a plain (strided) copy.
+  SOLDER_HD static void im2col_row(const float* x, std::size_t kh, std::size_t kw, std::size_t ho, float* out) {
+    const std::size_t hi = in_row(ho, kh);
+    const std::size_t first = hi < H ? first_inside(kw) : out_width, last = hi < H ? last_inside(kw) : out_width;
+    for (std::size_t wo = 0; wo < first; ++wo) out[wo] = 0.0f;
+    if (first < last) {
+      const float* src = x + hi * W + in_col(first, kw);
+      for (std::size_t j = 0; j < last - first; ++j) out[first + j] = src[j * S];
+    }
+    for (std::size_t wo = last; wo < out_width; ++wo) out[wo] = 0.0f;
+  }
+
+  /// f(kh, kw, ho, wo) for every tap (kh, kw) of every window (ho, wo) that reads input element
+  /// (hi, wi), kh then kw ascending: the inverse of im2col_at's index map.
+  template <class F>
+  SOLDER_HD static void for_each_reader(std::size_t hi, std::size_t wi, F&& f) {
+    for (std::size_t kh = 0; kh < Kh; ++kh) {
+      if (hi + P < kh * D) break;  // later taps start further down
+      const std::size_t th = hi + P - kh * D;  // ho S
+      if (th % S != 0 || th / S >= out_height) continue;
+      for (std::size_t kw = 0; kw < Kw; ++kw) {
+        if (wi + P < kw * D) break;
+        const std::size_t tw = wi + P - kw * D;  // wo S
+        if (tw % S != 0 || tw / S >= out_width) continue;
+        f(kh, kw, th / S, tw / S);
+      }
+    }
+  }
+
+  /// dx[ci][hi][wi] = sum of dcol over the im2col entries that copied x[ci][hi][wi], dcol
+  /// [C Kh Kw, Ho Wo]: col2im as a gather, each input element summed by itself in a fixed order.
+  SOLDER_HD static float col2im_at(const float* dcol, std::size_t ci, std::size_t hi, std::size_t wi) {
+    float acc = 0.0f;
+    for_each_reader(hi, wi, [&](std::size_t kh, std::size_t kw, std::size_t ho, std::size_t wo) {
+      acc += dcol[((ci * Kh + kh) * Kw + kw) * out_plane + ho * out_width + wo];
+    });
+    return acc;
+  }
+
+  /// dx[hi][wi] of one input plane of a depthwise layer: the sum over its `multiplier` output
+  /// planes j (dy_j = dy + j Ho Wo, kernel w_j = w + j Kh Kw) of w_j[kh][kw] dy_j[ho][wo] over
+  /// the windows that read (hi, wi).
+  SOLDER_HD static float depthwise_dx_at(const float* dy, const float* w, std::size_t multiplier, std::size_t hi,
+                                         std::size_t wi) {
+    float acc = 0.0f;
+    for (std::size_t j = 0; j < multiplier; ++j)
+      for_each_reader(hi, wi, [&](std::size_t kh, std::size_t kw, std::size_t ho, std::size_t wo) {
+        acc += w[j * taps + kh * Kw + kw] * dy[j * out_plane + ho * out_width + wo];
+      });
+    return acc;
+  }
+};
+
+/// The GEMM epilogue of forward: C[m][n] = acc + bias[m] (bias per row of C, an output
+/// channel), or acc without a bias.
+template <bool WithBias>
+struct conv2d_store_epilogue {
+  const float* bias;
+  float* C;
+  std::size_t ldc;
+
+  template <std::size_t MR, std::size_t NV>
+  SOLDER_INLINE void tile(const eval::cpu::vec<float> (&acc)[MR][NV], std::size_t m0, std::size_t n0, std::size_t mr,
+                          std::size_t nr) const {
+    using V = eval::cpu::vec<float>;
+#pragma GCC unroll 16
+    for (std::size_t r = 0; r < MR; ++r)
+      if (r < mr) {
+        float* c = C + (m0 + r) * ldc + n0;
+        if constexpr (WithBias) {
+          const V b(bias[m0 + r]);
+          eval::cpu::gemm_detail::store_row<NV>(c, acc[r], nr, [&](const V& x, std::size_t) { return x + b; });
+        } else {
+          eval::cpu::gemm_detail::store_row<NV>(c, acc[r], nr, [](const V& x, std::size_t) { return x; });
+        }
+      }
+  }
+};
+
+/// The GEMM epilogue of dW over a run of samples: C = acc for the run's first sample, then
+/// C = C + acc (one rounding per sample, in sample order).
+struct conv2d_accumulate_epilogue {
+  float* C;
+  std::size_t ldc;
+  bool first;
+
+  template <std::size_t MR, std::size_t NV>
+  SOLDER_INLINE void tile(const eval::cpu::vec<float> (&acc)[MR][NV], std::size_t m0, std::size_t n0, std::size_t mr,
+                          std::size_t nr) const {
+    using V = eval::cpu::vec<float>;
+    constexpr std::size_t lanes = V::size;
+#pragma GCC unroll 16
+    for (std::size_t r = 0; r < MR; ++r)
+      if (r < mr) {
+        float* c = C + (m0 + r) * ldc + n0;
+        if (first) {
+          eval::cpu::gemm_detail::store_row<NV>(c, acc[r], nr, [](const V& x, std::size_t) { return x; });
+        } else {
+          eval::cpu::gemm_detail::store_row<NV>(c, acc[r], nr, [&](const V& x, std::size_t v) {
+            const std::size_t col = v * lanes;  // store_row asks only for vectors with valid lanes
+            const V old = col + lanes <= nr ? V::load_unaligned(c + col) : eval::cpu::load_first<V>(c + col, nr - col);
+            return old + x;
+          });
+        }
+      }
+  }
+};
+
+/// What each thread keeps between calls: im2col's columns, the column gradient, and (for the
+/// threads that start a backward) the partial dW sums its chunks write.
+enum class conv2d_slot { columns, column_grad, partial_dw, count };
+inline float* conv2d_workspace(conv2d_slot slot, std::size_t n) {
+  thread_local growing_buffer<float> spaces[std::size_t(conv2d_slot::count)];
+  return spaces[std::size_t(slot)].get(n);
+}
+
+/// True when [p, p + n) and [q, q + m) (floats) overlap.
+inline bool conv2d_overlaps(const float* p, std::size_t n, const float* q, std::size_t m) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(q);
+  return a < b + m * sizeof(float) && b < a + n * sizeof(float);
+}
+
+}  // namespace detail
+
+template <class Conv, class... Tail>
+class conv_block;
+
+/// y = conv2d(x, W) + b, torch's nn.Conv2d(Cin, Cout, (Kh, Kw), stride, padding, dilation,
+/// groups, bias) with zero padding: x [batch, Cin, H, W] -> y [batch, Cout, Ho, Wo],
+/// Ho = (H + 2 Pad - Dilation (Kh - 1) - 1) / Stride + 1 (Wo likewise); W [Cout, Cin/Groups,
+/// Kh, Kw] and b [Cout] as torch stores them. H and W come from x's shape type. Results do not
+/// depend on the thread count.
+template <std::size_t Cin, std::size_t Cout, std::size_t Kh, std::size_t Kw, std::size_t Stride = 1,
+          std::size_t Pad = 0, std::size_t Dilation = 1, std::size_t Groups = 1, bool Bias = true>
+class conv2d {
+  static_assert(Cin >= 1 && Cout >= 1, "solder::nn::conv2d: the channel counts Cin and Cout must be at least 1");
+  static_assert(Kh >= 1 && Kw >= 1, "solder::nn::conv2d: the kernel size Kh x Kw must be at least 1 x 1");
+  static_assert(Stride >= 1 && Dilation >= 1, "solder::nn::conv2d: Stride and Dilation must be at least 1");
+  static_assert(Groups >= 1, "solder::nn::conv2d: Groups must be at least 1");
+  static_assert(Cin % Groups == 0,
+                "solder::nn::conv2d: Cin must be a multiple of Groups (each group takes Cin/Groups channels)");
+  static_assert(Cout % Groups == 0,
+                "solder::nn::conv2d: Cout must be a multiple of Groups (each group gives Cout/Groups channels)");
+
+ public:
+  static constexpr std::size_t in_channels = Cin;
+  static constexpr std::size_t out_channels = Cout;
+  static constexpr std::size_t kernel_height = Kh;
+  static constexpr std::size_t kernel_width = Kw;
+  static constexpr std::size_t stride = Stride;
+  static constexpr std::size_t padding = Pad;
+  static constexpr std::size_t dilation = Dilation;
+  static constexpr std::size_t groups = Groups;
+  static constexpr bool has_bias = Bias;
+  static constexpr std::size_t group_in = Cin / Groups;    // input channels per group
+  static constexpr std::size_t group_out = Cout / Groups;  // output channels per group
+  /// Inputs of one output element: the K of each group's product, and torch's fan_in.
+  static constexpr std::size_t fan_in = group_in * Kh * Kw;
+  /// Groups of one input channel each (torch's depthwise layers) run a direct loop per plane:
+  /// their products have K = Kh Kw, too short for the GEMM to pay for im2col.
+  static constexpr bool depthwise = Groups == Cin && Groups > 1;
+  static constexpr const char* name = "conv2d";
+  /// Parameter names in params() order, as PyTorch's state_dict names them.
+  static constexpr const char* param_names[] = {"weight", "bias"};
+
+  /// The output extent along an axis of `in` elements with a kernel of `k` taps (0 when the
+  /// dilated kernel does not fit in the padded input).
+  static constexpr std::size_t output_size(std::size_t in, std::size_t k) {
+    const std::size_t span = Dilation * (k - 1) + 1;
+    return in + 2 * Pad < span ? 0 : (in + 2 * Pad - span) / Stride + 1;
+  }
+
+  /// What the planner and cost.hpp know of the layer (nn/layer_info.hpp).
+  /// The block the planner runs this layer as, with the batch_norm and elementwise layers after it.
+  template <class... Tail>
+  using block = conv_block<conv2d, Tail...>;
+
+  struct planner_traits {
+    // A product: the elementwise layers after it join its block, and a batch_norm right after
+    // it too (folded into the weights in evaluation mode).
+    static constexpr layer_kind kind = layer_kind::product;
+    static constexpr bool folds_normalization = true;
+    static constexpr std::size_t in = 0, out = 0;  // samples are images, not feature vectors
+    static constexpr std::size_t parameters = Cout * fan_in + (Bias ? Cout : 0);
+    // Per output element: fan_in multiply-adds, and the bias add.
+    static constexpr double forward_flops(std::size_t out_features) {
+      return double(out_features) * (2.0 * fan_in + (Bias ? 1.0 : 0.0));
+    }
+    // The products for dW and dx (twice forward's), and db's sum.
+    static constexpr double backward_flops(std::size_t out_features) {
+      return double(out_features) * (4.0 * fan_in + (Bias ? 1.0 : 0.0));
+    }
+    static constexpr std::size_t saved_floats(std::size_t) { return 0; }
+    /// [Cin, H, W] with at least one window along each axis.
+    static constexpr bool takes(sample_shape s) {
+      return s.rank == 3 && s[0] == Cin && output_size(s[1], Kh) >= 1 && output_size(s[2], Kw) >= 1;
+    }
+    static constexpr sample_shape gives(sample_shape s) {
+      if (!takes(s)) return sample_shape{};
+      return sample_shape(Cout, output_size(s[1], Kh), output_size(s[2], Kw));
+    }
+    /// "[64, H, W] with H, W >= 3": the smallest extents the padded, dilated kernel fits in.
+    static constexpr void append_takes(fixed_string& m) {
+      m.append("[").append(Cin).append(", H, W] with ");
+      if (min_height == min_width)
+        m.append("H, W >= ").append(min_height);
+      else
+        m.append("H >= ").append(min_height).append(", W >= ").append(min_width);
+    }
+  };
+
+  tensor<float, shape<Cout, group_in, Kh, Kw>> weight;       // W
+  tensor<float, shape<Cout, group_in, Kh, Kw>> weight_grad;  // dL/dW, written by backward
+  [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Cout>>, std::tuple<>> bias{};
+  [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Cout>>, std::tuple<>> bias_grad{};
+
+  explicit conv2d(std::uint64_t seed = 0) { reset_parameters(seed); }
+
+  /// torch's Conv2d.reset_parameters (kaiming_uniform with a = sqrt(5): W and b uniform in
+  /// [-1/sqrt(fan_in), 1/sqrt(fan_in))), drawn from Philox stream (seed, 0) for W and (seed, 1)
+  /// for b, as nn::linear.
+  void reset_parameters(std::uint64_t seed) {
+    const float bound = float(1.0 / std::sqrt(double(fan_in)));
+    detail::fill_uniform_philox(weight.data(), weight.size(), bound, seed, 0);
+    if constexpr (Bias) detail::fill_uniform_philox(bias.data(), bias.size(), bound, seed, 1);
+  }
+
+  /// {prefix + "weight", prefix + "bias"}, as torch's state_dict names them.
+  std::vector<optim::param> params(const std::string& prefix = "") {
+    std::vector<optim::param> p{optim::make_param(prefix + "weight", weight, weight_grad)};
+    if constexpr (Bias) p.push_back(optim::make_param(prefix + "bias", bias, bias_grad));
+    return p;
+  }
+
+  /// y = conv2d(x) + b for x [batch, Cin, H, W], y [batch, Cout, Ho, Wo]; y may not overlap x.
+  template <class SX, class SY>
+  void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+    if constexpr (check_shapes<SX, SY>()) {
+      if (x.batch() != y.batch())
+        detail::batches_differ("solder::nn::conv2d::forward", {{"x", x.batch()}, {"y", y.batch()}});
+      if (detail::conv2d_overlaps(x.data(), x.size(), y.data(), y.size()))
+        solder::detail::fail("solder::nn::conv2d::forward: y overlaps x; a convolution cannot run in place");
+      if constexpr (depthwise)
+        depthwise_forward<geometry_of<SX>>(x.data(), y.data(), samples(x));
+      else
+        gemm_forward<geometry_of<SX>>(x.data(), y.data(), samples(x));
+    }
+  }
+  template <class SX, class SY>
+  void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
+    forward(x.ref(), y.ref());
+  }
+
+  /// dx = dL/dx, and weight_grad, bias_grad (overwritten) for x [batch, Cin, H, W] and dy
+  /// [batch, Cout, Ho, Wo]; y (the forward's output) is not read. dx may not overlap x or dy.
+  template <class SX, class SY>
+  void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
+                tensor_ref<float, SX> dx) {
+    if constexpr (check_shapes<SX, SY>()) {
+      const std::size_t batch = x.batch();
+      if (y.batch() != batch || dy.batch() != batch || dx.batch() != batch)
+        detail::batches_differ("solder::nn::conv2d::backward",
+                               {{"x", batch}, {"y", y.batch()}, {"dy", dy.batch()}, {"dx", dx.batch()}});
+      if (detail::conv2d_overlaps(dx.data(), dx.size(), x.data(), x.size()) ||
+          detail::conv2d_overlaps(dx.data(), dx.size(), dy.data(), dy.size()))
+        solder::detail::fail("solder::nn::conv2d::backward: dx overlaps x or dy; give dx memory of its own");
+      gradients<geometry_of<SX>>(x.data(), dy.data(), dx.data(), samples(x));
+    }
+  }
+  template <class SX, class SY>
+  void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy,
+                tensor<float, SX>& dx) {
+    backward(x.ref(), y.ref(), dy.ref(), dx.ref());
+  }
+
+  /// backward without dx (the first layer of a network: its input needs no gradient).
+  template <class SX, class SY>
+  void backward_params(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy) {
+    if constexpr (check_shapes<SX, SY>()) {
+      const std::size_t batch = x.batch();
+      if (y.batch() != batch || dy.batch() != batch)
+        detail::batches_differ("solder::nn::conv2d::backward_params",
+                               {{"x", batch}, {"y", y.batch()}, {"dy", dy.batch()}});
+      gradients<geometry_of<SX>>(x.data(), dy.data(), nullptr, samples(x));
+    }
+  }
+
+ private:
+  static constexpr std::size_t span_height = Dilation * (Kh - 1) + 1;
+  static constexpr std::size_t span_width = Dilation * (Kw - 1) + 1;
+  static constexpr std::size_t min_height = span_height > 2 * Pad ? span_height - 2 * Pad : 1;
+  static constexpr std::size_t min_width = span_width > 2 * Pad ? span_width - 2 * Pad : 1;
+  /// A 1 x 1 kernel with stride 1 and no padding: im2col's columns are x itself.
+  static constexpr bool columns_are_x = Kh == 1 && Kw == 1 && Stride == 1 && Pad == 0;
+  /// FLOPs below which work stays on the calling thread (a parallel region costs microseconds).
+  static constexpr double parallel_min_flops = 4.0e6;
+  /// Floats the per-chunk dW partial sums of backward may take: chunks are capped so that
+  /// (chunks - 1) weights fit, and larger layers run fewer chunks with the GEMM threaded.
+  static constexpr std::size_t partial_budget_floats = std::size_t(8) << 20;
+  static constexpr std::size_t weight_floats = Cout * fan_in;
+
+  /// Samples in x: its batch, or a static shape's leading extent.
+  template <class SX>
+  static std::size_t samples(tensor_ref<const float, SX> x) {
+    return x.size() / SX::inner_size;
+  }
+  template <class SX>
+  using geometry_of = detail::conv2d_geometry<SX::extents[2], SX::extents[3], Kh, Kw, Stride, Pad, Dilation>;
+
+  // ---- the GEMM path ----------------------------------------------------------------------
+
+  /// Each sample is independent: samples are spread over the threads, or (fewer samples than
+  /// threads) run in turn with the GEMM threaded; the GEMM's bits do not depend on its threads.
+  template <class G>
+  void gemm_forward(const float* x, float* y, std::size_t batch) const {
+    const int threads = num_threads();
+    const double flops = double(batch) * double(Cout * G::out_plane) * 2.0 * fan_in;
+    const bool over_samples = threads > 1 && batch >= std::size_t(threads) && flops >= parallel_min_flops;
+    const int inner = over_samples ? 1 : threads;
+    eval::cpu::parallel_for(batch, over_samples ? threads : 1, [&](std::size_t n) {
+      forward_sample<G>(x + n * Cin * G::in_plane, y + n * Cout * G::out_plane, inner);
+    });
+  }
+
+  /// y_g [Cout/G, Ho Wo] = W_g [Cout/G, K] col_g [K, Ho Wo] (+ b_g) for each group g of one sample.
+  template <class G>
+  void forward_sample(const float* x, float* y, int threads) const {
+    constexpr std::size_t K = fan_in, N = G::out_plane;
+    for (std::size_t g = 0; g < Groups; ++g) {
+      const float* xg = x + g * group_in * G::in_plane;
+      const float* col = columns_are_x ? xg : im2col<G>(xg, threads);
+      const float* wg = weight.data() + g * group_out * K;
+      float* yg = y + g * group_out * N;
+      if constexpr (Bias)
+        eval::cpu::gemm<N, K, false, false>(group_out, wg, K, col, N,
+                                            detail::conv2d_store_epilogue<true>{bias.data() + g * group_out, yg, N},
+                                            threads);
+      else
+        eval::cpu::gemm<N, K, false, false>(group_out, wg, K, col, N,
+                                            detail::conv2d_store_epilogue<false>{nullptr, yg, N}, threads);
+    }
+  }
+
+  /// The columns of one group of one sample, [group_in Kh Kw, Ho Wo], in this thread's workspace.
+  template <class G>
+  static const float* im2col(const float* x, int threads) {
+    constexpr std::size_t rows = fan_in, N = G::out_plane;
+    float* col = detail::conv2d_workspace(detail::conv2d_slot::columns, rows * N);
+    eval::cpu::parallel_for(rows, rows * N >= eval::cpu::parallel_min_elements ? threads : 1,
+                            [=](std::size_t k) { im2col_row<G>(x, col + k * N, k); });
+    return col;
+  }
+  template <class G>
+  static void im2col_row(const float* x, float* row, std::size_t k) {
+    const std::size_t ci = k / G::taps, kh = k / Kw % Kh, kw = k % Kw;
+    for (std::size_t ho = 0; ho < G::out_height; ++ho)
+      G::im2col_row(x + ci * G::in_plane, kh, kw, ho, row + ho * G::out_width);
+  }
+
+  /// dx_g [group_in, H, W] = col2im(dcol), gathered per input element.
+  template <class G>
+  static void col2im(const float* dcol, float* dx, int threads) {
+    eval::cpu::parallel_for(group_in, group_in * G::in_plane >= eval::cpu::parallel_min_elements ? threads : 1,
+                            [=](std::size_t ci) { col2im_plane<G>(dcol, dx + ci * G::in_plane, ci); });
+  }
+  template <class G>
+  static void col2im_plane(const float* dcol, float* dx, std::size_t ci) {
+    for (std::size_t hi = 0; hi < G::height; ++hi)
+      for (std::size_t wi = 0; wi < G::width; ++wi) dx[hi * G::width + wi] = G::col2im_at(dcol, ci, hi, wi);
+  }
+
+  template <class G>
+  void gradients(const float* x, const float* dy, float* dx, std::size_t batch) {
+    if constexpr (Bias) bias_gradient<G>(dy, batch);
+    if constexpr (depthwise)
+      depthwise_gradients<G>(x, dy, dx, batch);
+    else
+      gemm_gradients<G>(x, dy, dx, batch);
+  }
+
+  /// db[co] = the sum of dy over samples and positions, in that order, in double: one channel
+  /// per task, so the thread count cannot change it.
+  template <class G>
+  void bias_gradient(const float* dy, std::size_t batch) {
+    float* db = bias_grad.data();
+    eval::cpu::parallel_for(Cout, eval::cpu::threads_for(batch * Cout * G::out_plane), [=](std::size_t co) {
+      double acc = 0;
+      for (std::size_t n = 0; n < batch; ++n) {
+        const float* d = dy + (n * Cout + co) * G::out_plane;
+        for (std::size_t p = 0; p < G::out_plane; ++p) acc += double(d[p]);
+      }
+      db[co] = float(acc);
+    });
+  }
+
+  /// dW = sum over samples of dy_g col_g^T, dx = col2im(W_g^T dy_g). The samples are cut into
+  /// chunks by the sizes alone; each chunk sums its samples' dW in sample order (chunk 0 into
+  /// weight_grad, the others into partial sums), then the chunks are added in order in double.
+  template <class G>
+  void gemm_gradients(const float* x, const float* dy, float* dx, std::size_t batch) {
+    if (batch == 0) {
+      weight_grad.fill(0.0f);
+      return;
+    }
+    const std::size_t cap = std::min(eval::cpu::max_chunks, partial_budget_floats / weight_floats + 1);
+    const std::size_t per_chunk = (batch + std::min(batch, cap) - 1) / std::min(batch, cap);
+    const std::size_t chunks = (batch + per_chunk - 1) / per_chunk;
+    float* partial =
+        chunks > 1 ? detail::conv2d_workspace(detail::conv2d_slot::partial_dw, (chunks - 1) * weight_floats) : nullptr;
+
+    const int threads = num_threads();
+    const double flops = double(batch) * double(Cout * G::out_plane) * 4.0 * fan_in;
+    const bool over_chunks = threads > 1 && chunks >= std::size_t(threads) && flops >= parallel_min_flops;
+    const int inner = over_chunks ? 1 : threads;
+    float* dw0 = weight_grad.data();
+    eval::cpu::parallel_for(chunks, over_chunks ? threads : 1, [&](std::size_t c) {
+      float* dw = c == 0 ? dw0 : partial + (c - 1) * weight_floats;
+      const std::size_t begin = c * per_chunk, end = std::min(batch, begin + per_chunk);
+      for (std::size_t n = begin; n < end; ++n)
+        backward_sample<G>(x + n * Cin * G::in_plane, dy + n * Cout * G::out_plane,
+                           dx ? dx + n * Cin * G::in_plane : nullptr, dw, n == begin, inner);
+    });
+    if (chunks == 1) return;
+    constexpr std::size_t block = eval::cpu::min_chunk_elements;
+    const std::size_t blocks = (weight_floats + block - 1) / block;
+    eval::cpu::parallel_for(blocks, eval::cpu::threads_for(chunks * weight_floats), [=](std::size_t b) {
+      const std::size_t end = std::min(weight_floats, (b + 1) * block);
+      for (std::size_t i = b * block; i < end; ++i) {
+        double acc = dw0[i];
+        for (std::size_t c = 1; c < chunks; ++c) acc += double(partial[(c - 1) * weight_floats + i]);
+        dw0[i] = float(acc);
+      }
+    });
+  }
+
+  /// One sample's share: dW_g (+)= dy_g [Cout/G, Ho Wo] col_g^T [Ho Wo, K], and (dx given)
+  /// dcol [K, Ho Wo] = W_g^T dy_g, gathered into dx_g.
+  template <class G>
+  void backward_sample(const float* x, const float* dy, float* dx, float* dw, bool first, int threads) const {
+    constexpr std::size_t K = fan_in, N = G::out_plane;
+    for (std::size_t g = 0; g < Groups; ++g) {
+      const float* xg = x + g * group_in * G::in_plane;
+      const float* dyg = dy + g * group_out * N;
+      const float* wg = weight.data() + g * group_out * K;
+      const float* col = columns_are_x ? xg : im2col<G>(xg, threads);
+      eval::cpu::gemm<K, N, false, true>(group_out, dyg, N, col, N,
+                                         detail::conv2d_accumulate_epilogue{dw + g * group_out * K, K, first}, threads);
+      if (dx == nullptr) continue;
+      float* dxg = dx + g * group_in * G::in_plane;
+      float* dcol = columns_are_x ? dxg : detail::conv2d_workspace(detail::conv2d_slot::column_grad, K * N);
+      eval::cpu::gemm<N, group_out, true, false>(K, wg, K, dyg, N,
+                                                 detail::conv2d_store_epilogue<false>{nullptr, dcol, N}, threads);
+      if constexpr (!columns_are_x) col2im<G>(dcol, dxg, threads);
+    }
+  }
+
+  // ---- the depthwise path -----------------------------------------------------------------
+
+  /// Each output plane (sample n, channel co) from its one input plane co / (Cout / Cin).
+  template <class G>
+  void depthwise_forward(const float* x, float* y, std::size_t batch) const {
+    const float* w = weight.data();
+    const float* b = nullptr;
+    if constexpr (Bias) b = bias.data();
+    const std::size_t planes = batch * Cout;
+    eval::cpu::parallel_for(planes, eval::cpu::threads_for(planes * G::out_plane * G::taps), [=](std::size_t q) {
+      const std::size_t n = q / Cout, co = q % Cout;
+      depthwise_plane<G>(x + (n * Cin + co / group_out) * G::in_plane, w + co * G::taps, b ? b[co] : 0.0f,
+                         y + q * G::out_plane);
+    });
+  }
+  /// y = sum over taps of w[kh][kw] im2col(x)[kh][kw] (+ b), tap by tap over the whole plane
+  /// (each tap's columns made in this thread's workspace, in L1 or L2).
+  template <class G>
+  static void depthwise_plane(const float* x, const float* w, float b, float* y) {
+    float* col = detail::conv2d_workspace(detail::conv2d_slot::columns, G::out_plane);
+    std::fill_n(y, G::out_plane, 0.0f);
+    for (std::size_t kh = 0; kh < Kh; ++kh)
+      for (std::size_t kw = 0; kw < Kw; ++kw) {
+        tap_columns<G>(x, kh, kw, col);
+        const float wk = w[kh * Kw + kw];
+        for (std::size_t p = 0; p < G::out_plane; ++p) y[p] += wk * col[p];
+      }
+    if constexpr (Bias)
+      for (std::size_t p = 0; p < G::out_plane; ++p) y[p] += b;
+  }
+  /// col[ho Wo + wo] = im2col_at(x, 0, kh, kw, ho, wo): one tap's row of im2col for plane x.
+  template <class G>
+  static void tap_columns(const float* x, std::size_t kh, std::size_t kw, float* col) {
+    for (std::size_t ho = 0; ho < G::out_height; ++ho) G::im2col_row(x, kh, kw, ho, col + ho * G::out_width);
+  }
+  /// sum_p a[p] b[p] in float: lane j of a vector sums the p = j (mod lanes) in order, then
+  /// the lanes are added in a fixed order (the same bits on every call).
+  static float dot(const float* a, const float* b, std::size_t n) {
+    using V = eval::cpu::vec<float>;
+    constexpr std::size_t lanes = V::size;
+    V acc(0.0f);
+    std::size_t p = 0;
+    for (; p + lanes <= n; p += lanes) acc = acc + V::load_unaligned(a + p) * V::load_unaligned(b + p);
+    if (p < n) acc = acc + eval::cpu::load_first<V>(a + p, n - p) * eval::cpu::load_first<V>(b + p, n - p);
+    alignas(64) float part[lanes];
+    acc.store_aligned(part);
+    float s = 0.0f;
+    for (std::size_t j = 0; j < lanes; ++j) s += part[j];
+    return s;
+  }
+
+  /// dx per input plane (gathered from its Cout / Cin output planes), dW per output channel
+  /// (each sample's sum in float, see dot, the samples added in order in double): one task per
+  /// plane or channel, so the thread count cannot change a result.
+  template <class G>
+  void depthwise_gradients(const float* x, const float* dy, float* dx, std::size_t batch) {
+    constexpr std::size_t mult = group_out;
+    const float* w = weight.data();
+    if (dx != nullptr) {
+      const std::size_t planes = batch * Cin;
+      const int threads = eval::cpu::threads_for(planes * G::in_plane * G::taps * mult);
+      eval::cpu::parallel_for(planes, threads, [=](std::size_t q) {
+        const std::size_t n = q / Cin, ci = q % Cin;
+        const float* d = dy + (n * Cout + ci * mult) * G::out_plane;
+        float* out = dx + q * G::in_plane;
+        for (std::size_t hi = 0; hi < G::height; ++hi)
+          for (std::size_t wi = 0; wi < G::width; ++wi)
+            out[hi * G::width + wi] = G::depthwise_dx_at(d, w + ci * mult * G::taps, mult, hi, wi);
+      });
+    }
+    float* dw = weight_grad.data();
+    eval::cpu::parallel_for(Cout, eval::cpu::threads_for(batch * Cout * G::out_plane * G::taps), [=](std::size_t co) {
+      float* col = detail::conv2d_workspace(detail::conv2d_slot::columns, G::out_plane);
+      double acc[G::taps] = {};
+      for (std::size_t n = 0; n < batch; ++n) {
+        const float* xp = x + (n * Cin + co / mult) * G::in_plane;
+        const float* d = dy + (n * Cout + co) * G::out_plane;
+        for (std::size_t k = 0; k < G::taps; ++k) {
+          tap_columns<G>(xp, k / Kw, k % Kw, col);
+          acc[k] += double(dot(d, col, G::out_plane));
+        }
+      }
+      for (std::size_t k = 0; k < G::taps; ++k) dw[co * G::taps + k] = float(acc[k]);
+    });
+  }
+
+  // ---- shapes -----------------------------------------------------------------------------
+
+  /// x [batch, Cin, H, W] with the kernel fitting, y [batch, Cout, Ho, Wo]; one message for the
+  /// first rule broken.
+  template <class SX, class SY>
+  static constexpr bool check_shapes() {
+    if constexpr (!(SX::rank == 4 && SX::extents[1] == Cin)) {
+      constexpr fixed_string m = [] {
+        fixed_string s("solder::nn::conv2d: x must be [batch, ");
+        s.append(Cin).append(", H, W]; got x ");
+        solder::detail::append_shape<SX>(s);
+        return s;
+      }();
+      return diagnostic<m>::reported;
+    } else if constexpr (output_size(SX::extents[2], Kh) == 0 || output_size(SX::extents[3], Kw) == 0) {
+      constexpr fixed_string m = [] {
+        fixed_string s("solder::nn::conv2d: x ");
+        solder::detail::append_shape<SX>(s);
+        s.append(" is smaller than the padded ").append(Kh).append("x").append(Kw).append(" kernel; samples must be ");
+        planner_traits::append_takes(s);
+        return s;
+      }();
+      return diagnostic<m>::reported;
+    } else {
+      using want = shape<SX::extents[0], Cout, output_size(SX::extents[2], Kh), output_size(SX::extents[3], Kw)>;
+      if constexpr (std::is_same_v<SY, want>) {
+        return true;
+      } else {
+        constexpr fixed_string m = [] {
+          fixed_string s("solder::nn::conv2d: y must be ");
+          solder::detail::append_shape<want>(s);
+          s.append(" for x ");
+          solder::detail::append_shape<SX>(s);
+          s.append("; got y ");
+          solder::detail::append_shape<SY>(s);
+          return s;
+        }();
+        return diagnostic<m>::reported;
+      }
+    }
+  }
+};
+
+}  // namespace solder::nn
+
+// The block a chain runs a convolution as; it needs conv2d complete, so it comes after it.
+#include "solder/nn/conv_block.hpp"

@@ -1,0 +1,279 @@
+// nn/conv_block.hpp: a convolution, the batch_norm right after it (if any) and the elementwise
+// layers after those, as one block: the planner's rewrite of conv2d -> batch_norm.
+//
+//   nn::conv_block<nn::conv2d<64, 64, 3, 3, 1, 1>, nn::batch_norm<64>, nn::relu> block;
+//
+// In evaluation mode the normalization is folded into the convolution once, when the model is
+// frozen (pack_weights: eval() and parameters_changed() call it), per output channel c:
+//   s_c = gamma_c / sqrt(running_var_c + eps),  W'[c] = W[c] s_c,  b'_c = (b_c - mean_c) s_c + beta_c
+// and the block runs one convolution with W', b' and then its elementwise tail. In training the
+// batch statistics are the batch's own, so nothing can be folded: the convolution, the
+// normalization, the tail; backward runs them the other way.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "solder/nn/batch_norm.hpp"
+#include "solder/nn/conv2d.hpp"
+#include "solder/nn/elementwise_block.hpp"
+#include "solder/optim/optimizer.hpp"
+#include "solder/tensor.hpp"
+
+namespace solder::nn {
+
+namespace detail {
+template <class L>
+inline constexpr bool is_batch_norm = false;
+template <std::size_t C>
+inline constexpr bool is_batch_norm<batch_norm<C>> = true;
+
+/// A block's tail split into the batch_norm that leads it (if any) and the elementwise rest.
+template <class... Tail>
+struct norm_split {
+  static constexpr bool has_norm = false;
+  using norm = std::tuple<>;
+  using rest = elementwise_block<Tail...>;
+  static constexpr std::size_t rest_size = sizeof...(Tail);
+  static constexpr std::size_t channels = 0;
+};
+template <std::size_t C, class... Rest>
+struct norm_split<batch_norm<C>, Rest...> {
+  static constexpr bool has_norm = true;
+  using norm = batch_norm<C>;
+  using rest = elementwise_block<Rest...>;
+  static constexpr std::size_t rest_size = sizeof...(Rest);
+  static constexpr std::size_t channels = C;
+};
+
+/// The same convolution with a bias: what a folded normalization needs.
+template <class Conv>
+struct with_bias;
+template <std::size_t Cin, std::size_t Cout, std::size_t Kh, std::size_t Kw, std::size_t S, std::size_t P,
+          std::size_t D, std::size_t G, bool B>
+struct with_bias<conv2d<Cin, Cout, Kh, Kw, S, P, D, G, B>> {
+  using type = conv2d<Cin, Cout, Kh, Kw, S, P, D, G, true>;
+};
+}  // namespace detail
+
+template <class Conv, class... Tail>
+class conv_block {
+  using split = detail::norm_split<Tail...>;
+
+ public:
+  static constexpr bool has_norm = split::has_norm;
+  using norm_type = typename split::norm;
+  using tail_type = typename split::rest;
+  static constexpr std::size_t tail_size = split::rest_size;
+  /// The index in the block of the tail's first layer (the convolution is 0).
+  static constexpr std::size_t tail_first = has_norm ? 2 : 1;
+  /// Whether the block keeps tensors of its output's size for backward beyond x and y (the
+  /// convolution's output before the normalization, the normalization's before the tail).
+  static constexpr bool keeps_preactivation = has_norm || tail_size > 0;
+  static_assert(!has_norm || split::channels == Conv::out_channels,
+                "solder::nn::conv_block: the batch_norm after a convolution must have its output channels");
+
+  Conv conv;
+  [[no_unique_address]] norm_type norm;
+  tail_type tail;
+  /// Whether eval mode runs the folded convolution (default) or the convolution and the
+  /// normalization as written (the unfolded form, for comparisons; the same values within
+  /// rounding).
+  bool fold_in_eval = true;
+
+  explicit conv_block(std::uint64_t seed = 0) : conv(seed) {}
+
+  /// The convolution (what the planner and the chain address as the block's head).
+  Conv& head() { return conv; }
+  const Conv& head() const { return conv; }
+
+  /// Layer At of the block as the user wrote it: the convolution, the batch_norm, the tail's layers.
+  template <std::size_t At>
+  auto& layer() {
+    if constexpr (At == 0)
+      return conv;
+    else if constexpr (has_norm && At == 1)
+      return norm;
+    else
+      return std::get<At - tail_first>(tail.layers);
+  }
+
+  void train() {
+    current = mode::train;
+    if constexpr (has_norm) norm.train();
+    tail.train();
+  }
+  void eval() {
+    current = mode::eval;
+    if constexpr (has_norm) norm.eval();
+    tail.eval();
+  }
+  mode current_mode() const { return current; }
+
+  /// Folds the normalization into the convolution's weights and bias, from the running
+  /// statistics as they are now (the model is frozen). Call again after they change.
+  void pack_weights() {
+    if constexpr (has_norm) {
+      fold();
+      folded_current = true;
+    }
+  }
+  void weights_changed() { folded_current = false; }
+  /// The batch_norm's parameters and statistics as torch starts them (the chain's reseed).
+  void reset_norm() {
+    if constexpr (has_norm) {
+      norm.reset_parameters();
+      norm.reset_running_stats();
+    }
+  }
+
+  /// The convolution's and the batch_norm's parameters, named from the index `first` of the
+  /// convolution in the chain ("0.weight", "0.bias", "1.weight", "1.bias").
+  std::vector<optim::param> params_from(std::size_t first) {
+    std::vector<optim::param> out = conv.params(std::to_string(first) + ".");
+    if constexpr (has_norm)
+      for (auto& p : norm.params(std::to_string(first + 1) + ".")) out.push_back(p);
+    return out;
+  }
+  /// The batch_norm's running statistics, named as torch's state_dict names them.
+  std::vector<buffer> buffers_from(std::size_t first) {
+    if constexpr (has_norm)
+      return norm.buffers(std::to_string(first + 1) + ".");
+    else
+      return {};
+  }
+
+  static const char* plan_kind() { return has_norm ? "conv, BN folded in eval" : "conv + elementwise"; }
+  static std::string plan_note() {
+    if constexpr (has_norm)
+      return "eval: batch_norm folded into the convolution when frozen (W' = W g/sqrt(var+eps), b' = (b-mean) "
+             "g/sqrt(var+eps) + beta); train: convolution, batch statistics and normalization, then the tail";
+    else
+      return "the convolution, then its elementwise tail";
+  }
+
+  /// y = tail(norm(conv(x))) for x [batch, Cin, H, W], y [batch, Cout, Ho, Wo].
+  template <class SX, class SY>
+  void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+    const std::size_t batch = x.batch();
+    const auto u = tail_size > 0 ? view<SY>(u_buf, batch) : y;  // the tail's input
+    if constexpr (has_norm) {
+      if (folded_in_use()) {
+        folded.forward(x, u);
+      } else {
+        const auto z = view<SY>(z_buf, batch);
+        conv.forward(x, z);
+        norm.forward(cview(z), u);
+      }
+    } else {
+      conv.forward(x, u);
+    }
+    if constexpr (tail_size > 0) tail.forward(cview(u), y);
+    saved_batch = batch;
+  }
+  template <class SX, class SY>
+  void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
+    forward(x.ref(), y.ref());
+  }
+
+  /// Gradients of the last forward (the convolution's and the batch_norm's, overwritten) and
+  /// dx. x and y are that forward's input and output.
+  template <class SX, class SY>
+  void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
+                tensor_ref<float, SX> dx) {
+    const auto [z, gz] = gradients_to_conv(x, y, dy);
+    conv.backward(x, z, gz, dx);
+  }
+  template <class SX, class SY>
+  void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy, tensor<float, SX>& dx) {
+    backward(x.ref(), y.ref(), dy.ref(), dx.ref());
+  }
+  /// backward without dx (the first block of a network).
+  template <class SX, class SY>
+  void backward_params(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy) {
+    const auto [z, gz] = gradients_to_conv(x, y, dy);
+    conv.backward_params(x, z, gz);
+  }
+
+ private:
+  using folded_type = std::conditional_t<has_norm, typename detail::with_bias<Conv>::type, std::tuple<>>;
+  [[no_unique_address]] folded_type folded{};
+  bool folded_current = false;
+  mode current = mode::train;
+  std::size_t saved_batch = 0;
+  // Rows of one output sample each, grown to the largest batch: the convolution's output (z),
+  // the tail's input (u), and their gradients.
+  tensor<float, shape<dyn, 1>> z_buf{1}, u_buf{1}, gz_buf{1}, gu_buf{1};
+
+  bool folded_in_use() const { return current == mode::eval && fold_in_eval && folded_current; }
+
+  template <class S>
+  static tensor_ref<float, S> view(tensor<float, shape<dyn, 1>>& t, std::size_t batch) {
+    const std::size_t n = S::elements(batch);
+    if (t.batch() < n) t = tensor<float, shape<dyn, 1>>(n);
+    return tensor_ref<float, S>(t.data(), batch);
+  }
+  template <class S>
+  static tensor_ref<const float, S> cview(tensor_ref<float, S> t) {
+    return tensor_ref<const float, S>(t.data(), t.batch());
+  }
+
+  /// The tail's and the normalization's backward: the convolution's output z and dL/dz.
+  template <class SX, class SY>
+  std::pair<tensor_ref<const float, SY>, tensor_ref<const float, SY>> gradients_to_conv(tensor_ref<const float, SX> x,
+                                                                                       tensor_ref<const float, SY> y,
+                                                                                       tensor_ref<const float, SY> dy) {
+    const std::size_t batch = dy.batch();
+    if (x.batch() != batch || y.batch() != batch)
+      detail::batches_differ("solder::nn::conv_block::backward", {{"x", x.batch()}, {"y", y.batch()}, {"dy", batch}});
+    if (saved_batch != batch)
+      solder::detail::fail("solder::nn::conv_block::backward: the last forward had " + std::to_string(saved_batch) +
+                           " samples, dy has " + std::to_string(batch) + "; run forward on this batch first");
+    const auto u = tail_size > 0 ? cview(view<SY>(u_buf, batch)) : y;
+    const auto gu = [&] {
+      if constexpr (tail_size > 0) {
+        const auto g = view<SY>(gu_buf, batch);
+        tail.backward(u, y, dy, g);
+        return cview(g);
+      } else {
+        return dy;
+      }
+    }();
+    if constexpr (has_norm) {
+      const auto z = view<SY>(z_buf, batch);
+      // The folded forward never wrote z: the normalization's backward needs it.
+      if (folded_in_use()) conv.forward(x, z);
+      const auto gz = view<SY>(gz_buf, batch);
+      norm.backward(cview(z), u, gu, gz);
+      return {cview(z), cview(gz)};
+    } else {
+      return {u, gu};
+    }
+  }
+
+  /// W' and b' from the convolution, the normalization's parameters and its running statistics,
+  /// in double, rounded once.
+  void fold() {
+    constexpr std::size_t per_channel = Conv::fan_in;  // W [Cout, Cin/Groups, Kh, Kw]
+    for (std::size_t c = 0; c < Conv::out_channels; ++c) {
+      const double s = double(norm.weight[c]) / std::sqrt(double(norm.running_var[c]) + norm.eps);
+      for (std::size_t i = 0; i < per_channel; ++i)
+        folded.weight.data()[c * per_channel + i] = float(double(conv.weight.data()[c * per_channel + i]) * s);
+      const double b = Conv::has_bias ? double(bias_of(c)) : 0.0;
+      folded.bias[c] = float((b - double(norm.running_mean[c])) * s + double(norm.bias[c]));
+    }
+  }
+  float bias_of(std::size_t c) const {
+    if constexpr (Conv::has_bias)
+      return conv.bias[c];
+    else
+      return 0.0f;
+  }
+};
+
+}  // namespace solder::nn
