@@ -160,11 +160,11 @@ template <class Spec>
 struct spec_traits {
   static constexpr bool known = false;
 };
-template <bool Fused, class... Ls>
-struct spec_traits<nn::basic_chain<Fused, Ls...>> {
+template <class Config, class... Ls>
+struct spec_traits<nn::basic_chain<Config, Ls...>> {
   static constexpr bool known = true;
   static constexpr spec_kind kind = spec_kind::chain;
-  static constexpr bool fused = Fused;
+  static constexpr bool fused = Config::fused;
   using layers = std::tuple<Ls...>;
 };
 template <class... Ls>
@@ -236,7 +236,7 @@ template <class Spec, class... Ls>
 chain_desc describe_layers(std::string_view name, std::type_identity<std::tuple<Ls...>>) {
   chain_desc c{std::string(name), spec_traits<Spec>::kind, {}, {}};
   if constexpr ((check_layer<Ls>() && ...)) {
-    if constexpr (nn::check_chain<Ls...>()) {
+    if constexpr (nn::check_chain<nn::chain_widths<Ls...>, Ls...>()) {
       std::size_t i = 0;
       (c.layers.push_back(layer_traits<Ls>::describe(i++)), ...);
       c.groups = describe_groups<spec_traits<Spec>::fused, Ls...>(c.layers);

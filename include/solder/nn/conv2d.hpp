@@ -87,6 +87,35 @@ struct conv2d_geometry {
     for (std::size_t wo = last; wo < out_width; ++wo) out[wo] = 0.0f;
   }
 
+  /// out[wo - wo0] = im2col_at(x, 0, kh, kw, ho, wo) for wo in [wo0, wo1) of output row ho, x
+  /// one plane [H, W]: part of im2col_row.
+  SOLDER_HD static void im2col_row_part(const float* x, std::size_t kh, std::size_t kw, std::size_t ho, std::size_t wo0,
+                                        std::size_t wo1, float* out) {
+    const std::size_t hi = in_row(ho, kh);
+    std::size_t first = hi < H ? first_inside(kw) : out_width, last = hi < H ? last_inside(kw) : out_width;
+    first = first < wo0 ? wo0 : first > wo1 ? wo1 : first;
+    last = last < first ? first : last > wo1 ? wo1 : last;
+    for (std::size_t wo = wo0; wo < first; ++wo) out[wo - wo0] = 0.0f;
+    if (first < last) {
+      const float* src = x + hi * W + in_col(first, kw);
+      float* dst = out + (first - wo0);
+      for (std::size_t j = 0; j < last - first; ++j) dst[j] = src[j * S];
+    }
+    for (std::size_t wo = last; wo < wo1; ++wo) out[wo - wo0] = 0.0f;
+  }
+
+  /// out[n - n0] = im2col_at(x, 0, kh, kw, n / Wo, n % Wo) for the output positions n in
+  /// [n0, n1) of one plane x [H, W]: a span of im2col's row (kh, kw), across output rows.
+  SOLDER_HD static void im2col_span(const float* x, std::size_t kh, std::size_t kw, std::size_t n0, std::size_t n1,
+                                    float* out) {
+    for (std::size_t n = n0; n < n1;) {
+      const std::size_t ho = n / out_width, wo0 = n % out_width;
+      const std::size_t wo1 = n1 - n < out_width - wo0 ? wo0 + (n1 - n) : out_width;
+      im2col_row_part(x, kh, kw, ho, wo0, wo1, out + (n - n0));
+      n += wo1 - wo0;
+    }
+  }
+
   /// f(kh, kw, ho, wo) for every tap (kh, kw) of every window (ho, wo) that reads input element
   /// (hi, wi), kh then kw ascending: the inverse of im2col_at's index map.
   template <class F>
@@ -125,6 +154,29 @@ struct conv2d_geometry {
         acc += w[j * taps + kh * Kw + kw] * dy[j * out_plane + ho * out_width + wo];
       });
     return acc;
+  }
+};
+
+/// The columns of a convolution's product as an operand of solder's GEMM: packs panels of
+/// col [group_in Kh Kw, Ho Wo] straight from the image x (one group's planes [group_in, H, W])
+/// in the layout eval::cpu::gemm_from takes (panel p - p0 at (p - p0) (k1 - k0) nr, row k - k0
+/// at (k - k0) width, zeros past the last column), so no column matrix is ever stored.
+template <class G, std::size_t Kh, std::size_t Kw>
+struct conv2d_columns {
+  static constexpr std::size_t N = G::out_plane;
+  const float* x;
+  void operator()(float* dst, std::size_t p0, std::size_t p1, std::size_t k0, std::size_t k1) const {
+    using L = eval::cpu::gemm_detail::b_panels<N>;
+    for (std::size_t p = p0; p < p1; ++p) {
+      const std::size_t n0 = p * L::nr, n1 = std::min(N, n0 + L::nr), width = L::width(p);
+      float* panel = dst + (p - p0) * (k1 - k0) * L::nr;
+      for (std::size_t k = k0; k < k1; ++k) {
+        float* row = panel + (k - k0) * width;
+        const std::size_t ci = k / (Kh * Kw), kh = k / Kw % Kh, kw = k % Kw;
+        G::im2col_span(x + ci * G::in_plane, kh, kw, n0, n1, row);
+        std::fill(row + (n1 - n0), row + width, 0.0f);
+      }
+    }
   }
 };
 
@@ -405,17 +457,23 @@ class conv2d {
     constexpr std::size_t K = fan_in, N = G::out_plane;
     for (std::size_t g = 0; g < Groups; ++g) {
       const float* xg = x + g * group_in * G::in_plane;
-      const float* col = columns_are_x ? xg : im2col<G>(xg, threads);
       const float* wg = weight.data() + g * group_out * K;
       float* yg = y + g * group_out * N;
-      if constexpr (Bias)
-        eval::cpu::gemm<N, K, false, false>(group_out, wg, K, col, N,
-                                            detail::conv2d_store_epilogue<true>{bias.data() + g * group_out, yg, N},
-                                            threads);
-      else
-        eval::cpu::gemm<N, K, false, false>(group_out, wg, K, col, N,
-                                            detail::conv2d_store_epilogue<false>{nullptr, yg, N}, threads);
+      auto epi = detail::conv2d_store_epilogue<Bias>{Bias ? bias_data() + g * group_out : nullptr, yg, N};
+      if constexpr (columns_are_x)
+        eval::cpu::gemm<N, K, false, false>(group_out, wg, K, xg, N, epi, threads);
+      else  // the columns packed from the image panel by panel as the product needs them
+        eval::cpu::gemm_from<N>(group_out, eval::cpu::gemm_detail::static_k<K>{},
+                                eval::cpu::gemm_detail::a_strided<false>{wg, K},
+                                detail::conv2d_columns<G, Kh, Kw>{xg}, epi, threads);
     }
+  }
+
+  const float* bias_data() const {
+    if constexpr (Bias)
+      return bias.data();
+    else
+      return nullptr;
   }
 
   /// The columns of one group of one sample, [group_in Kh Kw, Ho Wo], in this thread's workspace.
