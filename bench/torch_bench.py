@@ -12,6 +12,13 @@ Cases (impl `torch` unless named), `/threads:<n>` appended when n > 1:
       y = 1/(2L) sum_i (x S1_i U1_i + x U2_i S2_i) + b, impl: torch_panther (Panther's bmm
       forward), torch_two_gemm (x [S1 | U2] [U1; S2], one addmm), torch_compile_panther and
       torch_compile_two_gemm (torch.compile, Inductor, where torch has it), torch_dense (F.linear)
+  BM_conv_bn_relu_infer/<impl>/<N>x64x56x56                one thread only; GFLOPs
+      y = relu(batch_norm(conv3x3(x))), 64 -> 64 channels, eval mode, N = 32 and 1
+  BM_depthwise_separable/<impl>/32x64x56x56                one thread only; GFLOPs
+      depthwise 3x3 + batch_norm + ReLU, then 1x1 64 -> 128 + batch_norm + ReLU, eval mode;
+      impl of both: torch_eager_unfolded (the three modules, NCHW), torch_folded_channels_last
+      (batch_norm folded into the convolution's weights, channels_last memory),
+      torch_compile_frozen (torch.compile with Inductor's freezing, where torch has it)
 
 Dropout p = 0.1 in training mode. Each row is the median over repetitions of the mean time per
 call (bench/README.md states what each case times). Run it with PyTorch 2.x from PyPI in the
@@ -54,6 +61,9 @@ CHECK_STEPS = 30  # training steps of the train-step check
 SKETCHED_CONFIGS = ([(256, 2048, 1024, 8, 128)]
                     + [(256, 1024, 512, terms, k) for terms in (2, 4, 8) for k in (16, 32, 64)]
                     + [(256, 4096, 4096, 1, 16)])
+CONV_BATCHES = [32, 1]  # N of BM_conv_bn_relu_infer, as conv.bench.cpp registers them
+SEPARABLE_BATCH = 32
+CONV_IMPLS = ["torch_eager_unfolded", "torch_folded_channels_last", "torch_compile_frozen"]
 
 
 class CheckFailed(Exception):
@@ -578,6 +588,113 @@ def compiled(impl, x, s1s, s2s, u1s, u2s, bias, b1, b2, alpha, notes):
 
 
 # ---------------------------------------------------------------------------------------------
+# conv + batch_norm + ReLU (ResNet's block) and the depthwise-separable pair, inference, one thread
+# ---------------------------------------------------------------------------------------------
+
+def conv_bn_relu_layers(cin, cout, k, groups):
+    """Conv2d (no bias: a batch_norm follows, as torchvision's), BatchNorm2d, ReLU, with running
+    statistics and affine parameters away from their starting values (the ranges conv.bench.cpp
+    draws them from), so that folding changes every weight."""
+    conv = torch.nn.Conv2d(cin, cout, k, padding=k // 2, groups=groups, bias=False)
+    bn = torch.nn.BatchNorm2d(cout)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.5, 0.5)
+        bn.running_mean.uniform_(-0.2, 0.2)
+        bn.running_var.uniform_(0.5, 2.0)
+    return [conv, bn, torch.nn.ReLU()]
+
+
+def conv_bn_relu_reference(layers, x):
+    """(y, scale) in float64 for layers [conv, bn, relu, ...] in eval mode: y the output, scale
+    the sum of |terms| of every sum leading to it (|x| through |W|, |s|, |mean|, |beta|), which
+    bounds each element's float32 rounding."""
+    y = x.double()
+    mag = torch.zeros_like(y)
+    for conv, bn in zip(layers[0::3], layers[1::3]):
+        w, pad, groups = conv.weight.detach().double(), conv.padding, conv.groups
+        z = F.conv2d(y, w, padding=pad, groups=groups)
+        zmag = F.conv2d(y.abs() + mag, w.abs(), padding=pad, groups=groups)
+        per_channel = lambda t: t.detach().double()[:, None, None]
+        s = per_channel(bn.weight) / torch.sqrt(per_channel(bn.running_var) + bn.eps)
+        mean, beta = per_channel(bn.running_mean), per_channel(bn.bias)
+        y = ((z - mean) * s + beta).clamp_min(0)
+        mag = s.abs() * (zmag + mean.abs()) + beta.abs()
+    return y, mag
+
+
+def folded_channels_last(layers):
+    """Each conv + bn as one convolution with W s and (b - mean) s + beta
+    (torch.nn.utils.fusion.fuse_conv_bn_eval), then ReLU; weights in channels_last."""
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+    fused = []
+    for conv, bn in zip(layers[0::3], layers[1::3]):
+        fused += [fuse_conv_bn_eval(conv, bn), torch.nn.ReLU()]
+    return torch.nn.Sequential(*fused).eval().to(memory_format=torch.channels_last)
+
+
+def compile_frozen(model, x, name, notes):
+    """torch.compile (Inductor) of the eval model with freezing on: parameters become constants,
+    so Inductor folds the batch_norm into the convolution and prepacks its weights. Warmed up;
+    Dynamo's caches reset first, as in compiled()."""
+    torch._dynamo.reset()
+    from torch._inductor import config as inductor_config
+    fn = torch.compile(model)
+    t0 = time.perf_counter()
+    try:
+        # Freezing applies to graphs compiled while it is on and under no_grad; the compiled
+        # graph is reused after the patch ends.
+        with inductor_config.patch(freezing=True), torch.no_grad():
+            fn(x)
+    except Exception as e:  # Inductor needs a working C++ compiler and Python headers
+        first_line = str(e).splitlines()[0] if str(e) else ""
+        raise Unavailable(f"torch.compile with freezing failed: {type(e).__name__}: {first_line}")
+    notes.append(f"{name}: first call (compile) {time.perf_counter() - t0:.1f} s")
+    with torch.no_grad():
+        for _ in range(3):
+            fn(x)
+    return lambda: fn(x)
+
+
+def conv_infer_case(family, impl, n, notes):
+    separable = family == "BM_depthwise_separable"
+    hw = 56 * 56
+    # 2 N Cout H W (Cin / groups) K K per convolution, as conv.bench.cpp counts them
+    flops = 2 * n * hw * (64 * 9 + 128 * 64) if separable else 2 * n * hw * 64 * 64 * 9
+    name = f"{family}/{impl}/{n}x64x56x56"
+
+    def setup():
+        torch.manual_seed(0)
+        layers = (conv_bn_relu_layers(64, 64, 3, 64) + conv_bn_relu_layers(64, 128, 1, 1) if separable
+                  else conv_bn_relu_layers(64, 64, 3, 1))
+        model = torch.nn.Sequential(*layers).eval()
+        x = uniform(n, 64, 56, 56)
+        if impl == "torch_eager_unfolded":
+            fn = lambda: model(x)
+        elif impl == "torch_folded_channels_last":
+            fused = folded_channels_last(layers)
+            xc = x.contiguous(memory_format=torch.channels_last)  # converted once, not timed
+            fn = lambda: fused(xc)
+        else:
+            if not hasattr(torch, "compile"):
+                raise Unavailable("this torch has no torch.compile")
+            fn = compile_frozen(model, x, name, notes)
+        with torch.no_grad():
+            y = fn()
+        # Samples first, middle, last: each sample's output depends on that sample alone.
+        rows = sorted({0, n // 2, n - 1})
+        ref, scale = conv_bn_relu_reference(layers, x[rows])
+        check_close(f"{impl} vs float64", y[rows], ref, scale)
+
+        def run_once():
+            with torch.no_grad():
+                return timed(fn)()
+        return run_once, lambda s: {"GFLOPs": flops / s * 1e-9}
+
+    return Case(name, 1, setup)
+
+
+# ---------------------------------------------------------------------------------------------
 
 def all_cases(threads_list, notes):
     """Every case, in the order printed: per family, per thread count, per shape."""
@@ -600,11 +717,16 @@ def all_cases(threads_list, notes):
         for batch in INFERENCE_BATCHES:
             for impl in grad_off:
                 cases.append(inference_case(impl, batch, threads))
-    if 1 in threads_list:  # one thread only, as sketched.bench.cpp
+    if 1 in threads_list:  # one thread only, as sketched.bench.cpp and conv.bench.cpp
         compiled = ["torch_compile_panther", "torch_compile_two_gemm"] if hasattr(torch, "compile") else []
         for config in SKETCHED_CONFIGS:
             for impl in ["torch_panther", "torch_two_gemm"] + compiled + ["torch_dense"]:
                 cases.append(sketched_fwd_case(impl, *config, 1, notes))
+        for n in CONV_BATCHES:
+            for impl in CONV_IMPLS:
+                cases.append(conv_infer_case("BM_conv_bn_relu_infer", impl, n, notes))
+        for impl in CONV_IMPLS:
+            cases.append(conv_infer_case("BM_depthwise_separable", impl, SEPARABLE_BATCH, notes))
     return cases
 
 

@@ -180,13 +180,22 @@ struct conv2d_columns {
   }
 };
 
-/// The GEMM epilogue of forward: C[m][n] = acc + bias[m] (bias per row of C, an output
-/// channel), or acc without a bias.
-template <bool WithBias>
+/// y = x: the epilogue's activation when there is none.
+struct conv2d_identity {
+  template <class V>
+  SOLDER_HD SOLDER_INLINE V forward(const V& x) const {
+    return x;
+  }
+};
+
+/// The GEMM epilogue of forward: C[m][n] = op(acc + bias[m]) (bias per row of C, an output
+/// channel), or op(acc) without a bias; op an activation (ops/activations.hpp) or the identity.
+template <bool WithBias, class Op = conv2d_identity>
 struct conv2d_store_epilogue {
   const float* bias;
   float* C;
   std::size_t ldc;
+  Op op{};
 
   template <std::size_t MR, std::size_t NV>
   SOLDER_INLINE void tile(const eval::cpu::vec<float> (&acc)[MR][NV], std::size_t m0, std::size_t n0, std::size_t mr,
@@ -198,9 +207,9 @@ struct conv2d_store_epilogue {
         float* c = C + (m0 + r) * ldc + n0;
         if constexpr (WithBias) {
           const V b(bias[m0 + r]);
-          eval::cpu::gemm_detail::store_row<NV>(c, acc[r], nr, [&](const V& x, std::size_t) { return x + b; });
+          eval::cpu::gemm_detail::store_row<NV>(c, acc[r], nr, [&](const V& x, std::size_t) { return op.forward(x + b); });
         } else {
-          eval::cpu::gemm_detail::store_row<NV>(c, acc[r], nr, [](const V& x, std::size_t) { return x; });
+          eval::cpu::gemm_detail::store_row<NV>(c, acc[r], nr, [&](const V& x, std::size_t) { return op.forward(x); });
         }
       }
   }
@@ -364,15 +373,21 @@ class conv2d {
   /// y = conv2d(x) + b for x [batch, Cin, H, W], y [batch, Cout, Ho, Wo]; y may not overlap x.
   template <class SX, class SY>
   void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+    forward_activated(x, y, detail::conv2d_identity{});
+  }
+  /// y = op(conv2d(x) + b), the activation op (ops/activations.hpp) applied as each value is
+  /// stored: one pass for a convolution and the activation after it.
+  template <class SX, class SY, class Op>
+  void forward_activated(tensor_ref<const float, SX> x, tensor_ref<float, SY> y, const Op& op) {
     if constexpr (check_shapes<SX, SY>()) {
       if (x.batch() != y.batch())
         detail::batches_differ("solder::nn::conv2d::forward", {{"x", x.batch()}, {"y", y.batch()}});
       if (detail::conv2d_overlaps(x.data(), x.size(), y.data(), y.size()))
         solder::detail::fail("solder::nn::conv2d::forward: y overlaps x; a convolution cannot run in place");
       if constexpr (depthwise)
-        depthwise_forward<geometry_of<SX>>(x.data(), y.data(), samples(x));
+        depthwise_forward<geometry_of<SX>>(x.data(), y.data(), samples(x), op);
       else
-        gemm_forward<geometry_of<SX>>(x.data(), y.data(), samples(x));
+        gemm_forward<geometry_of<SX>>(x.data(), y.data(), samples(x), op);
     }
   }
   template <class SX, class SY>
@@ -440,26 +455,26 @@ class conv2d {
 
   /// Each sample is independent: samples are spread over the threads, or (fewer samples than
   /// threads) run in turn with the GEMM threaded; the GEMM's bits do not depend on its threads.
-  template <class G>
-  void gemm_forward(const float* x, float* y, std::size_t batch) const {
+  template <class G, class Op>
+  void gemm_forward(const float* x, float* y, std::size_t batch, const Op& op) const {
     const int threads = num_threads();
     const double flops = double(batch) * double(Cout * G::out_plane) * 2.0 * fan_in;
     const bool over_samples = threads > 1 && batch >= std::size_t(threads) && flops >= parallel_min_flops;
     const int inner = over_samples ? 1 : threads;
     eval::cpu::parallel_for(batch, over_samples ? threads : 1, [&](std::size_t n) {
-      forward_sample<G>(x + n * Cin * G::in_plane, y + n * Cout * G::out_plane, inner);
+      forward_sample<G>(x + n * Cin * G::in_plane, y + n * Cout * G::out_plane, inner, op);
     });
   }
 
   /// y_g [Cout/G, Ho Wo] = W_g [Cout/G, K] col_g [K, Ho Wo] (+ b_g) for each group g of one sample.
-  template <class G>
-  void forward_sample(const float* x, float* y, int threads) const {
+  template <class G, class Op>
+  void forward_sample(const float* x, float* y, int threads, const Op& op) const {
     constexpr std::size_t K = fan_in, N = G::out_plane;
     for (std::size_t g = 0; g < Groups; ++g) {
       const float* xg = x + g * group_in * G::in_plane;
       const float* wg = weight.data() + g * group_out * K;
       float* yg = y + g * group_out * N;
-      auto epi = detail::conv2d_store_epilogue<Bias>{Bias ? bias_data() + g * group_out : nullptr, yg, N};
+      auto epi = detail::conv2d_store_epilogue<Bias, Op>{Bias ? bias_data() + g * group_out : nullptr, yg, N, op};
       if constexpr (columns_are_x)
         eval::cpu::gemm<N, K, false, false>(group_out, wg, K, xg, N, epi, threads);
       else  // the columns packed from the image panel by panel as the product needs them
@@ -592,8 +607,8 @@ class conv2d {
   // ---- the depthwise path -----------------------------------------------------------------
 
   /// Each output plane (sample n, channel co) from its one input plane co / (Cout / Cin).
-  template <class G>
-  void depthwise_forward(const float* x, float* y, std::size_t batch) const {
+  template <class G, class Op>
+  void depthwise_forward(const float* x, float* y, std::size_t batch, const Op& op) const {
     const float* w = weight.data();
     const float* b = nullptr;
     if constexpr (Bias) b = bias.data();
@@ -601,13 +616,13 @@ class conv2d {
     eval::cpu::parallel_for(planes, eval::cpu::threads_for(planes * G::out_plane * G::taps), [=](std::size_t q) {
       const std::size_t n = q / Cout, co = q % Cout;
       depthwise_plane<G>(x + (n * Cin + co / group_out) * G::in_plane, w + co * G::taps, b ? b[co] : 0.0f,
-                         y + q * G::out_plane);
+                         y + q * G::out_plane, op);
     });
   }
   /// y = sum over taps of w[kh][kw] im2col(x)[kh][kw] (+ b), tap by tap over the whole plane
   /// (each tap's columns made in this thread's workspace, in L1 or L2).
-  template <class G>
-  static void depthwise_plane(const float* x, const float* w, float b, float* y) {
+  template <class G, class Op>
+  static void depthwise_plane(const float* x, const float* w, float b, float* y, const Op& op) {
     float* col = detail::conv2d_workspace(detail::conv2d_slot::columns, G::out_plane);
     std::fill_n(y, G::out_plane, 0.0f);
     for (std::size_t kh = 0; kh < Kh; ++kh)
@@ -618,6 +633,8 @@ class conv2d {
       }
     if constexpr (Bias)
       for (std::size_t p = 0; p < G::out_plane; ++p) y[p] += b;
+    if constexpr (!std::is_same_v<Op, detail::conv2d_identity>)
+      for (std::size_t p = 0; p < G::out_plane; ++p) y[p] = op.forward(y[p]);
   }
   /// col[ho Wo + wo] = im2col_at(x, 0, kh, kw, ho, wo): one tap's row of im2col for plane x.
   template <class G>

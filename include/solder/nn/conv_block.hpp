@@ -161,6 +161,23 @@ class conv_block {
   template <class SX, class SY>
   void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
     const std::size_t batch = x.batch();
+    if constexpr (activation_tail) {
+      // Evaluation mode, the normalization folded (or none): one convolution whose stores apply
+      // the activation.
+      if (current == mode::eval && (!has_norm || folded_in_use())) {
+        const auto& op = std::get<0>(tail.layers).op;
+        if constexpr (has_norm)
+          folded.forward_activated(x, y, op);
+        else
+          conv.forward_activated(x, y, op);
+        saved_batch = batch;
+        eval_fused = true;
+        folded_last = has_norm;
+        return;
+      }
+    }
+    eval_fused = false;
+    folded_last = has_norm && folded_in_use();
     const auto u = tail_size > 0 ? view<SY>(u_buf, batch) : y;  // the tail's input
     if constexpr (has_norm) {
       if (folded_in_use()) {
@@ -204,7 +221,17 @@ class conv_block {
   using folded_type = std::conditional_t<has_norm, typename detail::with_bias<Conv>::type, std::tuple<>>;
   [[no_unique_address]] folded_type folded{};
   bool folded_current = false;
+  bool eval_fused = false;   // the last forward applied the tail in the convolution's stores
+  bool folded_last = false;  // the last forward ran the folded convolution
   mode current = mode::train;
+  /// Whether the tail is one activation, which the convolution's epilogue can apply.
+  static constexpr bool activation_tail = [] {
+    if constexpr (tail_size == 1)
+      return !std::is_void_v<typename detail::activation_of<
+          std::tuple_element_t<0, std::remove_cvref_t<decltype(std::declval<tail_type&>().layers)>>>::type>;
+    else
+      return false;
+  }();
   std::size_t saved_batch = 0;
   // Rows of one output sample each, grown to the largest batch: the convolution's output (z),
   // the tail's input (u), and their gradients.
@@ -235,6 +262,18 @@ class conv_block {
       solder::detail::fail("solder::nn::conv_block::backward: the last forward had " + std::to_string(saved_batch) +
                            " samples, dy has " + std::to_string(batch) + "; run forward on this batch first");
     const auto u = tail_size > 0 ? cview(view<SY>(u_buf, batch)) : y;
+    // A folded forward left neither the convolution's output z nor the normalization's state
+    // of this batch, and a fused one not the tail's input u: backward is the unfolded form's,
+    // so they are made again here, as the unfolded forward makes them.
+    if (folded_last) {
+      if constexpr (has_norm) {
+        const auto z = view<SY>(z_buf, batch);
+        conv.forward(x, z);
+        norm.forward(cview(z), tail_size > 0 ? view<SY>(u_buf, batch) : view<SY>(gz_buf, batch));
+      }
+    } else if (eval_fused) {
+      if constexpr (tail_size > 0) conv.forward(x, view<SY>(u_buf, batch));
+    }
     const auto gu = [&] {
       if constexpr (tail_size > 0) {
         const auto g = view<SY>(gu_buf, batch);
@@ -246,8 +285,6 @@ class conv_block {
     }();
     if constexpr (has_norm) {
       const auto z = view<SY>(z_buf, batch);
-      // The folded forward never wrote z: the normalization's backward needs it.
-      if (folded_in_use()) conv.forward(x, z);
       const auto gz = view<SY>(gz_buf, batch);
       norm.backward(cview(z), u, gu, gz);
       return {cview(z), cview(gz)};
