@@ -24,6 +24,7 @@
 #include "solder/optim/adam.hpp"
 #include "solder/optim/schedule.hpp"
 #include "solder/optim/sgd.hpp"
+#include "support/chain_gradients.hpp"
 #include "support/data.hpp"
 #include "support/temp_dir.hpp"
 
@@ -127,33 +128,7 @@ TEST_CASE("chain: whole-chain gradients against central finite differences", "[c
   tensor<float, shape<dyn, 3>> r(4);
   solder::test::fill_uniform(x, -1, 1, 211);
   solder::test::fill_uniform(r, -1, 1, 212);
-  auto loss = [&] {
-    const auto y = model.forward(x);
-    double L = 0;
-    for (std::size_t i = 0; i < y.size(); ++i) L += double(r[i]) * double(y[i]);
-    return L;
-  };
-  loss();
-  model.backward(tensor_ref<const float, shape<dyn, 3>>(r.data(), 4));
-  std::vector<std::vector<float>> grads;
-  auto params = model.params();
-  for (auto& p : params) grads.emplace_back(p.grad.begin(), p.grad.end());
-  for (std::size_t k = 0; k < params.size(); ++k)
-    for (std::size_t i = 0; i < params[k].value.size(); i += 3) {
-      float& w = params[k].value[i];
-      const float w0 = w, h = 1e-2f;
-      w = w0 + h;
-      model.parameters_changed();
-      const double lp = loss();
-      w = w0 - h;
-      model.parameters_changed();
-      const double lm = loss();
-      w = w0;
-      model.parameters_changed();
-      const double fd = (lp - lm) / (2.0 * double(h));
-      INFO(params[k].name << "[" << i << "]");
-      CHECK(grads[k][i] == Approx(fd).margin(2e-4).epsilon(2e-3));
-    }
+  solder::test::check_chain_gradients(model, x, r, {.stride = 3, .h = 1e-2f, .margin = 2e-4, .epsilon = 2e-3});
 }
 
 TEST_CASE("chain: training the digits MLP reaches 97% held-out accuracy", "[chain][slow]") {

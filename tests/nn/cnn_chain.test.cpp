@@ -25,6 +25,7 @@
 #include "solder/nn/state.hpp"
 #include "solder/optim/adam.hpp"
 #include "solder/optim/sgd.hpp"
+#include "support/chain_gradients.hpp"
 #include "support/data.hpp"
 #include "support/temp_dir.hpp"
 
@@ -194,35 +195,9 @@ TEST_CASE("cnn chain: whole-chain gradients against central finite differences",
   tensor<float, shape<dyn, 3>> r(3);
   solder::test::fill_uniform(x, -1, 1, 41);
   solder::test::fill_uniform(r, -1, 1, 42);
-  auto loss = [&] {
-    const auto y = model.forward(x);
-    double L = 0;
-    for (std::size_t i = 0; i < y.size(); ++i) L += double(r[i]) * double(y[i]);
-    return L;
-  };
-  loss();
-  model.backward(tensor_ref<const float, shape<dyn, 3>>(r.data(), 3));
-  std::vector<std::vector<float>> grads;
-  auto params = model.params();
-  for (auto& p : params) grads.emplace_back(p.grad.begin(), p.grad.end());
-  for (std::size_t k = 0; k < params.size(); ++k)
-    for (std::size_t i = 0; i < params[k].value.size(); i += 2) {
-      float& w = params[k].value[i];
-      const float w0 = w, h = 1e-2f;
-      w = w0 + h;
-      model.parameters_changed();
-      const double lp = loss();
-      w = w0 - h;
-      model.parameters_changed();
-      const double lm = loss();
-      w = w0;
-      model.parameters_changed();
-      const double fd = (lp - lm) / (2.0 * double(h));
-      INFO(params[k].name << "[" << i << "]");
-      // Float forward passes differenced at h = 1e-2: about 1e-5 of noise per unit of loss
-      // over 2h, and the h^2 term of the tanh and normalization curvature.
-      CHECK(grads[k][i] == Approx(fd).margin(5e-4).epsilon(5e-3));
-    }
+  // Float forward passes differenced at h = 1e-2: about 1e-5 of noise per unit of loss over
+  // 2h, and the h^2 term of the tanh and normalization curvature.
+  solder::test::check_chain_gradients(model, x, r, {.stride = 2, .h = 1e-2f, .margin = 5e-4, .epsilon = 5e-3});
 }
 
 TEST_CASE("cnn chain: training the digits CNN reaches 97% held-out accuracy", "[chain][cnn][slow]") {

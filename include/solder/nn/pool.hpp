@@ -204,6 +204,24 @@ constexpr void append_window_takes(fixed_string& m, std::size_t k, std::size_t p
 
 /// The shape check every pooling layer runs on its tensor types: x [batch, C, H, W] that the
 /// layer takes (Traits::takes), y [batch, C, Ho, Wo] as it gives. One error per mistake.
+/// What the planner knows of a K x K window pooling with stride Stride and padding Pad (max
+/// and avg pooling): it takes [C, H, W] with at least one window each way and gives [C, Ho, Wo].
+template <std::size_t K, std::size_t Stride, std::size_t Pad>
+struct window_traits {
+    static constexpr layer_kind kind = layer_kind::block;
+    static constexpr std::size_t in = 0, out = 0;
+    static constexpr std::size_t parameters = 0;
+    static constexpr bool takes(sample_shape s) {
+      return s.rank == 3 && s[0] >= 1 && pool2d::out_extent(s[1], K, Stride, Pad) >= 1 &&
+             pool2d::out_extent(s[2], K, Stride, Pad) >= 1;
+    }
+    static constexpr sample_shape gives(sample_shape s) {
+      if (!takes(s)) return {};
+      return sample_shape(s[0], pool2d::out_extent(s[1], K, Stride, Pad), pool2d::out_extent(s[2], K, Stride, Pad));
+    }
+    static constexpr void append_takes(fixed_string& m) { pool2d::append_window_takes(m, K, Pad); }
+};
+
 template <fixed_string Who, class Traits, class SX, class SY>
 constexpr bool check_shapes() {
   constexpr bool x_ok = [] {
@@ -267,24 +285,12 @@ class max_pool2d {
  public:
   static constexpr const char* name = "max_pool2d";
 
-  struct planner_traits {
-    static constexpr layer_kind kind = layer_kind::block;
-    static constexpr std::size_t in = 0, out = 0;
-    static constexpr std::size_t parameters = 0;
+  struct planner_traits : pool2d::window_traits<K, Stride, Pad> {
     // K*K compares per output forward; one add per output routed backward.
     static constexpr double forward_flops(std::size_t out_features) { return double(K * K) * double(out_features); }
     static constexpr double backward_flops(std::size_t out_features) { return double(out_features); }
     // The argmax of each output (an int32, one float's size).
     static constexpr std::size_t saved_floats(std::size_t out_features) { return out_features; }
-    static constexpr bool takes(sample_shape s) {
-      return s.rank == 3 && s[0] >= 1 && pool2d::out_extent(s[1], K, Stride, Pad) >= 1 &&
-             pool2d::out_extent(s[2], K, Stride, Pad) >= 1;
-    }
-    static constexpr sample_shape gives(sample_shape s) {
-      if (!takes(s)) return {};
-      return sample_shape(s[0], pool2d::out_extent(s[1], K, Stride, Pad), pool2d::out_extent(s[2], K, Stride, Pad));
-    }
-    static constexpr void append_takes(fixed_string& m) { pool2d::append_window_takes(m, K, Pad); }
   };
 
   /// No parameters.
@@ -384,23 +390,11 @@ class avg_pool2d {
  public:
   static constexpr const char* name = "avg_pool2d";
 
-  struct planner_traits {
-    static constexpr layer_kind kind = layer_kind::block;
-    static constexpr std::size_t in = 0, out = 0;
-    static constexpr std::size_t parameters = 0;
+  struct planner_traits : pool2d::window_traits<K, Stride, Pad> {
     // K*K - 1 adds and a divide per output; backward a divide and K*K adds per output.
     static constexpr double forward_flops(std::size_t out_features) { return double(K * K) * double(out_features); }
     static constexpr double backward_flops(std::size_t out_features) { return double(K * K + 1) * double(out_features); }
     static constexpr std::size_t saved_floats(std::size_t) { return 0; }
-    static constexpr bool takes(sample_shape s) {
-      return s.rank == 3 && s[0] >= 1 && pool2d::out_extent(s[1], K, Stride, Pad) >= 1 &&
-             pool2d::out_extent(s[2], K, Stride, Pad) >= 1;
-    }
-    static constexpr sample_shape gives(sample_shape s) {
-      if (!takes(s)) return {};
-      return sample_shape(s[0], pool2d::out_extent(s[1], K, Stride, Pad), pool2d::out_extent(s[2], K, Stride, Pad));
-    }
-    static constexpr void append_takes(fixed_string& m) { pool2d::append_window_takes(m, K, Pad); }
   };
 
   /// No parameters.
