@@ -10,7 +10,7 @@
 //
 // The layer list is planned into kernels at compile time (nn/plan.hpp): here one GEMM with
 // relu and dropout in its epilogue, then one GEMM. Neighbours that do not fit are a compile
-// error naming both layers and widths. The chain owns its parameters, gradients and every
+// error naming both layers and sample shapes. The chain owns its parameters, gradients and every
 // activation; buffers are sized to the largest batch seen and reused, so a training step
 // allocates nothing after the first.
 #pragma once
