@@ -610,8 +610,7 @@ class conv2d {
   template <class G, class Op>
   void depthwise_forward(const float* x, float* y, std::size_t batch, const Op& op) const {
     const float* w = weight.data();
-    const float* b = nullptr;
-    if constexpr (Bias) b = bias.data();
+    const float* b = bias_data();
     const std::size_t planes = batch * Cout;
     eval::cpu::parallel_for(planes, eval::cpu::threads_for(planes * G::out_plane * G::taps), [=](std::size_t q) {
       const std::size_t n = q / Cout, co = q % Cout;
