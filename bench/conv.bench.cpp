@@ -7,6 +7,9 @@
 //     3x3, stride 1, pad 1, no convolution bias (the batch_norm follows); eval mode, impl in
 //     solder_folded           nn::conv_block after pack_weights: one convolution with W' = W s
 //                             and b' = (b - mean) s + beta whose stores apply the ReLU
+//     solder_folded_channels_last  the same on channels-last tensors (x [N, 56, 56, 64], y
+//                             [N, 56, 56, 64]: forward_channels_last), the layout the convolution
+//                             runs in, so nothing is transposed (as onednn_postops_blocked)
 //     solder_unfolded         the same block with fold_in_eval = false: convolution, the
 //                             normalization's eval pass, the ReLU pass
 //     onednn_postops_nchw     convolution_forward on plain nchw / oihw memory, bias and ReLU as
@@ -21,8 +24,10 @@
 //     then pointwise 1x1 64 -> 128 + batch_norm + ReLU, eval mode; impl solder_folded,
 //     solder_unfolded, onednn_postops_blocked (two convolutions, the second reading the first's
 //     blocked output)
-//   <family>_paired/solder_folded_vs_<peer>/<shape> (infer: every peer, N = 32 and 1; depthwise:
-//     solder_unfolded, onednn_postops_blocked) and BM_conv_bn_relu_train_paired/
+//   <family>_paired/solder_folded_vs_<peer>/<shape> (infer: solder_unfolded and both oneDNN
+//     forms, N = 32 and 1; depthwise: solder_unfolded, onednn_postops_blocked),
+//   BM_conv_bn_relu_infer_paired/solder_folded_channels_last_vs_onednn_postops_blocked/<shape>
+//     (N = 32 and 1: each in the layout it runs in) and BM_conv_bn_relu_train_paired/
 //     solder_vs_solder_unfused/32x64x56x56: the two timed call by call (bench/README.md, "Paired
 //     cases"); speedup = median(peer time / solder time), <impl>_GFLOPs from each median call.
 // Counters: GFLOPs (2 N Cout Ho Wo Cin/G Kh Kw per convolution; training counts three such
@@ -90,6 +95,13 @@ static_assert(std::is_same_v<std::tuple_element_t<1, separable_chain::blocks_typ
 template <class Conv>
 double conv_flops(std::size_t n) {
   return 2.0 * double(n) * double(Conv::out_channels) * double(H * W) * double(Conv::fan_in);
+}
+
+/// dst [n, H, W, C] = src [n, C, H, W].
+void to_channels_last(const float* src, float* dst, std::size_t n) {
+  for (std::size_t s = 0; s < n; ++s)
+    for (std::size_t c = 0; c < C; ++c)
+      for (std::size_t i = 0; i < H * W; ++i) dst[(s * H * W + i) * C + c] = src[(s * C + c) * H * W + i];
 }
 
 std::string image_name(std::size_t n) { return std::to_string(n) + "x" + std::to_string(C) + "x" + std::to_string(H) + "x" + std::to_string(W); }
@@ -316,9 +328,10 @@ void time_case(benchmark::State& state, double flops, F&& call) {
   set_flop_counters(state, flops, seconds, 1);
 }
 
-enum class impl { solder_folded, solder_unfolded, onednn_postops_nchw, onednn_postops_blocked };
+enum class impl { solder_folded, solder_folded_channels_last, solder_unfolded, onednn_postops_nchw, onednn_postops_blocked };
 const char* impl_name(impl i) {
-  constexpr const char* names[] = {"solder_folded", "solder_unfolded", "onednn_postops_nchw", "onednn_postops_blocked"};
+  constexpr const char* names[] = {"solder_folded", "solder_folded_channels_last", "solder_unfolded",
+                                   "onednn_postops_nchw", "onednn_postops_blocked"};
   return names[int(i)];
 }
 
@@ -331,13 +344,16 @@ struct infer_problem {
   std::size_t N;
   conv_bn_relu block{seed_layer};
   solder::tensor<float, image> x, y;
+  // x and y channels-last: [N, 56, 56, 64]
+  solder::tensor<float, shape<dyn, H, W, C>> x_last, y_last;
   std::vector<float> w_folded, b_folded;
 #if SOLDER_BENCH_HAS_DNNL
   std::map<bool, std::unique_ptr<onednn_net>> onednn;  // by blocked
 #endif
 
-  explicit infer_problem(std::size_t n) : N(n), x(n), y(n) {
+  explicit infer_problem(std::size_t n) : N(n), x(n), y(n), x_last(n), y_last(n) {
     fill_uniform({x.data(), x.size()}, seed_x);
+    to_channels_last(x.data(), x_last.data(), N);
     set_norm(block.norm, seed_norm);
     block.eval();
     block.pack_weights();
@@ -347,6 +363,16 @@ struct infer_problem {
   void solder_forward(bool folded) {
     block.fold_in_eval = folded;
     block.forward(x, y);
+  }
+  void solder_forward_channels_last() {
+    block.fold_in_eval = true;
+    block.forward_channels_last(cref(x_last), y_last.ref());
+  }
+  /// y (nchw) from y_last, for the check.
+  void output_from_channels_last() {
+    for (std::size_t s = 0; s < N; ++s)
+      for (std::size_t c = 0; c < C; ++c)
+        for (std::size_t i = 0; i < H * W; ++i) y.data()[(s * C + c) * H * W + i] = y_last.data()[(s * H * W + i) * C + c];
   }
 #if SOLDER_BENCH_HAS_DNNL
   std::unique_ptr<onednn_net> make_onednn(bool blocked) {
@@ -424,7 +450,15 @@ template <class Problem>
 std::function<void()> checked_call(benchmark::State& state, Problem& p, impl which) {
   std::function<void()> call;
   std::function<void()> output = [] {};  // brings the output to p.y as nchw (not timed)
-  if (which == impl::solder_folded || which == impl::solder_unfolded) {
+  if (which == impl::solder_folded_channels_last) {
+    if constexpr (requires { p.solder_forward_channels_last(); }) {
+      call = [&p] { p.solder_forward_channels_last(); };
+      output = [&p] { p.output_from_channels_last(); };
+    } else {
+      state.SkipWithError("no channels-last form of this problem");
+      return {};
+    }
+  } else if (which == impl::solder_folded || which == impl::solder_unfolded) {
     // The form is set on every call: a paired case alternates the two forms of the same blocks.
     call = [&p, folded = which == impl::solder_folded] { p.solder_forward(folded); };
   } else {
@@ -464,18 +498,18 @@ void forward_case(benchmark::State& state, impl which, std::size_t n) {
   if (const auto call = checked_call(state, p, which)) time_case(state, p.flops(), call);
 }
 
-/// solder_folded against `peer` call by call (time_pairs): speedup = median over the pairs of
-/// the peer's time / solder_folded's; each one's GFLOP/s from its median call.
+/// `mine` (a solder form) against `peer` call by call (time_pairs): speedup = median over the
+/// pairs of the peer's time / mine's; each one's GFLOP/s from its median call.
 template <class Problem>
-void paired_case(benchmark::State& state, impl peer, std::size_t n) {
+void paired_case(benchmark::State& state, impl mine, impl peer, std::size_t n) {
   single_thread();
   Problem& p = problem_for<Problem>(n);
-  const auto a = checked_call(state, p, impl::solder_folded);
+  const auto a = checked_call(state, p, mine);
   const auto b = a ? checked_call(state, p, peer) : nullptr;
   if (!b) return;
   const paired_times t = time_pairs(state, a, b);
   state.counters["speedup"] = t.speedup_of_a();
-  state.counters["solder_folded_GFLOPs"] = p.flops() / paired_times::median(t.a) * 1e-9;
+  state.counters[std::string(impl_name(mine)) + "_GFLOPs"] = p.flops() / paired_times::median(t.a) * 1e-9;
   state.counters[std::string(impl_name(peer)) + "_GFLOPs"] = p.flops() / paired_times::median(t.b) * 1e-9;
 }
 
@@ -588,7 +622,8 @@ int pairs_for(std::size_t n, bool train = false) { return train ? 4 : n == 1 ? 3
 const bool registered = [] {
   const std::string shape32 = image_name(32);
   for (std::size_t n : {32, 1})
-    for (impl which : {impl::solder_folded, impl::solder_unfolded, impl::onednn_postops_nchw, impl::onednn_postops_blocked}) {
+    for (impl which : {impl::solder_folded, impl::solder_folded_channels_last, impl::solder_unfolded,
+                       impl::onednn_postops_nchw, impl::onednn_postops_blocked}) {
       const std::string name = std::string("BM_conv_bn_relu_infer/") + impl_name(which) + "/" + image_name(n);
       benchmark::RegisterBenchmark(name.c_str(), forward_case<infer_problem>, which, n)->Unit(benchmark::kMillisecond);
     }
@@ -602,11 +637,15 @@ const bool registered = [] {
         ->Unit(benchmark::kMillisecond);
   }
   // The paired cases: solder's inference form against each peer, and training fused against unfused.
+  const std::pair<impl, impl> infer_pairs[] = {{impl::solder_folded, impl::solder_unfolded},
+                                                {impl::solder_folded, impl::onednn_postops_nchw},
+                                                {impl::solder_folded, impl::onednn_postops_blocked},
+                                                {impl::solder_folded_channels_last, impl::onednn_postops_blocked}};
   for (std::size_t n : {32, 1})
-    for (impl peer : {impl::solder_unfolded, impl::onednn_postops_nchw, impl::onednn_postops_blocked}) {
-      const std::string name =
-          std::string("BM_conv_bn_relu_infer_paired/solder_folded_vs_") + impl_name(peer) + "/" + image_name(n);
-      benchmark::RegisterBenchmark(name.c_str(), paired_case<infer_problem>, peer, n)
+    for (const auto& [mine, peer] : infer_pairs) {
+      const std::string name = std::string("BM_conv_bn_relu_infer_paired/") + impl_name(mine) + "_vs_" +
+                               impl_name(peer) + "/" + image_name(n);
+      benchmark::RegisterBenchmark(name.c_str(), paired_case<infer_problem>, mine, peer, n)
           ->Unit(benchmark::kMillisecond)
           ->Iterations(pairs_for(n));
     }
@@ -616,7 +655,7 @@ const bool registered = [] {
       ->Iterations(pairs_for(32, true));
   for (impl peer : {impl::solder_unfolded, impl::onednn_postops_blocked}) {
     const std::string name = std::string("BM_depthwise_separable_paired/solder_folded_vs_") + impl_name(peer) + "/" + shape32;
-    benchmark::RegisterBenchmark(name.c_str(), paired_case<separable_problem>, peer, std::size_t{32})
+    benchmark::RegisterBenchmark(name.c_str(), paired_case<separable_problem>, impl::solder_folded, peer, std::size_t{32})
         ->Unit(benchmark::kMillisecond)
         ->Iterations(pairs_for(32));
   }

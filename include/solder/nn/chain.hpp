@@ -154,6 +154,11 @@ class basic_chain {
   /// Whether forward, backward and train_step flush denormals to zero (default: yes; see
   /// eval/cpu/parallel.hpp, flush_denormals, for why). Off: IEEE gradual underflow, slower late in training.
   void set_flush_denormals(bool on) { flush = on; }
+  /// Whether forward keeps the images between two convolution blocks channels-last when both
+  /// can run so (frozen, the normalization folded; default: yes), and whether the last forward
+  /// did. The values are the same bits either way.
+  void set_channels_last(bool on) { channels_last_between = on; }
+  bool kept_channels_last() const { return images_channels_last; }
   /// Call after changing parameters outside train_step (loading them, editing them): the
   /// packed weights of eval mode are made again.
   void parameters_changed() {
@@ -222,6 +227,9 @@ class basic_chain {
       solder::detail::fail("solder::chain::backward: dy has " + std::to_string(n) + " rows, the last forward had " +
                            std::to_string(batch));
     upstream = dy.data();
+    // Backward reads every block's input as NCHW: a forward that kept images channels-last
+    // runs again without.
+    if (images_channels_last) run_forward(n, false, std::make_index_sequence<kernels>{});
     run_backward(n, std::make_index_sequence<kernels>{});
   }
 
@@ -235,7 +243,7 @@ class basic_chain {
   template <class Target, class Optimizer, class Loss = cross_entropy_loss>
   float train_step(input_ref x, const Target& target, Optimizer& opt, const Loss& loss = {}) {
     const executor<cpu>::flush_denormals guard(flush);
-    run(x);
+    run(x, false);
     const float value = loss(output_view(batch), target, output_grad());
     backward(output_ref(dout.data(), batch));
     opt.step();
@@ -347,13 +355,15 @@ class basic_chain {
     }
   }
 
-  /// Runs every block on x; the output stays in the last block's buffer.
-  void run(input_ref x) {
+  /// Runs every block on x; the output stays in the last block's buffer. With channels_last,
+  /// the images between two convolution blocks that can run channels-last (frozen, folded) stay
+  /// channels-last (docs/convolution.md, "Layouts").
+  void run(input_ref x, bool channels_last = true) {
     const executor<cpu>::flush_denormals guard(flush);
     const std::size_t n = x.batch();
     reserve(n);
     input = x.data();
-    run_forward(n, std::make_index_sequence<kernels>{});
+    run_forward(n, channels_last && channels_last_between, std::make_index_sequence<kernels>{});
   }
   /// x as the chain's input: a batch of samples of input_shape, or of as many features.
   template <class S>
@@ -380,6 +390,8 @@ class basic_chain {
   const float* upstream = nullptr;  // the last backward's dy
   bool profiling = false;
   std::vector<profile_entry> timings;
+  bool channels_last_between = true;
+  bool images_channels_last = false;  // the last forward kept some block outputs channels-last
 
   template <class G>
   using out_tensor = tensor<float, typename widths::template batch_after<G::first + G::size - 1>>;
@@ -499,10 +511,39 @@ class basic_chain {
     (fwd ? e.forward_flops : e.backward_flops) += flops;
   }
 
+  /// Whether block I can read or write channels-last images (a convolution block that says
+  /// so), and whether it can now.
+  template <std::size_t I>
+  static constexpr bool channels_last_capable = [] {
+    using B = std::tuple_element_t<I, blocks_type>;
+    if constexpr (requires { B::channels_last_capable; })
+      return B::channels_last_capable;
+    else
+      return false;
+  }();
+  template <std::size_t I>
+  bool channels_last_ready() const {
+    if constexpr (channels_last_capable<I>)
+      return std::get<I>(blocks).channels_last_ready();
+    else
+      return false;
+  }
+
   template <std::size_t... I>
-  void run_forward(std::size_t n, std::index_sequence<I...>) {
+  void run_forward(std::size_t n, bool channels_last, std::index_sequence<I...>) {
+    // last[I]: block I's output stays channels-last, read so by block I + 1.
+    bool last[kernels + 1] = {};
+    if (channels_last) ((last[I + 1] = I + 1 < kernels && channels_last_ready<I>() && channels_last_ready<(I + 1) % kernels>()), ...);
+    images_channels_last = false;
+    for (std::size_t k = 1; k <= kernels; ++k) images_channels_last = images_channels_last || last[k];
     (timed(I, true, group_flops<std::tuple_element_t<I, groups>, widths>(true) * double(n),
-           [&] { std::get<I>(blocks).forward(block_input<I>(n), act_view<I>(n)); }),
+           [&] {
+             auto& b = std::get<I>(blocks);
+             if constexpr (channels_last_capable<I>) {
+               if (last[I] || last[I + 1]) return b.forward_layouts(block_input<I>(n), act_view<I>(n), last[I], last[I + 1]);
+             }
+             b.forward(block_input<I>(n), act_view<I>(n));
+           }),
      ...);
   }
 

@@ -1,7 +1,9 @@
-// nn/conv2d.hpp: PyTorch's nn.Conv2d (zero padding) over NCHW activations: per sample and group,
-// im2col into a per-thread workspace, then solder's GEMM with the bias in its epilogue; backward
-// as GEMMs too, with dx gathered per input element (col2im without atomics). Depthwise layers
-// (Groups == Cin) run a direct loop per plane instead.
+// nn/conv2d.hpp: PyTorch's nn.Conv2d (zero padding) over NCHW activations (or channels-last
+// ones): one group runs eval/cpu/conv_nhwc.hpp's convolution (tiles of output pixels summed over
+// the taps in registers, the bias and an activation in its stores); several groups run, per
+// sample and group, solder's GEMM over columns packed from the image; backward as GEMMs, with dx
+// gathered per input element (col2im without atomics). Depthwise layers (Groups == Cin) run a
+// direct loop per plane.
 #pragma once
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include "solder/eval/cpu/access.hpp"
 #include "solder/eval/cpu/batch.hpp"
 #include "solder/eval/cpu/chunking.hpp"
+#include "solder/eval/cpu/conv_nhwc.hpp"
 #include "solder/eval/cpu/gemm.hpp"
 #include "solder/eval/cpu/gemm_epilogue.hpp"
 #include "solder/eval/cpu/parallel.hpp"
@@ -244,9 +247,10 @@ struct conv2d_accumulate_epilogue {
   }
 };
 
-/// What each thread keeps between calls: im2col's columns, the column gradient, and (for the
-/// threads that start a backward) the partial dW sums its chunks write.
-enum class conv2d_slot { columns, column_grad, partial_dw, count };
+/// What each thread keeps between calls: im2col's columns, the column gradient, (for the
+/// threads that start a backward) the partial dW sums its chunks write, and weights packed for
+/// one call.
+enum class conv2d_slot { columns, column_grad, partial_dw, packed_weights, count };
 inline float* conv2d_workspace(conv2d_slot slot, std::size_t n) {
   thread_local growing_buffer<float> spaces[std::size_t(conv2d_slot::count)];
   return spaces[std::size_t(slot)].get(n);
@@ -358,6 +362,7 @@ class conv2d {
   /// [-1/sqrt(fan_in), 1/sqrt(fan_in))), drawn from Philox stream (seed, 0) for W and (seed, 1)
   /// for b, as nn::linear.
   void reset_parameters(std::uint64_t seed) {
+    packed_current = false;
     const float bound = float(1.0 / std::sqrt(double(fan_in)));
     detail::fill_uniform_philox(weight.data(), weight.size(), bound, seed, 0);
     if constexpr (Bias) detail::fill_uniform_philox(bias.data(), bias.size(), bound, seed, 1);
@@ -384,12 +389,59 @@ class conv2d {
         detail::batches_differ("solder::nn::conv2d::forward", {{"x", x.batch()}, {"y", y.batch()}});
       if (detail::conv2d_overlaps(x.data(), x.size(), y.data(), y.size()))
         solder::detail::fail("solder::nn::conv2d::forward: y overlaps x; a convolution cannot run in place");
+      using G = geometry_of<SX>;
       if constexpr (depthwise)
-        depthwise_forward<geometry_of<SX>>(x.data(), y.data(), samples(x), op);
+        depthwise_forward<G>(x.data(), y.data(), samples(x), op);
+      else if constexpr (Groups == 1)
+        direct_forward<G>(x.data(), y.data(), samples(x), op, false, false);
       else
-        gemm_forward<geometry_of<SX>>(x.data(), y.data(), samples(x), op);
+        gemm_forward<G>(x.data(), y.data(), samples(x), op);
     }
   }
+
+  /// y = op(conv2d(x) + b) on channels-last tensors: x [batch, H, W, Cin], y [batch, Ho, Wo,
+  /// Cout] (NHWC), the layout the convolution runs in, so nothing is transposed. The same
+  /// values, bit for bit, as forward_activated on the NCHW tensors. One group only.
+  template <class SX, class SY, class Op = detail::conv2d_identity>
+  void forward_channels_last(tensor_ref<const float, SX> x, tensor_ref<float, SY> y, const Op& op = {}) {
+    static_assert(Groups == 1, "solder::nn::conv2d::forward_channels_last: runs convolutions with one group");
+    if constexpr (check_channels_last<SX, SY>()) {
+      if (x.batch() != y.batch())
+        detail::batches_differ("solder::nn::conv2d::forward_channels_last", {{"x", x.batch()}, {"y", y.batch()}});
+      if (detail::conv2d_overlaps(x.data(), x.size(), y.data(), y.size()))
+        solder::detail::fail("solder::nn::conv2d::forward_channels_last: y overlaps x; a convolution cannot run in place");
+      using G = detail::conv2d_geometry<SX::extents[1], SX::extents[2], Kh, Kw, Stride, Pad, Dilation>;
+      direct_forward<G>(x.data(), y.data(), x.size() / SX::inner_size, op, true, true);
+    }
+  }
+
+  /// forward_activated with x [batch, Cin, H, W] and y [batch, Cout, Ho, Wo] each stored NCHW
+  /// or channels-last (NHWC) as x_last and y_last say: how a chain runs the convolutions
+  /// between which it keeps its images channels-last. One group only.
+  template <class SX, class SY, class Op = detail::conv2d_identity>
+  void forward_layouts(tensor_ref<const float, SX> x, tensor_ref<float, SY> y, bool x_last, bool y_last,
+                       const Op& op = {}) {
+    static_assert(Groups == 1, "solder::nn::conv2d::forward_layouts: runs convolutions with one group");
+    if constexpr (check_shapes<SX, SY>()) {
+      if (x.batch() != y.batch())
+        detail::batches_differ("solder::nn::conv2d::forward", {{"x", x.batch()}, {"y", y.batch()}});
+      if (detail::conv2d_overlaps(x.data(), x.size(), y.data(), y.size()))
+        solder::detail::fail("solder::nn::conv2d::forward: y overlaps x; a convolution cannot run in place");
+      direct_forward<geometry_of<SX>>(x.data(), y.data(), samples(x), op, x_last, y_last);
+    }
+  }
+
+  /// Packs the weights once for the forward calls that follow (the model is frozen: eval()
+  /// and parameters_changed() of a chain call it); weights_changed() returns to packing them
+  /// per call, as training needs.
+  void pack_weights() {
+    if constexpr (direct) {
+      if (!packed) packed = allocate_aligned<float>(packing::floats);
+      packing::pack(weight.data(), packed.get());
+      packed_current = true;
+    }
+  }
+  void weights_changed() { packed_current = false; }
   template <class SX, class SY>
   void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
     forward(x.ref(), y.ref());
@@ -430,6 +482,12 @@ class conv2d {
   }
 
  private:
+  /// One group that is not depthwise: eval/cpu/conv_nhwc.hpp's convolution, its weights packed.
+  static constexpr bool direct = Groups == 1 && !depthwise;
+  using packing = eval::cpu::conv_packed_weights<Cin, Cout, Kh, Kw>;
+  aligned_array<float> packed;
+  bool packed_current = false;
+
   static constexpr std::size_t span_height = Dilation * (Kh - 1) + 1;
   static constexpr std::size_t span_width = Dilation * (Kw - 1) + 1;
   static constexpr std::size_t min_height = span_height > 2 * Pad ? span_height - 2 * Pad : 1;
@@ -451,7 +509,37 @@ class conv2d {
   template <class SX>
   using geometry_of = detail::conv2d_geometry<SX::extents[2], SX::extents[3], Kh, Kw, Stride, Pad, Dilation>;
 
-  // ---- the GEMM path ----------------------------------------------------------------------
+  // ---- one group: the direct path --------------------------------------------------------
+
+  /// The output rows of all samples are cut into one run per thread (by the sizes alone; a
+  /// row's values do not depend on who computes it).
+  /// x and y NCHW, or channels-last (x_last, y_last).
+  template <class G, class Op>
+  void direct_forward(const float* x, float* y, std::size_t batch, const Op& op, bool x_last, bool y_last) const {
+    namespace cd = eval::cpu::conv_detail;
+    const float* w = packed_current ? packed.get() : pack_for_call();
+    const double flops = double(batch) * double(Cout * G::out_plane) * 2.0 * fan_in;
+    const int threads = flops >= parallel_min_flops ? num_threads() : 1;
+    using kernel = eval::cpu::conv_nhwc<Cin, Cout, G::height, G::width, Kh, Kw, Stride, Pad, Dilation>;
+    const cd::bias_op_store<Op> store{bias_data(), op};
+    const auto run = [&](const auto& rows) {
+      if (y_last)
+        kernel::run(w, rows, cd::nhwc_store<Cout, G::out_height, G::out_width>{y}, store, batch, threads);
+      else
+        kernel::run(w, rows, cd::nchw_store<Cout, G::out_height, G::out_width>{y}, store, batch, threads);
+    };
+    if (x_last)
+      run(cd::nhwc_rows<Cin, G::height, G::width>{x});
+    else
+      run(cd::nchw_rows<Cin, G::height, G::width>{x});
+  }
+  const float* pack_for_call() const {
+    float* w = detail::conv2d_workspace(detail::conv2d_slot::packed_weights, packing::floats);
+    packing::pack(weight.data(), w);
+    return w;
+  }
+
+  // ---- several groups: the GEMM path ------------------------------------------------------
 
   /// Each sample is independent: samples are spread over the threads, or (fewer samples than
   /// threads) run in turn with the GEMM threaded; the GEMM's bits do not depend on its threads.
@@ -692,6 +780,45 @@ class conv2d {
   }
 
   // ---- shapes -----------------------------------------------------------------------------
+
+  /// x [batch, H, W, Cin] with the kernel fitting, y [batch, Ho, Wo, Cout]; one message for the
+  /// first rule broken.
+  template <class SX, class SY>
+  static constexpr bool check_channels_last() {
+    if constexpr (!(SX::rank == 4 && SX::extents[3] == Cin)) {
+      constexpr fixed_string m = [] {
+        fixed_string s("solder::nn::conv2d::forward_channels_last: x must be [batch, H, W, ");
+        s.append(Cin).append("]; got x ");
+        solder::detail::append_shape<SX>(s);
+        return s;
+      }();
+      return diagnostic<m>::reported;
+    } else if constexpr (output_size(SX::extents[1], Kh) == 0 || output_size(SX::extents[2], Kw) == 0) {
+      constexpr fixed_string m = [] {
+        fixed_string s("solder::nn::conv2d::forward_channels_last: x ");
+        solder::detail::append_shape<SX>(s);
+        s.append(" is smaller than the padded ").append(Kh).append("x").append(Kw).append(" kernel");
+        return s;
+      }();
+      return diagnostic<m>::reported;
+    } else {
+      using want = shape<SX::extents[0], output_size(SX::extents[1], Kh), output_size(SX::extents[2], Kw), Cout>;
+      if constexpr (std::is_same_v<SY, want>) {
+        return true;
+      } else {
+        constexpr fixed_string m = [] {
+          fixed_string s("solder::nn::conv2d::forward_channels_last: y must be ");
+          solder::detail::append_shape<want>(s);
+          s.append(" for x ");
+          solder::detail::append_shape<SX>(s);
+          s.append("; got y ");
+          solder::detail::append_shape<SY>(s);
+          return s;
+        }();
+        return diagnostic<m>::reported;
+      }
+    }
+  }
 
   /// x [batch, Cin, H, W] with the kernel fitting, y [batch, Cout, Ho, Wo]; one message for the
   /// first rule broken.

@@ -117,13 +117,20 @@ class conv_block {
 
   /// Folds the normalization into the convolution's weights and bias, from the running
   /// statistics as they are now (the model is frozen). Call again after they change.
+  /// The convolution's own weights are packed for the forward calls that follow too (the
+  /// unfolded form's).
   void pack_weights() {
     if constexpr (has_norm) {
       fold();
+      if constexpr (requires { folded.pack_weights(); }) folded.pack_weights();
       folded_current = true;
     }
+    if constexpr (requires { conv.pack_weights(); }) conv.pack_weights();
   }
-  void weights_changed() { folded_current = false; }
+  void weights_changed() {
+    folded_current = false;
+    if constexpr (requires { conv.weights_changed(); }) conv.weights_changed();
+  }
   /// The batch_norm's parameters and statistics as torch starts them (the chain's reseed).
   void reset_norm() {
     if constexpr (has_norm) {
@@ -198,6 +205,29 @@ class conv_block {
     forward(x.ref(), y.ref());
   }
 
+  /// y = tail(norm(conv(x))) in evaluation mode on channels-last tensors, x [batch, H, W,
+  /// Cin] and y [batch, Ho, Wo, Cout] (NHWC), as a chain of convolutions keeps its images
+  /// between them: the one folded convolution (after pack_weights), its stores applying the
+  /// activation, with the same bits as forward on the NCHW tensors. For blocks whose tail is
+  /// at most one activation; not for backward (training runs forward).
+  template <class SX, class SY>
+  void forward_channels_last(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+    check_channels_last("forward_channels_last");
+    run_folded([&](auto& conv_used, const auto&... op) { conv_used.forward_channels_last(x, y, op...); });
+  }
+
+  /// Whether the block can read or write channels-last images now: channels_last_capable, and
+  /// evaluation mode with the normalization folded.
+  bool channels_last_ready() const { return channels_last_capable && current == mode::eval && (!has_norm || folded_in_use()); }
+  /// forward with x [batch, Cin, H, W] and y [batch, Cout, Ho, Wo] each stored NCHW or
+  /// channels-last (NHWC) as x_last and y_last say (channels_last_ready; a chain's choice).
+  template <class SX, class SY>
+  void forward_layouts(tensor_ref<const float, SX> x, tensor_ref<float, SY> y, bool x_last, bool y_last) {
+    if (!x_last && !y_last) return forward(x, y);
+    check_channels_last("forward_layouts");
+    run_folded([&](auto& conv_used, const auto&... op) { conv_used.forward_layouts(x, y, x_last, y_last, op...); });
+  }
+
   /// Gradients of the last forward (the convolution's and the batch_norm's, overwritten) and
   /// dx. x and y are that forward's input and output.
   template <class SX, class SY>
@@ -232,12 +262,45 @@ class conv_block {
     else
       return false;
   }();
+
+ public:
+  /// Whether the block can read or write channels-last images: one group and a tail of at most
+  /// one activation.
+  static constexpr bool channels_last_capable = Conv::groups == 1 && !Conv::depthwise && (tail_size == 0 || activation_tail);
+
+ private:
   std::size_t saved_batch = 0;
   // Rows of one output sample each, grown to the largest batch: the convolution's output (z),
   // the tail's input (u), and their gradients.
   tensor<float, shape<dyn, 1>> z_buf{1}, u_buf{1}, gz_buf{1}, gu_buf{1};
 
   bool folded_in_use() const { return current == mode::eval && fold_in_eval && folded_current; }
+
+  void check_channels_last(const char* what) const {
+    static_assert(channels_last_capable,
+                  "solder::nn::conv_block: channels-last images need a convolution with one group and a tail of at most "
+                  "one activation");
+    if (!channels_last_ready())
+      solder::detail::fail(std::string("solder::nn::conv_block::") + what +
+                           ": runs the folded block of a frozen model; call eval() (or pack_weights() in evaluation "
+                           "mode) first");
+  }
+  /// f(the convolution that runs, the activation if the tail is one): a forward that leaves
+  /// nothing for backward.
+  template <class F>
+  void run_folded(F&& f) {
+    auto& c = [&]() -> auto& {
+      if constexpr (has_norm)
+        return folded;
+      else
+        return conv;
+    }();
+    if constexpr (tail_size == 1)
+      f(c, std::get<0>(tail.layers).op);
+    else
+      f(c);
+    saved_batch = 0;
+  }
 
   template <class S>
   static tensor_ref<float, S> view(tensor<float, shape<dyn, 1>>& t, std::size_t batch) {
