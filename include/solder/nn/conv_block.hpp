@@ -103,8 +103,10 @@ class conv_block {
       return std::get<At - tail_first>(tail.layers);
   }
 
+  /// Training changes the weights every step: they are packed per call again.
   void train() {
     current = mode::train;
+    weights_changed();
     if constexpr (has_norm) norm.train();
     tail.train();
   }

@@ -59,6 +59,56 @@ struct line_stream {
   }
 };
 
+#if defined(__AVX512F__) && !defined(__CUDACC__)
+/// A 16 x 16 block transposed in registers: log2(16) rounds of interleaving row i with row
+/// i + 8 (a perfect shuffle each; GCC and Clang make one vpermt2ps of each interleave).
+struct block_transpose16 {
+  typedef float row_t __attribute__((vector_size(64)));
+  template <std::size_t... I>
+  SOLDER_INLINE static row_t low(row_t a, row_t b, std::index_sequence<I...>) {
+    return __builtin_shufflevector(a, b, (I % 2 ? 16 + I / 2 : I / 2)...);
+  }
+  template <std::size_t... I>
+  SOLDER_INLINE static row_t high(row_t a, row_t b, std::index_sequence<I...>) {
+    return __builtin_shufflevector(a, b, (I % 2 ? 24 + I / 2 : 8 + I / 2)...);
+  }
+  /// dst[j ldd + i] = src[i lds + j] for i, j < 16.
+  SOLDER_INLINE static void run(const float* src, std::size_t lds, float* dst, std::size_t ldd) {
+    row_t r[16], t[16];
+    for (std::size_t i = 0; i < 16; ++i) std::memcpy(&r[i], src + i * lds, sizeof(row_t));
+    for (int round = 0; round < 4; ++round) {
+      for (std::size_t i = 0; i < 8; ++i) {
+        t[2 * i] = low(r[i], r[i + 8], std::make_index_sequence<16>{});
+        t[2 * i + 1] = high(r[i], r[i + 8], std::make_index_sequence<16>{});
+      }
+      for (std::size_t i = 0; i < 16; ++i) r[i] = t[i];
+    }
+    for (std::size_t j = 0; j < 16; ++j) std::memcpy(dst + j * ldd, &r[j], sizeof(row_t));
+  }
+};
+#endif
+
+/// dst[j ldd] = src[j] for j < n.
+inline void transpose_row(const float* src, float* dst, std::size_t ldd, std::size_t n) {
+  for (const float* end = src + n; src != end; ++src, dst += ldd) *dst = *src;
+}
+
+/// dst[j ldd + i] = src[i lds + j] for i < rows, j < cols: with AVX-512, 16 x 16 blocks in
+/// registers and the edges one element at a time; otherwise one element at a time (GCC's
+/// 8-lane interleaves across 128-bit halves were slower than that with AVX2).
+inline void transpose(const float* src, std::size_t lds, float* dst, std::size_t ldd, std::size_t rows,
+                      std::size_t cols) {
+  for (std::size_t i0 = 0; i0 < rows; i0 += 16, src += 16 * lds, dst += 16) {
+    const std::size_t height = rows - i0 < 16 ? rows - i0 : 16;
+    std::size_t j0 = 0;
+#if defined(__AVX512F__) && !defined(__CUDACC__)
+    if (height == 16)
+      for (; j0 + 16 <= cols; j0 += 16) block_transpose16::run(src + j0, lds, dst + j0 * ldd, ldd);
+#endif
+    for (std::size_t i = 0; i < height; ++i) transpose_row(src + i * lds + j0, dst + j0 * ldd + i, ldd, cols - j0);
+  }
+}
+
 /// Where sample n's input row h is and how it becomes channels-last: x [N, H, W, Cin] as
 /// stored (a copy of the row), or x [N, Cin, H, W] (a transpose of the row's Cin runs).
 template <std::size_t Cin, std::size_t H, std::size_t W>
@@ -78,11 +128,7 @@ struct nchw_rows {
   const float* x;
   /// dst[w Cin + c] = x[n][c][h][w] for every w < W, c < Cin.
   void load(std::size_t n, std::size_t h, float* dst) const {
-    const float* src = x + (n * Cin * H + h) * W;
-    for (std::size_t c = 0; c < Cin; ++c) {
-      const float* s = src + c * H * W;
-      for (std::size_t w = 0; w < W; ++w) dst[w * Cin + c] = s[w];
-    }
+    transpose(x + (n * Cin * H + h) * W, H * W, dst, Cin, Cin, W);
   }
   /// The lines of rows [h0, h1] of sample n, h1 < H.
   line_stream lines(std::size_t n, std::size_t h0, std::size_t h1) const {
@@ -110,11 +156,7 @@ struct nchw_store {
   }
   /// y[n][c][h][w] = row[w Cout + c].
   void finish(std::size_t n, std::size_t h, const float* row) const {
-    float* dst = y + (n * Cout * Ho + h) * Wo;
-    for (std::size_t c = 0; c < Cout; ++c) {
-      float* d = dst + c * Ho * Wo;
-      for (std::size_t w = 0; w < Wo; ++w) d[w] = row[w * Cout + c];
-    }
+    transpose(row, Cout, y + (n * Cout * Ho + h) * Wo, Ho * Wo, Wo, Cout);
   }
 };
 
