@@ -36,7 +36,9 @@ struct kernel_cost<nn::group<K, F, Ls...>, Block, W> {
   static constexpr double backward_flops = nn::group_flops<nn::group<K, F, Ls...>, W>(false);
   /// Floats per sample the kernel keeps for backward beyond its input and output.
   static constexpr std::size_t saved = [] {
-    if constexpr (requires { Block::keeps_preactivation; })
+    if constexpr (requires { Block::kept_outputs; })
+      return Block::kept_outputs * out;
+    else if constexpr (requires { Block::keeps_preactivation; })
       return Block::keeps_preactivation ? out : std::size_t(0);
     else
       return (nn::layer_info<Ls>::saved_floats(out) + ... + 0);

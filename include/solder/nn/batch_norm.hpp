@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -372,5 +373,26 @@ class batch_norm {
     }
   }
 };
+
+namespace detail {
+/// A product block's tail (the layers after its product) split into the batch_norm that leads
+/// it, if any, which folds into the product, and the layers after that, run as Rest<...>.
+template <template <class...> class Rest, class... Tail>
+struct leading_norm {
+  static constexpr bool has_norm = false;
+  using norm = std::tuple<>;
+  using rest = Rest<Tail...>;
+  static constexpr std::size_t rest_size = sizeof...(Tail);
+  static constexpr std::size_t channels = 0;
+};
+template <template <class...> class Rest, std::size_t C, class... After>
+struct leading_norm<Rest, batch_norm<C>, After...> {
+  static constexpr bool has_norm = true;
+  using norm = batch_norm<C>;
+  using rest = Rest<After...>;
+  static constexpr std::size_t rest_size = sizeof...(After);
+  static constexpr std::size_t channels = C;
+};
+}  // namespace detail
 
 }  // namespace solder::nn

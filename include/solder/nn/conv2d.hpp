@@ -1,9 +1,10 @@
 // nn/conv2d.hpp: PyTorch's nn.Conv2d (zero padding) over NCHW activations (or channels-last
 // ones): one group runs eval/cpu/conv_nhwc.hpp's convolution (tiles of output pixels summed over
-// the taps in registers, the bias and an activation in its stores); several groups run, per
-// sample and group, solder's GEMM over columns packed from the image; backward as GEMMs, with dx
-// gathered per input element (col2im without atomics). Depthwise layers (Groups == Cin) run a
-// direct loop per plane.
+// the taps in registers, the bias and an activation in its stores), except a pointwise one on
+// NCHW tensors, which is a plain GEMM over x as stored; several groups run, per sample and
+// group, solder's GEMM over columns packed from the image; backward as GEMMs, with dx gathered
+// per input element (col2im without atomics). Depthwise layers (Groups == Cin) run a direct
+// loop per plane.
 #pragma once
 
 #include <algorithm>
@@ -392,7 +393,7 @@ class conv2d {
       using G = geometry_of<SX>;
       if constexpr (depthwise)
         depthwise_forward<G>(x.data(), y.data(), samples(x), op);
-      else if constexpr (Groups == 1)
+      else if constexpr (Groups == 1 && !columns_are_x)
         direct_forward<G>(x.data(), y.data(), samples(x), op, false, false);
       else
         gemm_forward<G>(x.data(), y.data(), samples(x), op);
@@ -405,7 +406,7 @@ class conv2d {
   template <class SX, class SY, class Op = detail::conv2d_identity>
   void forward_channels_last(tensor_ref<const float, SX> x, tensor_ref<float, SY> y, const Op& op = {}) {
     static_assert(Groups == 1, "solder::nn::conv2d::forward_channels_last: runs convolutions with one group");
-    if constexpr (check_channels_last<SX, SY>()) {
+    if constexpr (check_shapes<SX, SY, true>()) {
       if (x.batch() != y.batch())
         detail::batches_differ("solder::nn::conv2d::forward_channels_last", {{"x", x.batch()}, {"y", y.batch()}});
       if (detail::conv2d_overlaps(x.data(), x.size(), y.data(), y.size()))
@@ -781,60 +782,30 @@ class conv2d {
 
   // ---- shapes -----------------------------------------------------------------------------
 
-  /// x [batch, H, W, Cin] with the kernel fitting, y [batch, Ho, Wo, Cout]; one message for the
-  /// first rule broken.
-  template <class SX, class SY>
-  static constexpr bool check_channels_last() {
-    if constexpr (!(SX::rank == 4 && SX::extents[3] == Cin)) {
-      constexpr fixed_string m = [] {
-        fixed_string s("solder::nn::conv2d::forward_channels_last: x must be [batch, H, W, ");
-        s.append(Cin).append("]; got x ");
-        solder::detail::append_shape<SX>(s);
-        return s;
-      }();
-      return diagnostic<m>::reported;
-    } else if constexpr (output_size(SX::extents[1], Kh) == 0 || output_size(SX::extents[2], Kw) == 0) {
-      constexpr fixed_string m = [] {
-        fixed_string s("solder::nn::conv2d::forward_channels_last: x ");
-        solder::detail::append_shape<SX>(s);
-        s.append(" is smaller than the padded ").append(Kh).append("x").append(Kw).append(" kernel");
-        return s;
-      }();
-      return diagnostic<m>::reported;
-    } else {
-      using want = shape<SX::extents[0], output_size(SX::extents[1], Kh), output_size(SX::extents[2], Kw), Cout>;
-      if constexpr (std::is_same_v<SY, want>) {
-        return true;
-      } else {
-        constexpr fixed_string m = [] {
-          fixed_string s("solder::nn::conv2d::forward_channels_last: y must be ");
-          solder::detail::append_shape<want>(s);
-          s.append(" for x ");
-          solder::detail::append_shape<SX>(s);
-          s.append("; got y ");
-          solder::detail::append_shape<SY>(s);
-          return s;
-        }();
-        return diagnostic<m>::reported;
-      }
-    }
-  }
-
-  /// x [batch, Cin, H, W] with the kernel fitting, y [batch, Cout, Ho, Wo]; one message for the
-  /// first rule broken.
-  template <class SX, class SY>
+  /// x [batch, Cin, H, W] with the kernel fitting, y [batch, Cout, Ho, Wo] (Last: x [batch, H,
+  /// W, Cin], y [batch, Ho, Wo, Cout]); one message for the first rule broken.
+  template <class SX, class SY, bool Last = false>
   static constexpr bool check_shapes() {
-    if constexpr (!(SX::rank == 4 && SX::extents[1] == Cin)) {
+    [[maybe_unused]] constexpr const char* where = Last ? "solder::nn::conv2d::forward_channels_last: " : "solder::nn::conv2d: ";
+    constexpr std::size_t c_axis = Last ? 3 : 1, h_axis = Last ? 1 : 2;
+    if constexpr (!(SX::rank == 4 && SX::extents[c_axis] == Cin)) {
       constexpr fixed_string m = [] {
-        fixed_string s("solder::nn::conv2d: x must be [batch, ");
-        s.append(Cin).append(", H, W]; got x ");
+        fixed_string s("");
+        s.append(where);
+        s.append("x must be [batch, ");
+        if constexpr (Last)
+          s.append("H, W, ").append(Cin).append("]; got x ");
+        else
+          s.append(Cin).append(", H, W]; got x ");
         solder::detail::append_shape<SX>(s);
         return s;
       }();
       return diagnostic<m>::reported;
-    } else if constexpr (output_size(SX::extents[2], Kh) == 0 || output_size(SX::extents[3], Kw) == 0) {
+    } else if constexpr (output_size(SX::extents[h_axis], Kh) == 0 || output_size(SX::extents[h_axis + 1], Kw) == 0) {
       constexpr fixed_string m = [] {
-        fixed_string s("solder::nn::conv2d: x ");
+        fixed_string s("");
+        s.append(where);
+        s.append("x ");
         solder::detail::append_shape<SX>(s);
         s.append(" is smaller than the padded ").append(Kh).append("x").append(Kw).append(" kernel; samples must be ");
         planner_traits::append_takes(s);
@@ -842,12 +813,15 @@ class conv2d {
       }();
       return diagnostic<m>::reported;
     } else {
-      using want = shape<SX::extents[0], Cout, output_size(SX::extents[2], Kh), output_size(SX::extents[3], Kw)>;
+      constexpr std::size_t ho = output_size(SX::extents[h_axis], Kh), wo = output_size(SX::extents[h_axis + 1], Kw);
+      using want = std::conditional_t<Last, shape<SX::extents[0], ho, wo, Cout>, shape<SX::extents[0], Cout, ho, wo>>;
       if constexpr (std::is_same_v<SY, want>) {
         return true;
       } else {
         constexpr fixed_string m = [] {
-          fixed_string s("solder::nn::conv2d: y must be ");
+          fixed_string s("");
+        s.append(where);
+          s.append("y must be ");
           solder::detail::append_shape<want>(s);
           s.append(" for x ");
           solder::detail::append_shape<SX>(s);

@@ -28,29 +28,6 @@
 namespace solder::nn {
 
 namespace detail {
-template <class L>
-inline constexpr bool is_batch_norm = false;
-template <std::size_t C>
-inline constexpr bool is_batch_norm<batch_norm<C>> = true;
-
-/// A block's tail split into the batch_norm that leads it (if any) and the elementwise rest.
-template <class... Tail>
-struct norm_split {
-  static constexpr bool has_norm = false;
-  using norm = std::tuple<>;
-  using rest = elementwise_block<Tail...>;
-  static constexpr std::size_t rest_size = sizeof...(Tail);
-  static constexpr std::size_t channels = 0;
-};
-template <std::size_t C, class... Rest>
-struct norm_split<batch_norm<C>, Rest...> {
-  static constexpr bool has_norm = true;
-  using norm = batch_norm<C>;
-  using rest = elementwise_block<Rest...>;
-  static constexpr std::size_t rest_size = sizeof...(Rest);
-  static constexpr std::size_t channels = C;
-};
-
 /// The same convolution with a bias: what a folded normalization needs.
 template <class Conv>
 struct with_bias;
@@ -63,7 +40,7 @@ struct with_bias<conv2d<Cin, Cout, Kh, Kw, S, P, D, G, B>> {
 
 template <class Conv, class... Tail>
 class conv_block {
-  using split = detail::norm_split<Tail...>;
+  using split = detail::leading_norm<elementwise_block, Tail...>;
 
  public:
   static constexpr bool has_norm = split::has_norm;
@@ -75,6 +52,8 @@ class conv_block {
   /// Whether the block keeps tensors of its output's size for backward beyond x and y (the
   /// convolution's output before the normalization, the normalization's before the tail).
   static constexpr bool keeps_preactivation = has_norm || tail_size > 0;
+  /// How many: the convolution's output with a normalization, the tail's input with a tail.
+  static constexpr std::size_t kept_outputs = (has_norm ? 1 : 0) + (tail_size > 0 ? 1 : 0);
   static_assert(!has_norm || split::channels == Conv::out_channels,
                 "solder::nn::conv_block: the batch_norm after a convolution must have its output channels");
 
@@ -95,12 +74,11 @@ class conv_block {
   /// Layer At of the block as the user wrote it: the convolution, the batch_norm, the tail's layers.
   template <std::size_t At>
   auto& layer() {
-    if constexpr (At == 0)
-      return conv;
-    else if constexpr (has_norm && At == 1)
-      return norm;
-    else
-      return std::get<At - tail_first>(tail.layers);
+    return layer_of<At>(*this);
+  }
+  template <std::size_t At>
+  const auto& layer() const {
+    return layer_of<At>(*this);
   }
 
   /// Training changes the weights every step: they are packed per call again.
@@ -277,6 +255,16 @@ class conv_block {
   tensor<float, shape<dyn, 1>> z_buf{1}, u_buf{1}, gz_buf{1}, gu_buf{1};
 
   bool folded_in_use() const { return current == mode::eval && fold_in_eval && folded_current; }
+
+  template <std::size_t At, class Self>
+  static auto& layer_of(Self& self) {
+    if constexpr (At == 0)
+      return self.conv;
+    else if constexpr (has_norm && At == 1)
+      return self.norm;
+    else
+      return std::get<At - tail_first>(self.tail.layers);
+  }
 
   void check_channels_last(const char* what) const {
     static_assert(channels_last_capable,

@@ -38,7 +38,8 @@ inline void fill_uniform_philox(float* p, std::size_t n, float bound, std::uint6
 /// y = x W^T (+ b). W [Out, In] and b [Out] as PyTorch stores them, so a state_dict loads as is;
 /// initialized as PyTorch does (kaiming_uniform with a = sqrt(5), i.e. W and b uniform in
 /// [-1/sqrt(In), 1/sqrt(In))), from `seed`. On its own it is one GEMM; nn::linear_block fuses the
-/// activation and dropout after it into the GEMM's epilogue.
+/// activation and dropout after it into the GEMM's epilogue, and folds a batch_norm right after
+/// it into W and b in evaluation mode.
 template <class Linear, class... Tail>
 class linear_block;
 
@@ -51,12 +52,16 @@ struct linear {
   static constexpr const char* name = "linear";
   /// Parameter names in params() order, as PyTorch's state_dict names them.
   static constexpr const char* param_names[] = {"weight", "bias"};
-  /// The block the planner runs this layer and the elementwise layers after it as.
+  /// The block the planner runs this layer as, with the batch_norm (if any) and the elementwise
+  /// layers after it.
   template <class... Tail>
   using block = linear_block<linear, Tail...>;
   /// What the planner and cost.hpp know of the layer (nn/layer_info.hpp).
   struct planner_traits {
+    // A product: the elementwise layers after it join its block, and a batch_norm right after
+    // it too (torch's BatchNorm1d on its [Out] samples, folded into W and b in evaluation mode).
     static constexpr layer_kind kind = layer_kind::product;
+    static constexpr bool folds_normalization = true;
     static constexpr std::size_t in = In, out = Out;
     static constexpr std::size_t parameters = In * Out + (Bias ? Out : 0);
     // 2 FLOPs per multiply-add of the product (dW and dx backward), and the bias add.

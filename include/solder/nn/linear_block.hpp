@@ -11,21 +11,39 @@
 // layer's output, y the next one's input). When the activation's derivative does not follow
 // from y (gelu, silu, tanh before dropout), the layer also keeps the pre-activation z = x W^T + b,
 // Out floats per sample, written by the same GEMM epilogue as y.
+//
+// A batch_norm right after the linear layer joins its block (the planner's rewrite linear ->
+// batch_norm, as for a convolution, docs/convolution.md):
+//
+//   nn::linear_block<nn::linear<64, 128>, nn::batch_norm<128>, nn::relu> layer;
+//
+// In evaluation mode the normalization is folded into the layer once, when the model is frozen
+// (pack_weights: eval() and parameters_changed() call it), per output feature j:
+//   s_j = gamma_j / sqrt(running_var_j + eps),  W'[j] = W[j] s_j,  b'_j = (b_j - mean_j) s_j + beta_j
+// and forward is one GEMM with W', b' and the tail in its epilogue. In training the batch's
+// statistics are its own, so nothing can be folded: the GEMM, the normalization (its statistics
+// in one pass, then y), the tail in one pass; backward runs them the other way. A backward in
+// evaluation mode is the unfolded form's: what the folded forward did not keep is made again.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <memory>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "solder/autodiff/product.hpp"
 #include "solder/autodiff/vjp.hpp"
 #include "solder/assign.hpp"
 #include "solder/nn/batch_check.hpp"
+#include "solder/nn/batch_norm.hpp"
+#include "solder/nn/buffer.hpp"
 #include "solder/nn/elementwise_block.hpp"
 #include "solder/nn/linear.hpp"
 #include "solder/nn/product_tail.hpp"
+#include "solder/optim/optimizer.hpp"
 
 namespace solder::nn {
 
@@ -34,21 +52,50 @@ template <class L>
 inline constexpr bool is_linear = false;
 template <std::size_t In, std::size_t Out, bool B>
 inline constexpr bool is_linear<linear<In, Out, B>> = true;
+
+/// product_tail of Out features as a template of the tail's layers alone.
+template <std::size_t Out>
+struct product_tail_of {
+  template <class... Tail>
+  using type = product_tail<Out, Tail...>;
+};
 }  // namespace detail
 
 template <class Linear, class... Tail>
-class linear_block : public product_tail<Linear::out_features, Tail...> {
+class linear_block
+    : public detail::leading_norm<detail::product_tail_of<Linear::out_features>::template type, Tail...>::rest {
   static_assert(detail::is_linear<Linear>, "solder::nn::linear_block: the first layer must be an nn::linear");
-  using base = product_tail<Linear::out_features, Tail...>;
+  using split = detail::leading_norm<detail::product_tail_of<Linear::out_features>::template type, Tail...>;
+  using base = typename split::rest;
 
  public:
   static constexpr std::size_t in_features = Linear::in_features;
   static constexpr std::size_t out_features = Linear::out_features;
+  /// Whether a batch_norm follows the linear layer in the block (folded in evaluation mode).
+  static constexpr bool has_norm = split::has_norm;
+  using norm_type = typename split::norm;
+  /// The elementwise layers after the linear layer (and after its batch_norm).
   using typename base::tail_type;
-  using base::keeps_preactivation;
+  static constexpr std::size_t tail_size = split::rest_size;
+  /// The index in the block of the tail's first layer (the linear layer is 0).
+  static constexpr std::size_t tail_first = has_norm ? 2 : 1;
+  /// Whether the block keeps tensors of its output's size for backward beyond x and y: z = x W^T
+  /// + b when the tail's derivative needs it, or with a batch_norm, z and its output.
+  static constexpr bool keeps_preactivation = has_norm || base::keeps_preactivation;
+  /// How many: with a batch_norm, z and (with a tail) the normalization's output; else z when kept.
+  static constexpr std::size_t kept_outputs =
+      has_norm ? 1 + (tail_size > 0 ? 1 : 0) : (base::keeps_preactivation ? 1 : 0);
+  static_assert(!has_norm || split::channels == out_features,
+                "solder::nn::linear_block: the batch_norm after a linear layer must have the layer's output features "
+                "as its channels; use batch_norm<Out> for a linear<In, Out>");
   using base::tail;
 
   Linear linear;
+  [[no_unique_address]] norm_type norm;
+  /// With a batch_norm: whether eval mode runs the folded GEMM (default) or the layer and the
+  /// normalization as written (the unfolded form, for comparisons; the same values within
+  /// rounding).
+  bool fold_in_eval = true;
 
   explicit linear_block(std::uint64_t seed = 0) : linear(seed) {}
 
@@ -56,30 +103,100 @@ class linear_block : public product_tail<Linear::out_features, Tail...> {
   Linear& head() { return linear; }
   const Linear& head() const { return linear; }
 
+  /// Layer At of the block as the user wrote it: the linear layer, the batch_norm, the tail's layers.
+  template <std::size_t At>
+  auto& layer() {
+    return layer_of<At>(*this);
+  }
+  template <std::size_t At>
+  const auto& layer() const {
+    return layer_of<At>(*this);
+  }
+
+  void train() {
+    base::train();
+    if constexpr (has_norm) norm.train();
+  }
+  void eval() {
+    base::eval();
+    if constexpr (has_norm) norm.eval();
+  }
+
   /// Packs W once into the GEMM's layout; every forward then reads the packed copy (no packing
   /// per call) until the weights change. Call it again after changing `linear.weight` (an
-  /// optimizer step); weights_changed() returns to packing per call.
+  /// optimizer step); weights_changed() returns to packing per call. With a batch_norm it packs
+  /// the folded W' instead (and makes b'), from the running statistics as they are now (the
+  /// model is frozen), which eval-mode forwards then read.
   void pack_weights() {
     if (!packed) packed = std::make_unique<packed_matrix<out_features, in_features, true>>();
-    packed->pack(linear.weight.data(), in_features);
+    if constexpr (has_norm)
+      fold();
+    else
+      packed->pack(linear.weight.data(), in_features);
     packed_current = true;
   }
   void weights_changed() { packed_current = false; }
+  /// The batch_norm's parameters and statistics as torch starts them (the chain's reseed).
+  void reset_norm() {
+    if constexpr (has_norm) {
+      norm.reset_parameters();
+      norm.reset_running_stats();
+    }
+  }
+
+  /// With a batch_norm: the linear layer's and the batch_norm's parameters, named from the index
+  /// `first` of the linear layer in the chain ("0.weight", "0.bias", "1.weight", "1.bias").
+  std::vector<optim::param> params_from(std::size_t first)
+    requires has_norm
+  {
+    std::vector<optim::param> out;
+    const std::string at = std::to_string(first) + ".";
+    auto ps = linear.params();
+    auto gs = linear.grads();
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (out.push_back(optim::make_param(at + Linear::param_names[K], std::get<K>(ps), std::get<K>(gs))), ...);
+    }(std::make_index_sequence<std::tuple_size_v<decltype(ps)>>{});
+    for (auto& p : norm.params(std::to_string(first + 1) + ".")) out.push_back(p);
+    return out;
+  }
+  /// With a batch_norm: its running statistics, named as torch's state_dict names them.
+  std::vector<buffer> buffers_from(std::size_t first)
+    requires has_norm
+  {
+    return norm.buffers(std::to_string(first + 1) + ".");
+  }
+
+  static const char* plan_kind()
+    requires has_norm
+  {
+    return "GEMM, BN folded in eval";
+  }
+  static std::string plan_note()
+    requires has_norm
+  {
+    return "eval: batch_norm folded into the GEMM when frozen (W' = W g/sqrt(var+eps), b' = (b-mean) g/sqrt(var+eps) "
+           "+ beta), the tail in its epilogue; train: the GEMM, batch statistics and normalization, then the tail";
+  }
 
   /// y = tail(x W^T + b) for x [batch, In], y [batch, Out]: one GEMM. In training mode each
-  /// call draws fresh dropout masks, and keeps z when keeps_preactivation.
+  /// call draws fresh dropout masks, and keeps z when keeps_preactivation. With a batch_norm,
+  /// y = tail(norm(x W^T + b)): one GEMM with W', b' in evaluation mode (after pack_weights).
   template <class SX, class SY>
   void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
     static_assert(check_shapes<SX, SY>());
-    this->in_current_mode([&](auto m) { forward_as<decltype(m)::value>(x, y); });
+    if constexpr (has_norm)
+      forward_normalized(x, y);
+    else
+      this->in_current_mode([&](auto m) { forward_as<decltype(m)::value>(x, y); });
   }
   template <class SX, class SY>
   void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
     forward(x.ref(), y.ref());
   }
 
-  /// Gradients of the last forward: linear.weight_grad, linear.bias_grad (overwritten) and
-  /// dx = dL/dx. x and y are that forward's input and output.
+  /// Gradients of the last forward: linear.weight_grad, linear.bias_grad (and with a batch_norm
+  /// its weight_grad and bias_grad; overwritten) and dx = dL/dx. x and y are that forward's
+  /// input and output.
   template <class SX, class SY>
   void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
                 tensor_ref<float, SX> dx) {
@@ -97,9 +214,12 @@ class linear_block : public product_tail<Linear::out_features, Tail...> {
     gradients(x, y, dy);
   }
 
-  /// The expression forward evaluates, for x: tail(x W^T + b).
+  /// The expression forward evaluates, for x: tail(x W^T + b) (without a batch_norm, whose
+  /// training statistics are a pass of their own).
   template <mode M, class X>
-  auto expression(const X& x) const {
+  auto expression(const X& x) const
+    requires(!has_norm)
+  {
     return tail.template expression<M>(linear.expression(x));
   }
 
@@ -107,7 +227,35 @@ class linear_block : public product_tail<Linear::out_features, Tail...> {
   std::unique_ptr<packed_matrix<out_features, in_features, true>> packed;
   bool packed_current = false;
 
-  /// The gate g = dL/dz with db (one pass), then dW = g^T x; returns g.
+  template <std::size_t At, class Self>
+  static auto& layer_of(Self& self) {
+    if constexpr (At == 0)
+      return self.linear;
+    else if constexpr (has_norm && At == 1)
+      return self.norm;
+    else
+      return std::get<At - tail_first>(self.tail.layers);
+  }
+
+  // With a batch_norm: the folded bias b' (W' is packed), whether the last forward ran the
+  // folded GEMM, its batch, and rows of Out floats grown to the largest batch: the product's
+  // output z, the tail's input u (the normalization's output), and their gradients.
+  using vector_type = tensor<float, shape<out_features>>;
+  using rows_type = tensor<float, shape<dyn, out_features>>;
+  [[no_unique_address]] std::conditional_t<has_norm, vector_type, std::tuple<>> folded_bias{};
+  bool folded_last = false;
+  std::size_t saved_batch = 0;
+  using rows_or_none = std::conditional_t<has_norm, rows_type, std::tuple<>>;
+  static rows_or_none no_rows() {
+    if constexpr (has_norm)
+      return rows_type(1);
+    else
+      return {};
+  }
+  [[no_unique_address]] rows_or_none z_buf = no_rows(), u_buf = no_rows(), gz_buf = no_rows(), gu_buf = no_rows();
+
+  /// The gate g = dL/dz with db (one pass), then dW = g^T x; returns g. With a batch_norm, z is
+  /// the product's output before it.
   template <class SX, class SY>
   tensor_ref<const float, SY> gradients(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y,
                                         tensor_ref<const float, SY> dy) {
@@ -115,10 +263,14 @@ class linear_block : public product_tail<Linear::out_features, Tail...> {
     const std::size_t batch = dy.batch();
     if (x.batch() != batch || y.batch() != batch)
       detail::batches_differ("solder::nn::linear_block::backward", {{"x", x.batch()}, {"y", y.batch()}, {"dy", batch}});
-    const auto g = this->gate(y, dy, linear.bias_grad, "solder::nn::linear_block::backward");
-    // dW [Out, In] = g^T x, the product's rule: it sums over the batch.
-    assign(linear.weight_grad, std::get<0>(autodiff::right_grads(linear.product(x), g)));
-    return g;
+    if constexpr (has_norm) {
+      return gradients_normalized(x, y, dy);
+    } else {
+      const auto g = this->gate(y, dy, linear.bias_grad, "solder::nn::linear_block::backward");
+      // dW [Out, In] = g^T x, the product's rule: it sums over the batch.
+      assign(linear.weight_grad, std::get<0>(autodiff::right_grads(linear.product(x), g)));
+      return g;
+    }
   }
 
   template <class SX, class SY>
@@ -156,6 +308,85 @@ class linear_block : public product_tail<Linear::out_features, Tail...> {
       this->template store<M>(y, packed_product(x));
     else
       this->template store<M>(y, linear.expression(x));
+  }
+
+  template <class S>
+  static tensor_ref<const float, S> cview(tensor_ref<float, S> t) {
+    return tensor_ref<const float, S>(t);
+  }
+
+  /// The forward with a batch_norm: folded (evaluation mode, frozen), or as written.
+  template <class SX, class SY>
+  void forward_normalized(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+    const std::size_t batch = x.batch();
+    if (y.batch() != batch)
+      detail::batches_differ("solder::nn::linear_block::forward", {{"x", batch}, {"y", y.batch()}});
+    saved_batch = batch;
+    folded_last = this->current == mode::eval && fold_in_eval && packed_current;
+    if (folded_last) {
+      // One GEMM with W' and b', the tail in its epilogue.
+      this->template store<mode::eval>(y, matmul(x, *packed) + folded_bias);
+      return;
+    }
+    const auto z = this->template workspace<SY>(z_buf, batch);
+    assign(z, linear.expression(x));
+    const auto u = tail_size > 0 ? this->template workspace<SY>(u_buf, batch) : y;  // the tail's input
+    norm.forward(cview(z), u);
+    if constexpr (tail_size > 0) tail.forward(cview(u), y);
+  }
+
+  /// The tail's and the normalization's backward, then db and dW from g = dL/dz; returns g.
+  template <class SX, class SY>
+  tensor_ref<const float, SY> gradients_normalized(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y,
+                                                   tensor_ref<const float, SY> dy) {
+    const std::size_t batch = dy.batch();
+    if (saved_batch != batch)
+      solder::detail::fail("solder::nn::linear_block::backward: the last forward had " + std::to_string(saved_batch) +
+                           " samples, dy has " + std::to_string(batch) + "; run forward on this batch first");
+    const auto z = this->template workspace<SY>(z_buf, batch);
+    const auto gz = this->template workspace<SY>(gz_buf, batch);
+    // A folded forward left neither z nor the normalization's state of this batch, nor the
+    // tail's input u: backward is the unfolded form's, so they are made again here, as the
+    // unfolded forward makes them (without a tail, u is only scratch: gz is written later).
+    if (folded_last) {
+      assign(z, linear.expression(x));
+      norm.forward(cview(z), tail_size > 0 ? this->template workspace<SY>(u_buf, batch) : gz);
+    }
+    const auto u = tail_size > 0 ? cview(this->template workspace<SY>(u_buf, batch)) : y;
+    const auto gu = [&] {
+      if constexpr (tail_size > 0) {
+        const auto g = this->template workspace<SY>(gu_buf, batch);
+        tail.backward(u, y, dy, g);
+        return cview(g);
+      } else {
+        return dy;
+      }
+    }();
+    norm.backward(cview(z), u, gu, gz);
+    const auto g = cview(gz);
+    if constexpr (Linear::has_bias) assign(linear.bias_grad, sum_to<shape<out_features>>(g));
+    // dW [Out, In] = g^T x, the product's rule: it sums over the batch.
+    assign(linear.weight_grad, std::get<0>(autodiff::right_grads(linear.product(x), g)));
+    return g;
+  }
+
+  /// W' (packed) and b' from the linear layer, the normalization's parameters and its running
+  /// statistics, in double, rounded once.
+  void fold() {
+    std::vector<float> w(out_features * in_features);  // W' [Out, In], until packed
+    for (std::size_t j = 0; j < out_features; ++j) {
+      const double s = double(norm.weight[j]) / std::sqrt(double(norm.running_var[j]) + norm.eps);
+      for (std::size_t i = 0; i < in_features; ++i)
+        w[j * in_features + i] = float(double(linear.weight.data()[j * in_features + i]) * s);
+      folded_bias[j] = float((bias_of(j) - double(norm.running_mean[j])) * s + double(norm.bias[j]));
+    }
+    packed->pack(w.data(), in_features);
+  }
+  double bias_of(std::size_t j) const {
+    if constexpr (Linear::has_bias)
+      return double(linear.bias[j]);
+    else
+      return 0.0;
   }
 };
 

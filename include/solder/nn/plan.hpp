@@ -2,11 +2,12 @@
 // with Boost.Hana, from what each layer is (nn/layer_info.hpp, which cost.hpp reads too). A
 // product layer and the parameter-free elementwise layers after it become one block of the
 // product layer's own kind (`Layer::block<Tail...>`: nn::linear_block, one GEMM forward, for a
-// linear layer; nn::sketched_block for a sketched one; nn::conv_block for a convolution, which
-// also takes the batch_norm right after it and folds it in when the model is frozen); any
-// other run of elementwise layers becomes one nn::elementwise_block (one pass); every other
-// layer is a block of its own. The unfused policy makes every layer its own block (one kernel
-// per op), as an eager framework runs the model: the comparison the flagship example prints.
+// linear layer; nn::sketched_block for a sketched one; nn::conv_block for a convolution; the
+// linear and convolution blocks also take the batch_norm right after the layer and fold it in
+// when the model is frozen); any other run of elementwise layers becomes one
+// nn::elementwise_block (one pass); every other layer is a block of its own. The unfused
+// policy makes every layer its own block (one kernel per op), as an eager framework runs the
+// model: the comparison the flagship example prints.
 #pragma once
 
 #include <boost/hana/append.hpp>
@@ -66,8 +67,8 @@ struct head_of<group<K, F, Head, Ls...>> {
   using type = Head;
 };
 
-/// The rewrite of a product followed by a normalization that folds into it (conv2d ->
-/// batch_norm): the normalization joins the product's group, whose block folds it into the
+/// The rewrite of a product followed by a normalization that folds into it (conv2d or linear
+/// -> batch_norm): the normalization joins the product's group, whose block folds it into the
 /// product's weights when the model is frozen. Both layers say so in their planner_traits.
 template <class G, class L>
 constexpr bool folds_into() {
