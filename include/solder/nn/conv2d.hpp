@@ -512,9 +512,8 @@ class conv2d {
 
   // ---- one group: the direct path --------------------------------------------------------
 
-  /// The output rows of all samples are cut into one run per thread (by the sizes alone; a
-  /// row's values do not depend on who computes it).
-  /// x and y NCHW, or channels-last (x_last, y_last).
+  /// x and y NCHW, or channels-last (x_last, y_last). The output rows of all samples are cut
+  /// into one run per thread (by the sizes alone; a row's values do not depend on who runs it).
   template <class G, class Op>
   void direct_forward(const float* x, float* y, std::size_t batch, const Op& op, bool x_last, bool y_last) const {
     namespace cd = eval::cpu::conv_detail;
