@@ -610,10 +610,41 @@ class conv2d {
   template <class G>
   void gradients(const float* x, const float* dy, float* dx, std::size_t batch) {
     if constexpr (Bias) bias_gradient<G>(dy, batch);
-    if constexpr (depthwise)
+    if constexpr (depthwise) {
       depthwise_gradients<G>(x, dy, dx, batch);
-    else
+    } else if constexpr (dx_direct) {
+      gemm_gradients<G>(x, dy, nullptr, batch);
+      if (dx != nullptr) direct_dx<G>(dy, dx, batch);
+    } else {
       gemm_gradients<G>(x, dy, dx, batch);
+    }
+  }
+
+  /// With stride 1, dx is itself a convolution, of dy with the kernel transposed and turned
+  /// around: dx[ci][h][w] = sum over co, kh, kw of dy[co][h + P - kh D][w + P - kw D]
+  /// W[co][ci][kh][kw], i.e. a convolution of dy (Cout channels) to Cin channels with
+  /// W~[ci][co][Kh-1-kh][Kw-1-kw], padding D (K - 1) - P, the same dilation: the direct path's
+  /// tiles run it, no columns stored (square kernels: the tiles take one padding for both axes).
+  static constexpr bool dx_direct =
+      direct && Stride == 1 && Dilation * (Kh - 1) >= Pad && Dilation * (Kw - 1) >= Pad && Kh == Kw;
+  template <class G>
+  void direct_dx(const float* dy, float* dx, std::size_t batch) const {
+    namespace cd = eval::cpu::conv_detail;
+    constexpr std::size_t P = Dilation * (Kh - 1) - Pad;
+    using kernel = eval::cpu::conv_nhwc<Cout, Cin, G::out_height, G::out_width, Kh, Kw, 1, P, Dilation>;
+    static_assert(kernel::Ho == G::height && kernel::Wo == G::width);
+    using turned = eval::cpu::conv_packed_weights<Cout, Cin, Kh, Kw>;
+    float* flipped = detail::conv2d_workspace(detail::conv2d_slot::column_grad, Cin * Cout * Kh * Kw);
+    for (std::size_t co = 0; co < Cout; ++co)
+      for (std::size_t ci = 0; ci < Cin; ++ci)
+        for (std::size_t t = 0; t < Kh * Kw; ++t)
+          flipped[(ci * Cout + co) * Kh * Kw + (Kh * Kw - 1 - t)] = weight.data()[(co * Cin + ci) * Kh * Kw + t];
+    float* w = detail::conv2d_workspace(detail::conv2d_slot::packed_weights, turned::floats);
+    turned::pack(flipped, w);
+    const double flops = double(batch) * double(Cin * G::in_plane) * 2.0 * Cout * Kh * Kw;
+    kernel::run(w, cd::nchw_rows<Cout, G::out_height, G::out_width>{dy}, cd::nchw_store<Cin, G::height, G::width>{dx},
+                cd::bias_op_store<detail::conv2d_identity>{nullptr, {}}, batch,
+                flops >= parallel_min_flops ? num_threads() : 1);
   }
 
   /// db[co] = the sum of dy over samples and positions, in that order, in double: one channel
