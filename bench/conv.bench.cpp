@@ -27,7 +27,10 @@
 //   <family>_paired/solder_folded_vs_<peer>/<shape> (infer: solder_unfolded and both oneDNN
 //     forms, N = 32 and 1; depthwise: solder_unfolded, onednn_postops_blocked),
 //   BM_conv_bn_relu_infer_paired/solder_folded_channels_last_vs_onednn_postops_blocked/<shape>
-//     (N = 32 and 1: each in the layout it runs in) and BM_conv_bn_relu_train_paired/
+//     (N = 32 and 1: each in the layout it runs in), .../solder_folded_channels_last_vs_
+//     solder_unfolded/<shape> (a block between two others in a frozen chain, with the rewrite
+//     and without: the folded block reads and writes channels-last images, the unfolded one
+//     cannot) and BM_conv_bn_relu_train_paired/
 //     solder_vs_solder_unfused/32x64x56x56: the two timed call by call (bench/README.md, "Paired
 //     cases"); speedup = median(peer time / solder time), <impl>_GFLOPs from each median call.
 // Counters: GFLOPs (2 N Cout Ho Wo Cin/G Kh Kw per convolution; training counts three such
@@ -640,7 +643,8 @@ const bool registered = [] {
   const std::pair<impl, impl> infer_pairs[] = {{impl::solder_folded, impl::solder_unfolded},
                                                 {impl::solder_folded, impl::onednn_postops_nchw},
                                                 {impl::solder_folded, impl::onednn_postops_blocked},
-                                                {impl::solder_folded_channels_last, impl::onednn_postops_blocked}};
+                                                {impl::solder_folded_channels_last, impl::onednn_postops_blocked},
+                                                {impl::solder_folded_channels_last, impl::solder_unfolded}};
   for (std::size_t n : {32, 1})
     for (const auto& [mine, peer] : infer_pairs) {
       const std::string name = std::string("BM_conv_bn_relu_infer_paired/") + impl_name(mine) + "_vs_" +

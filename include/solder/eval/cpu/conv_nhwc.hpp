@@ -2,8 +2,8 @@
 // row is cut into tiles of the GEMM micro-kernel's shape (pixels x output channels); a tile's
 // accumulators stay in registers over every tap and input channel, reading the input in place:
 // for tap (kh, kw) the tile's A operand is the input row itself, one pixel (Cin floats) per row
-// of A, so nothing is packed per call. The weights are packed once (pack) in the order the tile
-// streams them. docs/convolution.md, "How a convolution runs".
+// of A, so nothing is packed per call. The weights are packed once (conv_packed_weights) in the
+// order the tiles stream them. docs/convolution.md, "How a convolution runs".
 #pragma once
 
 #include <algorithm>
@@ -36,12 +36,13 @@ struct line_stream {
 
   /// The lines of `runs` runs of n floats from p, `stride` floats apart.
   static line_stream of(const float* p, std::size_t n, std::size_t runs = 1, std::size_t stride = 0) {
+    if (n == 0 || runs == 0) return {};
     const auto first = reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t{63};
     const auto last = reinterpret_cast<std::uintptr_t>(p + n - 1) & ~std::uintptr_t{63};
     line_stream s;
     s.line = reinterpret_cast<const char*>(first);
-    s.run_lines = s.run_left = n == 0 ? 0 : (last - first) / 64 + 1;
-    s.runs = n == 0 ? 0 : runs;
+    s.run_lines = s.run_left = (last - first) / 64 + 1;
+    s.runs = runs;
     s.stride = std::ptrdiff_t(stride * sizeof(float)) - std::ptrdiff_t(s.run_lines * 64);
     return s;
   }
@@ -235,9 +236,9 @@ struct conv_nhwc {
   using weights = conv_packed_weights<Cin, Cout, Kh, Kw>;
   static constexpr std::size_t panel_floats = weights::panel_floats;
 
-  /// y = store(conv(x, w)) for `batch` samples, w packed by `weights`: rows.load stages input rows, out says where
-  /// output rows go, store writes a finished tile (bias and activation). Output rows are cut
-  /// into `threads` runs of nearly equal length by the sizes alone.
+  /// y = store(conv(x, w)) for `batch` samples, w packed by `weights`: rows.load stages input
+  /// rows, out says where output rows go, store writes a finished tile (bias and activation).
+  /// Output rows are cut into `threads` runs of nearly equal length by the sizes alone.
   template <class Rows, class Out, class Store>
   static void run(const float* packed, const Rows& rows, const Out& out, const Store& store, std::size_t batch,
                   int threads) {
