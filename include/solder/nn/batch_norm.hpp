@@ -393,6 +393,18 @@ struct leading_norm<Rest, batch_norm<C>, After...> {
   static constexpr std::size_t rest_size = sizeof...(After);
   static constexpr std::size_t channels = C;
 };
+
+/// Layer At of a product block as the user wrote it: its product layer, the batch_norm folded
+/// into it (if any), the tail's layers.
+template <std::size_t At, bool HasNorm, class Head, class Norm, class TailLayers>
+auto& block_layer(Head& head, Norm& norm, TailLayers& tail) {
+  if constexpr (At == 0)
+    return head;
+  else if constexpr (HasNorm && At == 1)
+    return norm;
+  else
+    return std::get<At - (HasNorm ? 2 : 1)>(tail);
+}
 }  // namespace detail
 
 }  // namespace solder::nn

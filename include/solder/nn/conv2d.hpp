@@ -386,10 +386,7 @@ class conv2d {
   template <class SX, class SY, class Op>
   void forward_activated(tensor_ref<const float, SX> x, tensor_ref<float, SY> y, const Op& op) {
     if constexpr (check_shapes<SX, SY>()) {
-      if (x.batch() != y.batch())
-        detail::batches_differ("solder::nn::conv2d::forward", {{"x", x.batch()}, {"y", y.batch()}});
-      if (detail::conv2d_overlaps(x.data(), x.size(), y.data(), y.size()))
-        solder::detail::fail("solder::nn::conv2d::forward: y overlaps x; a convolution cannot run in place");
+      check_pair("solder::nn::conv2d::forward", x, y);
       using G = geometry_of<SX>;
       if constexpr (depthwise)
         depthwise_forward<G>(x.data(), y.data(), samples(x), op);
@@ -407,10 +404,7 @@ class conv2d {
   void forward_channels_last(tensor_ref<const float, SX> x, tensor_ref<float, SY> y, const Op& op = {}) {
     static_assert(Groups == 1, "solder::nn::conv2d::forward_channels_last: runs convolutions with one group");
     if constexpr (check_shapes<SX, SY, true>()) {
-      if (x.batch() != y.batch())
-        detail::batches_differ("solder::nn::conv2d::forward_channels_last", {{"x", x.batch()}, {"y", y.batch()}});
-      if (detail::conv2d_overlaps(x.data(), x.size(), y.data(), y.size()))
-        solder::detail::fail("solder::nn::conv2d::forward_channels_last: y overlaps x; a convolution cannot run in place");
+      check_pair("solder::nn::conv2d::forward_channels_last", x, y);
       using G = detail::conv2d_geometry<SX::extents[1], SX::extents[2], Kh, Kw, Stride, Pad, Dilation>;
       direct_forward<G>(x.data(), y.data(), x.size() / SX::inner_size, op, true, true);
     }
@@ -424,10 +418,7 @@ class conv2d {
                        const Op& op = {}) {
     static_assert(Groups == 1, "solder::nn::conv2d::forward_layouts: runs convolutions with one group");
     if constexpr (check_shapes<SX, SY>()) {
-      if (x.batch() != y.batch())
-        detail::batches_differ("solder::nn::conv2d::forward", {{"x", x.batch()}, {"y", y.batch()}});
-      if (detail::conv2d_overlaps(x.data(), x.size(), y.data(), y.size()))
-        solder::detail::fail("solder::nn::conv2d::forward: y overlaps x; a convolution cannot run in place");
+      check_pair("solder::nn::conv2d::forward", x, y);
       direct_forward<geometry_of<SX>>(x.data(), y.data(), samples(x), op, x_last, y_last);
     }
   }
@@ -811,6 +802,14 @@ class conv2d {
   }
 
   // ---- shapes -----------------------------------------------------------------------------
+
+  /// x and y of one forward call: the same batch, and memory of their own.
+  template <class X, class Y>
+  static void check_pair(const char* where, const X& x, const Y& y) {
+    if (x.batch() != y.batch()) detail::batches_differ(where, {{"x", x.batch()}, {"y", y.batch()}});
+    if (detail::conv2d_overlaps(x.data(), x.size(), y.data(), y.size()))
+      solder::detail::fail(std::string(where) + ": y overlaps x; a convolution cannot run in place");
+  }
 
   /// x [batch, Cin, H, W] with the kernel fitting, y [batch, Cout, Ho, Wo] (Last: x [batch, H,
   /// W, Cin], y [batch, Ho, Wo, Cout]); one message for the first rule broken.

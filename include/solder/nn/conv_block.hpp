@@ -258,12 +258,7 @@ class conv_block {
 
   template <std::size_t At, class Self>
   static auto& layer_of(Self& self) {
-    if constexpr (At == 0)
-      return self.conv;
-    else if constexpr (has_norm && At == 1)
-      return self.norm;
-    else
-      return std::get<At - tail_first>(self.tail.layers);
+    return detail::block_layer<At, has_norm>(self.conv, self.norm, self.tail.layers);
   }
 
   void check_channels_last(const char* what) const {

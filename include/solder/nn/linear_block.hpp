@@ -229,12 +229,7 @@ class linear_block
 
   template <std::size_t At, class Self>
   static auto& layer_of(Self& self) {
-    if constexpr (At == 0)
-      return self.linear;
-    else if constexpr (has_norm && At == 1)
-      return self.norm;
-    else
-      return std::get<At - tail_first>(self.tail.layers);
+    return detail::block_layer<At, has_norm>(self.linear, self.norm, self.tail.layers);
   }
 
   // With a batch_norm: the folded bias b' (W' is packed), whether the last forward ran the
