@@ -24,6 +24,10 @@
 //     then pointwise 1x1 64 -> 128 + batch_norm + ReLU, eval mode; impl solder_folded,
 //     solder_unfolded, onednn_postops_blocked (two convolutions, the second reading the first's
 //     blocked output)
+//   BM_conv_residual_relu_paired/solder_epilogue_vs_solder_separate/32x64x56x56: y =
+//     relu(conv3x3(x) + shortcut) in eval mode, the add and ReLU as the convolution's epilogue
+//     on each output row (conv2d::forward_with) against a separate elementwise pass; the two
+//     outputs must be the same bits
 //   <family>_paired/solder_folded_vs_<peer>/<shape> (infer: solder_unfolded and both oneDNN
 //     forms, N = 32 and 1; depthwise: solder_unfolded, onednn_postops_blocked),
 //   BM_conv_bn_relu_infer_paired/solder_folded_channels_last_vs_onednn_postops_blocked/<shape>
@@ -614,6 +618,45 @@ void train_paired_case(benchmark::State& state, std::size_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// BM_conv_residual_relu_paired
+// ---------------------------------------------------------------------------------------------
+
+/// ResNet's block end, y = relu(conv3x3(x) + shortcut), eval mode, weights packed: the add and
+/// the ReLU as the convolution's epilogue on each output row (forward_with) against the
+/// convolution, then one elementwise pass over y.
+struct residual_problem {
+  std::size_t N;
+  conv3x3 conv{seed_layer};
+  solder::tensor<float, image> x, shortcut, y, y_separate;
+  explicit residual_problem(std::size_t n) : N(n), x(n), shortcut(n), y(n), y_separate(n) {
+    fill_uniform({x.data(), x.size()}, seed_x);
+    fill_uniform({shortcut.data(), shortcut.size()}, seed_dy);
+    conv.pack_weights();
+  }
+  double flops() const { return conv_flops<conv3x3>(N); }
+  void epilogue() { conv.forward_with(cref(x), y.ref(), solder::write(y, solder::relu(cref(y) + cref(shortcut)))); }
+  void separate() {
+    conv.forward(x, y_separate);
+    solder::assign(y_separate, solder::relu(cref(y_separate) + cref(shortcut)));
+  }
+};
+
+void residual_paired_case(benchmark::State& state, std::size_t n) {
+  single_thread();
+  static residual_problem p(n);
+  p.epilogue();
+  p.separate();
+  if (std::memcmp(p.y.data(), p.y_separate.data(), p.y.size() * sizeof(float)) != 0) {
+    state.SkipWithError("the epilogue's output differs from the separate pass's");
+    return;
+  }
+  const paired_times t = time_pairs(state, [] { p.epilogue(); }, [] { p.separate(); });
+  state.counters["speedup"] = t.speedup_of_a();
+  state.counters["solder_epilogue_GFLOPs"] = p.flops() / paired_times::median(t.a) * 1e-9;
+  state.counters["solder_separate_GFLOPs"] = p.flops() / paired_times::median(t.b) * 1e-9;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Registration
 // ---------------------------------------------------------------------------------------------
 
@@ -657,6 +700,10 @@ const bool registered = [] {
                                std::size_t{32})
       ->Unit(benchmark::kMillisecond)
       ->Iterations(pairs_for(32, true));
+  benchmark::RegisterBenchmark(("BM_conv_residual_relu_paired/solder_epilogue_vs_solder_separate/" + shape32).c_str(),
+                               residual_paired_case, std::size_t{32})
+      ->Unit(benchmark::kMillisecond)
+      ->Iterations(pairs_for(32));
   for (impl peer : {impl::solder_unfolded, impl::onednn_postops_blocked}) {
     const std::string name = std::string("BM_depthwise_separable_paired/solder_folded_vs_") + impl_name(peer) + "/" + shape32;
     benchmark::RegisterBenchmark(name.c_str(), paired_case<separable_problem>, impl::solder_folded, peer, std::size_t{32})

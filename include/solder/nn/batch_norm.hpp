@@ -114,53 +114,21 @@ class batch_norm {
   /// training, needs more than one value per channel (batch * H * W >= 2), as torch.
   template <class SX, class SY>
   void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
-    static_assert(check_shapes<SX, SY>());
-    if (x.batch() != y.batch())
-      detail::batches_differ("solder::nn::batch_norm::forward", {{"x", x.batch()}, {"y", y.batch()}});
-    constexpr std::size_t hw = plane_size<SX>();
-    const std::size_t batch = samples<SX>(x.batch());
-    const float* xp = x.data();
-    if (in_training) {
-      const std::size_t n = batch * hw;  // values per channel
-      if (n < 2)
-        solder::detail::fail("solder::nn::batch_norm::forward: expected more than 1 value per channel when training, "
-                             "got input size " + solder::to_string<SX>(x.batch()) +
-                             "; train on a larger batch, or call eval()");
-      // Each channel's values shifted by its first one (sample 0), which lies within the spread.
-      channel_sums<hw>(
-          batch, [=](std::size_t r, float* s1, float* s2) { statistics_across(xp + r * C, xp, s1, s2); },
-          [=](std::size_t q) { return statistics_along<hw>(xp + q * hw, xp[(q % C) * hw]); });
-      for (std::size_t c = 0; c < C; ++c) {
-        const auto m = op::moments(double(n), double(xp[c * hw]), sums(0, c), sums(1, c));
-        const double rstd = op::rstd(m.var, eps);
-        saved_mean[c] = float(m.mean);
-        saved_rstd[c] = float(rstd);
-        scale[c] = float(double(weight[c]) * rstd);
-        running_mean[c] = float(op::running(double(running_mean[c]), m.mean, momentum));
-        running_var[c] = float(op::running(double(running_var[c]), m.var_unbiased, momentum));
-      }
-      ++num_batches_tracked;
-    } else {
-      for (std::size_t c = 0; c < C; ++c) {
-        const double rstd = op::rstd(double(running_var[c]), eps);
-        saved_mean[c] = running_mean[c];
-        saved_rstd[c] = float(rstd);
-        scale[c] = float(double(weight[c]) * rstd);
-      }
-    }
-    saved_batch = batch;
-    saved_plane = hw;
-    saved_training = in_training;
-    has_saved = true;
-    float* yp = y.data();
-    const float *mean = saved_mean.data(), *k = scale.data(), *b = bias.data();
-    for_walks<hw>(batch, [=](auto walk, std::size_t at, auto channel) {
-      forward_walk<typename decltype(walk)::type>(xp + at, yp + at, channel(mean), channel(k), channel(b));
-    });
+    run_forward(x, y, exec::row_epilogue::none());
   }
   template <class SX, class SY>
   void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
     forward(x.ref(), y.ref());
+  }
+
+  /// y = batch_norm(x), then the writes (solder::write(out, e), e elementwise over tensors of
+  /// y's shape, y among them; an out may be y) on each plane of y (each sample, for [batch, C])
+  /// as soon as it is normalized, while it is in cache: the normalization and the activation
+  /// after it in one pass, with the bits assign_all(writes...) gives after forward(x, y).
+  template <class SX, class SY, class W0, class... Ws>
+  void forward_with(tensor_ref<const float, SX> x, tensor_ref<float, SY> y, const W0& w0, const Ws&... ws) {
+    const auto writes = exec::template row_writes<SY>(y.batch(), w0, ws...);
+    run_forward(x, y, writes.epilogue());
   }
 
   /// dx = dL/dx, and weight_grad, bias_grad (overwritten), for the last forward, whose input
@@ -216,6 +184,57 @@ class batch_norm {
   }
 
  private:
+  /// y = batch_norm(x), the epilogue run on each walk's rows of y once written.
+  template <class SX, class SY>
+  void run_forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y, exec::row_epilogue after) {
+    static_assert(check_shapes<SX, SY>());
+    if (x.batch() != y.batch())
+      detail::batches_differ("solder::nn::batch_norm::forward", {{"x", x.batch()}, {"y", y.batch()}});
+    constexpr std::size_t hw = plane_size<SX>();
+    const std::size_t batch = samples<SX>(x.batch());
+    const float* xp = x.data();
+    if (in_training) {
+      const std::size_t n = batch * hw;  // values per channel
+      if (n < 2)
+        solder::detail::fail("solder::nn::batch_norm::forward: expected more than 1 value per channel when training, "
+                             "got input size " + solder::to_string<SX>(x.batch()) +
+                             "; train on a larger batch, or call eval()");
+      // Each channel's values shifted by its first one (sample 0), which lies within the spread.
+      channel_sums<hw>(
+          batch, [=](std::size_t r, float* s1, float* s2) { statistics_across(xp + r * C, xp, s1, s2); },
+          [=](std::size_t q) { return statistics_along<hw>(xp + q * hw, xp[(q % C) * hw]); });
+      for (std::size_t c = 0; c < C; ++c) {
+        const auto m = op::moments(double(n), double(xp[c * hw]), sums(0, c), sums(1, c));
+        const double rstd = op::rstd(m.var, eps);
+        saved_mean[c] = float(m.mean);
+        saved_rstd[c] = float(rstd);
+        scale[c] = float(double(weight[c]) * rstd);
+        running_mean[c] = float(op::running(double(running_mean[c]), m.mean, momentum));
+        running_var[c] = float(op::running(double(running_var[c]), m.var_unbiased, momentum));
+      }
+      ++num_batches_tracked;
+    } else {
+      for (std::size_t c = 0; c < C; ++c) {
+        const double rstd = op::rstd(double(running_var[c]), eps);
+        saved_mean[c] = running_mean[c];
+        saved_rstd[c] = float(rstd);
+        scale[c] = float(double(weight[c]) * rstd);
+      }
+    }
+    saved_batch = batch;
+    saved_plane = hw;
+    saved_training = in_training;
+    has_saved = true;
+    float* yp = y.data();
+    const float *mean = saved_mean.data(), *k = scale.data(), *b = bias.data();
+    for_walks<hw>(batch, [=](auto walk, std::size_t at, auto channel) {
+      forward_walk<typename decltype(walk)::type>(xp + at, yp + at, channel(mean), channel(k), channel(b));
+      // The walk's rows of y: a plane's H rows, or (1-d) one sample's row.
+      constexpr std::size_t walk_len = hw == 1 ? C : hw;
+      after.rows(at / SY::last, walk_len / SY::last, 1);
+    });
+  }
+
   /// Samples a chunk adds up in float columns (1-d) before a flush to double: 16 terms, as the
   /// row walker's blocks, so a column sum errs by about 20 u of its terms' magnitudes.
   static constexpr std::size_t flush_rows = 16;

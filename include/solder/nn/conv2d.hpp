@@ -22,9 +22,11 @@
 #include "solder/eval/cpu/batch.hpp"
 #include "solder/eval/cpu/chunking.hpp"
 #include "solder/eval/cpu/conv_nhwc.hpp"
+#include "solder/eval/cpu/conv_weight_grad.hpp"
 #include "solder/eval/cpu/gemm.hpp"
 #include "solder/eval/cpu/gemm_epilogue.hpp"
 #include "solder/eval/cpu/parallel.hpp"
+#include "solder/eval/cpu/row_writes.hpp"
 #include "solder/memory.hpp"
 #include "solder/nn/batch_check.hpp"
 #include "solder/nn/layer_kind.hpp"
@@ -387,13 +389,30 @@ class conv2d {
   void forward_activated(tensor_ref<const float, SX> x, tensor_ref<float, SY> y, const Op& op) {
     if constexpr (check_shapes<SX, SY>()) {
       check_pair("solder::nn::conv2d::forward", x, y);
-      using G = geometry_of<SX>;
-      if constexpr (depthwise)
-        depthwise_forward<G>(x.data(), y.data(), samples(x), op);
-      else if constexpr (Groups == 1 && !columns_are_x)
-        direct_forward<G>(x.data(), y.data(), samples(x), op, false, false);
-      else
-        gemm_forward<G>(x.data(), y.data(), samples(x), op);
+      run_forward<geometry_of<SX>>(x.data(), y.data(), samples(x), op, eval::cpu::row_epilogue::none());
+    }
+  }
+
+  /// z = conv2d(x) + b, then the writes (solder::write(out, e), each e elementwise over tensors
+  /// of z's shape, z among them, and broadcast ones such as a per-channel scale; an out may be
+  /// z) evaluated on each part of z as soon as the convolution has stored it, while it is in
+  /// cache: a residual add, dropout, any activation after a convolution in one pass over
+  /// memory, with the bits assign_all(writes...) gives after forward(x, z).
+  ///
+  ///   conv.forward_with(x, y, write(y, relu(y + shortcut)));
+  template <class SX, class SY, class W0, class... Ws>
+  void forward_with(tensor_ref<const float, SX> x, tensor_ref<float, SY> z, const W0& w0, const Ws&... ws) {
+    if constexpr (check_shapes<SX, SY>()) {
+      check_pair("solder::nn::conv2d::forward_with", x, z);
+      auto check_out = [&](const auto& w) {
+        const std::size_t n = SY::elements(z.batch());
+        if (detail::conv2d_overlaps(x.data(), x.size(), w.out.data(), n))
+          solder::detail::fail("solder::nn::conv2d::forward_with: a write's output overlaps x; give it memory of its own");
+      };
+      check_out(w0);
+      (check_out(ws), ...);
+      const auto writes = eval::cpu::make_row_writes<SY>(z.batch(), w0, ws...);
+      run_forward<geometry_of<SX>>(x.data(), z.data(), samples(x), detail::conv2d_identity{}, writes.epilogue());
     }
   }
 
@@ -503,10 +522,24 @@ class conv2d {
 
   // ---- one group: the direct path --------------------------------------------------------
 
+  /// y = op(conv2d(x) + b) on NCHW tensors by the path that fits the layer, then the epilogue
+  /// over each part of y once stored.
+  template <class G, class Op>
+  void run_forward(const float* x, float* y, std::size_t batch, const Op& op, eval::cpu::row_epilogue after) const {
+    if constexpr (depthwise)
+      depthwise_forward<G>(x, y, batch, op, after);
+    else if constexpr (Groups == 1 && !columns_are_x)
+      direct_forward<G>(x, y, batch, op, false, false, after);
+    else
+      gemm_forward<G>(x, y, batch, op, after);
+  }
+
   /// x and y NCHW, or channels-last (x_last, y_last). The output rows of all samples are cut
   /// into one run per thread (by the sizes alone; a row's values do not depend on who runs it).
+  /// The epilogue runs on NCHW outputs only.
   template <class G, class Op>
-  void direct_forward(const float* x, float* y, std::size_t batch, const Op& op, bool x_last, bool y_last) const {
+  void direct_forward(const float* x, float* y, std::size_t batch, const Op& op, bool x_last, bool y_last,
+                      eval::cpu::row_epilogue after = eval::cpu::row_epilogue::none()) const {
     namespace cd = eval::cpu::conv_detail;
     const float* w = packed_current ? packed.get() : pack_for_call();
     const double flops = double(batch) * double(Cout * G::out_plane) * 2.0 * fan_in;
@@ -517,7 +550,7 @@ class conv2d {
       if (y_last)
         kernel::run(w, rows, cd::nhwc_store<Cout, G::out_height, G::out_width>{y}, store, batch, threads);
       else
-        kernel::run(w, rows, cd::nchw_store<Cout, G::out_height, G::out_width>{y}, store, batch, threads);
+        kernel::run(w, rows, cd::nchw_store<Cout, G::out_height, G::out_width>{y, after}, store, batch, threads);
     };
     if (x_last)
       run(cd::nhwc_rows<Cin, G::height, G::width>{x});
@@ -535,13 +568,19 @@ class conv2d {
   /// Each sample is independent: samples are spread over the threads, or (fewer samples than
   /// threads) run in turn with the GEMM threaded; the GEMM's bits do not depend on its threads.
   template <class G, class Op>
-  void gemm_forward(const float* x, float* y, std::size_t batch, const Op& op) const {
+  void gemm_forward(const float* x, float* y, std::size_t batch, const Op& op, eval::cpu::row_epilogue after) const {
     const int threads = num_threads();
     const double flops = double(batch) * double(Cout * G::out_plane) * 2.0 * fan_in;
     const bool over_samples = threads > 1 && batch >= std::size_t(threads) && flops >= parallel_min_flops;
     const int inner = over_samples ? 1 : threads;
+    constexpr std::size_t Ho = G::out_height;
     eval::cpu::parallel_for(batch, over_samples ? threads : 1, [&](std::size_t n) {
       forward_sample<G>(x + n * Cin * G::in_plane, y + n * Cout * G::out_plane, inner, op);
+      if (!after) return;
+      if (over_samples)
+        after.rows(n * Cout * Ho, Cout * Ho, 1);
+      else
+        eval::cpu::parallel_for(Cout, inner, [&](std::size_t c) { after.rows((n * Cout + c) * Ho, Ho, 1); });
     });
   }
 
@@ -604,11 +643,51 @@ class conv2d {
     if constexpr (depthwise) {
       depthwise_gradients<G>(x, dy, dx, batch);
     } else if constexpr (dx_direct) {
-      gemm_gradients<G>(x, dy, nullptr, batch);
+      if constexpr (dw_direct)
+        direct_dw<G>(x, dy, batch);
+      else
+        gemm_gradients<G>(x, dy, nullptr, batch);
       if (dx != nullptr) direct_dx<G>(dy, dx, batch);
+    } else if constexpr (dw_direct) {
+      direct_dw<G>(x, dy, batch);
+      if (dx != nullptr) gemm_dx<G>(dy, dx, batch);
     } else {
       gemm_gradients<G>(x, dy, dx, batch);
     }
+  }
+
+  /// One group, not a pointwise layer on x as stored, and enough channels to fill the tiles:
+  /// dW on the register tiles (eval/cpu/conv_weight_grad.hpp), from staged rows, no columns.
+  /// The output rows are cut
+  /// into runs by the sizes alone, each run's dW summed in float in row order, the runs added
+  /// in order in double: the same bits for any thread count.
+  static constexpr bool dw_direct = direct && !columns_are_x && eval::cpu::conv_weight_grad_fill(Cin, Cout) >= 0.2;
+  template <class G>
+  void direct_dw(const float* x, const float* dy, std::size_t batch) {
+    using kernel = eval::cpu::conv_weight_grad<Cin, Cout, G::height, G::width, Kh, Kw, Stride, Pad, Dilation>;
+    const std::size_t total = batch * G::out_height;
+    // A run's rows do at least 128 multiply-adds per float of its partial sum, which is zeroed
+    // and added once.
+    constexpr std::size_t min_rows =
+        std::max<std::size_t>(1, std::size_t(128.0 * double(kernel::partial_floats) / kernel::row_fmas) + 1);
+    const std::size_t cap = std::min(eval::cpu::max_chunks, partial_budget_floats / kernel::partial_floats + 1);
+    const std::size_t per_run = std::max(min_rows, (total + cap - 1) / cap);
+    const std::size_t runs = std::max<std::size_t>(1, (total + per_run - 1) / per_run);
+    float* parts = detail::conv2d_workspace(detail::conv2d_slot::partial_dw, runs * kernel::partial_floats);
+    const double flops = double(batch) * double(Cout * G::out_plane) * 2.0 * fan_in;
+    const int threads = flops >= parallel_min_flops ? num_threads() : 1;
+    namespace cd = eval::cpu::conv_detail;
+    eval::cpu::parallel_for(runs, threads, [&](std::size_t r) {
+      kernel::run_rows(cd::nchw_rows<Cin, G::height, G::width>{x}, dy, parts + r * kernel::partial_floats, r * per_run,
+                       std::min(total, (r + 1) * per_run));
+    });
+    constexpr std::size_t block = eval::cpu::min_chunk_elements;
+    constexpr std::size_t floats = kernel::partial_floats;
+    const std::size_t blocks = (floats + block - 1) / block;
+    float* dw = weight_grad.data();
+    eval::cpu::parallel_for(blocks, eval::cpu::threads_for(runs * floats), [=](std::size_t b) {
+      kernel::combine(parts, runs, dw, b * block, std::min(floats, (b + 1) * block));
+    });
   }
 
   /// With stride 1, dx is itself a convolution, of dy with the kernel transposed and turned
@@ -693,6 +772,23 @@ class conv2d {
     });
   }
 
+  /// dx alone (one group): per sample dcol [K, Ho Wo] = W^T dy, gathered into dx; samples
+  /// spread over the threads, or (fewer samples than threads) the GEMM threaded.
+  template <class G>
+  void gemm_dx(const float* dy, float* dx, std::size_t batch) const {
+    constexpr std::size_t K = fan_in, N = G::out_plane;
+    const int threads = num_threads();
+    const double flops = double(batch) * double(Cout * N) * 2.0 * K;
+    const bool over_samples = threads > 1 && batch >= std::size_t(threads) && flops >= parallel_min_flops;
+    const int inner = over_samples ? 1 : threads;
+    eval::cpu::parallel_for(batch, over_samples ? threads : 1, [&](std::size_t n) {
+      float* dcol = detail::conv2d_workspace(detail::conv2d_slot::column_grad, K * N);
+      eval::cpu::gemm<N, Cout, true, false>(K, weight.data(), K, dy + n * Cout * N, N,
+                                            detail::conv2d_store_epilogue<false>{nullptr, dcol, N}, inner);
+      col2im<G>(dcol, dx + n * Cin * G::in_plane, inner);
+    });
+  }
+
   /// One sample's share: dW_g (+)= dy_g [Cout/G, Ho Wo] col_g^T [Ho Wo, K], and (dx given)
   /// dcol [K, Ho Wo] = W_g^T dy_g, gathered into dx_g.
   template <class G>
@@ -718,7 +814,7 @@ class conv2d {
 
   /// Each output plane (sample n, channel co) from its one input plane co / (Cout / Cin).
   template <class G, class Op>
-  void depthwise_forward(const float* x, float* y, std::size_t batch, const Op& op) const {
+  void depthwise_forward(const float* x, float* y, std::size_t batch, const Op& op, eval::cpu::row_epilogue after) const {
     const float* w = weight.data();
     const float* b = bias_data();
     const std::size_t planes = batch * Cout;
@@ -726,6 +822,7 @@ class conv2d {
       const std::size_t n = q / Cout, co = q % Cout;
       depthwise_plane<G>(x + (n * Cin + co / group_out) * G::in_plane, w + co * G::taps, b ? b[co] : 0.0f,
                          y + q * G::out_plane, op);
+      after.rows(q * G::out_height, G::out_height, 1);
     });
   }
   /// y = sum over taps of w[kh][kw] im2col(x)[kh][kw] (+ b), tap by tap over the whole plane

@@ -8,7 +8,9 @@
 //   s_c = gamma_c / sqrt(running_var_c + eps),  W'[c] = W[c] s_c,  b'_c = (b_c - mean_c) s_c + beta_c
 // and the block runs one convolution with W', b' and then its elementwise tail. In training the
 // batch statistics are the batch's own, so nothing can be folded: the convolution, the
-// normalization, the tail; backward runs them the other way.
+// statistics, then the normalization; backward runs them the other way. The tail runs on each
+// part of the output as the convolution or the normalization stores it, while it is in cache
+// (forward_with), so it costs no pass over memory of its own.
 #pragma once
 
 #include <cmath>
@@ -139,15 +141,17 @@ class conv_block {
   static std::string plan_note() {
     if constexpr (has_norm)
       return "eval: batch_norm folded into the convolution when frozen (W' = W g/sqrt(var+eps), b' = (b-mean) "
-             "g/sqrt(var+eps) + beta); train: convolution, batch statistics and normalization, then the tail";
+             "g/sqrt(var+eps) + beta); train: convolution, batch statistics, normalization; the tail on each part "
+             "of the output as it is stored";
     else
-      return "the convolution, then its elementwise tail";
+      return "the convolution, its elementwise tail on each part of the output as it is stored";
   }
 
   /// y = tail(norm(conv(x))) for x [batch, Cin, H, W], y [batch, Cout, Ho, Wo].
   template <class SX, class SY>
   void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
     const std::size_t batch = x.batch();
+    u_kept = true;  // in u_buf, or made there again by backward
     if constexpr (activation_tail) {
       // Evaluation mode, the normalization folded (or none): one convolution whose stores apply
       // the activation.
@@ -165,6 +169,30 @@ class conv_block {
     }
     eval_fused = false;
     folded_last = has_norm && folded_in_use();
+    saved_batch = batch;
+    if constexpr (tail_size > 0) {
+      // A convolution right before the tail (no normalization, or a folded one): the tail runs
+      // on each part of the output as the convolution stores it. In evaluation mode in place
+      // in y (backward makes the tail's input again); in training the convolution's output
+      // is the tail's input u, which backward needs.
+      if (!has_norm || folded_in_use()) {
+        auto& c = [&]() -> auto& {
+          if constexpr (has_norm)
+            return folded;
+          else
+            return conv;
+        }();
+        if (current == mode::eval) {
+          c.forward_with(x, y, write(y, tail.template expression<mode::eval>(cview(y))));
+          eval_fused = true;
+        } else {
+          tail.advance();
+          const auto u = view<SY>(u_buf, batch);
+          c.forward_with(x, u, write(y, tail.template expression<mode::train>(cview(u))));
+        }
+        return;
+      }
+    }
     const auto u = tail_size > 0 ? view<SY>(u_buf, batch) : y;  // the tail's input
     if constexpr (has_norm) {
       if (folded_in_use()) {
@@ -172,13 +200,29 @@ class conv_block {
       } else {
         const auto z = view<SY>(z_buf, batch);
         conv.forward(x, z);
+        if constexpr (tail_size > 0) {
+          // The tail runs on each plane as the normalization writes it. In training, a tail
+          // whose backward reads its output runs in place in y: nothing reads u again (the
+          // normalization's backward reads its input z).
+          if (current == mode::train) {
+            tail.advance();
+            if constexpr (tail_type::template output_backward_in<mode::train>) {
+              norm.forward_with(cview(z), y, write(y, tail.template expression<mode::train>(cview(y))));
+              u_kept = false;
+            } else {
+              norm.forward_with(cview(z), u, write(y, tail.template expression<mode::train>(cview(u))));
+            }
+          } else {
+            norm.forward_with(cview(z), u, write(y, tail.template expression<mode::eval>(cview(u))));
+          }
+          return;
+        }
         norm.forward(cview(z), u);
       }
     } else {
       conv.forward(x, u);
     }
     if constexpr (tail_size > 0) tail.forward(cview(u), y);
-    saved_batch = batch;
   }
   template <class SX, class SY>
   void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
@@ -233,6 +277,7 @@ class conv_block {
   bool folded_current = false;
   bool eval_fused = false;   // the last forward applied the tail in the convolution's stores
   bool folded_last = false;  // the last forward ran the folded convolution
+  bool u_kept = true;        // backward finds the tail's input u in u_buf
   mode current = mode::train;
   /// Whether the tail is one activation, which the convolution's epilogue can apply.
   static constexpr bool activation_tail = [] {
@@ -309,7 +354,9 @@ class conv_block {
     if (saved_batch != batch)
       solder::detail::fail("solder::nn::conv_block::backward: the last forward had " + std::to_string(saved_batch) +
                            " samples, dy has " + std::to_string(batch) + "; run forward on this batch first");
-    const auto u = tail_size > 0 ? cview(view<SY>(u_buf, batch)) : y;
+    // Without u kept, y stands in its place: the tail's backward reads y and the
+    // normalization's its input z, neither u.
+    const auto u = tail_size > 0 && u_kept ? cview(view<SY>(u_buf, batch)) : y;
     // A folded forward left neither the convolution's output z nor the normalization's state
     // of this batch, and a fused one not the tail's input u: backward is the unfolded form's,
     // so they are made again here, as the unfolded forward makes them.

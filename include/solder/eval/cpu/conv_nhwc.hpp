@@ -20,6 +20,7 @@
 #include "solder/eval/cpu/gemm_epilogue.hpp"
 #include "solder/eval/cpu/gemm_kernel.hpp"
 #include "solder/eval/cpu/parallel.hpp"
+#include "solder/eval/cpu/row_writes.hpp"
 #include "solder/memory.hpp"
 
 namespace solder::eval::cpu {
@@ -147,17 +148,20 @@ struct nhwc_store {
   void finish(std::size_t, std::size_t, const float*) const {}
   line_stream lines(std::size_t n, std::size_t h) const { return line_stream::of(y + (n * Ho + h) * Wo * Cout, Wo * Cout); }
 };
+/// An epilogue (row_writes.hpp) runs over the row's Cout output rows once they are stored.
 template <std::size_t Cout, std::size_t Ho, std::size_t Wo>
 struct nchw_store {
   float* y;
+  row_epilogue after{};
   static constexpr bool staged = true;
   float* row(std::size_t, std::size_t, float* buffer) const { return buffer; }
   line_stream lines(std::size_t n, std::size_t h) const {
     return line_stream::of(y + (n * Cout * Ho + h) * Wo, Wo, Cout, Ho * Wo);
   }
-  /// y[n][c][h][w] = row[w Cout + c].
+  /// y[n][c][h][w] = row[w Cout + c], then the epilogue over those values.
   void finish(std::size_t n, std::size_t h, const float* row) const {
     transpose(row, Cout, y + (n * Cout * Ho + h) * Wo, Ho * Wo, Wo, Cout);
+    after.rows(n * Cout * Ho + h, Cout, Ho);
   }
 };
 

@@ -10,6 +10,7 @@
 #include "solder/eval/cpu/chunking.hpp"
 #include "solder/eval/cpu/parallel.hpp"
 #include "solder/eval/cpu/row.hpp"
+#include "solder/eval/cpu/row_writes.hpp"
 #include "solder/expr/write.hpp"
 
 namespace solder {
@@ -36,6 +37,15 @@ struct executor<cpu> {
   template <class Out, class E>
   static void assign(const Out& out, const E& e) {
     run(write(out, e));
+  }
+
+  /// Elementwise writes a producer runs on a few rows of its output at a time, as it stores
+  /// them (eval/cpu/row_writes.hpp): row_writes<S>(batch, writes...).epilogue() is the
+  /// row_epilogue the producer calls.
+  using row_epilogue = eval::cpu::row_epilogue;
+  template <class S, class... Ws>
+  static auto row_writes(std::size_t batch, const Ws&... ws) {
+    return eval::cpu::make_row_writes<S>(batch, ws...);
   }
 
   /// f(r) for every row r of [0, rows) (rows of row_elements elements), over the threads.
