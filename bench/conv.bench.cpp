@@ -28,6 +28,10 @@
 //     relu(conv3x3(x) + shortcut) in eval mode, the add and ReLU as the convolution's epilogue
 //     on each output row (conv2d::forward_with) against a separate elementwise pass; the two
 //     outputs must be the same bits
+//   BM_conv_weight_grad_paired/solder_vs_onednn_<nchw|blocked>/32x64x56x56: dW of the 3x3
+//     layer from x and dy (solder: conv2d::backward_params; oneDNN: convolution_backward_weights
+//     on plain memory, or on x and dy reordered once into its preferred layouts, dW left in its
+//     own), the two dW compared before timing; flops: one product
 //   <family>_paired/solder_folded_vs_<peer>/<shape> (infer: solder_unfolded and both oneDNN
 //     forms, N = 32 and 1; depthwise: solder_unfolded, onednn_postops_blocked),
 //   BM_conv_bn_relu_infer_paired/solder_folded_channels_last_vs_onednn_postops_blocked/<shape>
@@ -232,6 +236,16 @@ struct onednn_layer_spec {
   const float *w, *b;  // W' [Cout, Cin/G, K, K], b' [Cout]
 };
 
+/// m itself when it already has layout md, else a copy reordered into md (done once, outside
+/// any timing).
+dnnl::memory dnnl_reordered(dnnl::engine& eng, dnnl::stream& strm, dnnl::memory m, const dnnl::memory::desc& md) {
+  if (m.get_desc() == md) return m;
+  dnnl::memory out(md, eng);
+  dnnl::reorder(m, out).execute(strm, m, out);
+  strm.wait();
+  return out;
+}
+
 /// Convolutions run one after another, each reading the previous one's output; every operand
 /// made (and reordered) once when the net is built. oneDNN's OpenMP runtime reads
 /// omp_get_max_threads(), so the thread count is set before building and running it.
@@ -273,8 +287,8 @@ struct onednn_net {
           attr, eng);
       layer l;
       l.prim = convolution_forward(pd);
-      l.src = reordered(prev, pd.src_desc());
-      l.wei = reordered(memory(wei_user_md, eng, const_cast<float*>(s.w)), pd.weights_desc());
+      l.src = dnnl_reordered(eng, strm, prev, pd.src_desc());
+      l.wei = dnnl_reordered(eng, strm, memory(wei_user_md, eng, const_cast<float*>(s.w)), pd.weights_desc());
       l.bias = memory(bias_md, eng);
       std::memcpy(l.bias.get_data_handle(), s.b, s.cout * sizeof(float));
       l.dst = memory(pd.dst_desc(), eng);
@@ -298,15 +312,51 @@ struct onednn_net {
     dnnl::reorder(out, y_mem).execute(strm, out, y_mem);
     strm.wait();
   }
+};
 
- private:
-  /// m itself when it already has layout md, else a copy reordered into md (done once, here).
-  dnnl::memory reordered(dnnl::memory m, const dnnl::memory::desc& md) {
-    if (m.get_desc() == md) return m;
-    dnnl::memory out(md, eng);
-    dnnl::reorder(m, out).execute(strm, m, out);
+/// oneDNN's weight gradient of the 3x3 layer (convolution_backward_weights, no bias) from x
+/// and dy [N, 64, 56, 56]: on nchw / oihw memory, or (blocked) in the layouts it prefers, x
+/// and dy reordered once outside the timing and dW left in its layout.
+struct onednn_weight_grad {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+  dnnl::convolution_backward_weights prim;
+  dnnl::memory src, diff_dst, diff_wei;
+  std::string impl;
+
+  onednn_weight_grad(std::size_t n, const float* x, const float* dy, bool blocked) {
+    using namespace dnnl;
+    using dt = memory::data_type;
+    using tag = memory::format_tag;
+    const memory::dim N = memory::dim(n), c = memory::dim(C), h = memory::dim(H), w = memory::dim(W);
+    const memory::dims image_dims{N, c, h, w}, wei_dims{c, c, 3, 3};
+    const auto desc = [&](const memory::dims& d, tag plain) { return memory::desc(d, dt::f32, blocked ? tag::any : plain); };
+    const memory::desc src_md = desc(image_dims, tag::nchw), wei_md = desc(wei_dims, tag::oihw),
+                       dst_md = desc(image_dims, tag::nchw);
+    const convolution_forward::primitive_desc hint(
+        convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct, src_md, wei_md, dst_md,
+                                  {1, 1}, {1, 1}, {1, 1}),
+        eng);
+    const convolution_backward_weights::primitive_desc pd(
+        convolution_backward_weights::desc(algorithm::convolution_direct, src_md, wei_md, dst_md, {1, 1}, {1, 1}, {1, 1}),
+        eng, hint);
+    prim = convolution_backward_weights(pd);
+    src = dnnl_reordered(eng, strm, memory({image_dims, dt::f32, tag::nchw}, eng, const_cast<float*>(x)), pd.src_desc());
+    diff_dst =
+        dnnl_reordered(eng, strm, memory({image_dims, dt::f32, tag::nchw}, eng, const_cast<float*>(dy)), pd.diff_dst_desc());
+    diff_wei = memory(pd.diff_weights_desc(), eng);
+    impl = pd.impl_info_str();
+  }
+  void run() {
+    prim.execute(strm, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_WEIGHTS, diff_wei}});
     strm.wait();
-    return out;
+  }
+  /// dW as oihw into w (for the check, outside any timing).
+  void weights_to(float* w) {
+    dnnl::memory::desc plain(diff_wei.get_desc().dims(), dnnl::memory::data_type::f32, dnnl::memory::format_tag::oihw);
+    dnnl::memory out(plain, eng, w);
+    dnnl::reorder(diff_wei, out).execute(strm, diff_wei, out);
+    strm.wait();
   }
 };
 #endif
@@ -657,6 +707,42 @@ void residual_paired_case(benchmark::State& state, std::size_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// BM_conv_weight_grad_paired
+// ---------------------------------------------------------------------------------------------
+
+#if SOLDER_BENCH_HAS_DNNL
+/// dW of the 3x3 layer from x and dy: solder's backward_params (dW on the register tiles; no
+/// bias) against oneDNN's convolution_backward_weights, checked against each other first.
+void weight_grad_paired_case(benchmark::State& state, bool blocked, std::size_t n) {
+  single_thread();
+  static std::map<std::size_t, std::unique_ptr<train_problem>> problems;
+  auto& p = problems[n];
+  if (!p) p = std::make_unique<train_problem>(n);
+  onednn_weight_grad peer(n, p->x.data(), p->dy.data(), blocked);
+  const auto mine = [q = p.get()] { q->conv.backward_params(cref(q->x), cref(q->y), cref(q->dy)); };
+  mine();
+  peer.run();
+  std::vector<float> theirs(p->conv.weight_grad.size());
+  peer.weights_to(theirs.data());
+  // Each weight sums N Ho Wo = 100352 products; oneDNN's blocked kernels keep one float sum per
+  // weight over all of them (differences of about 1e-5 of the scale), solder float sums per run
+  // of rows added in double.
+  constexpr double peer_tolerance = 1e-4;
+  const double worst = relative_difference(p->conv.weight_grad.data(), theirs.data(), theirs.size());
+  if (!(worst <= peer_tolerance)) {
+    state.SkipWithError(("solder's and oneDNN's dW differ by " + std::to_string(worst) + " of their scale").c_str());
+    return;
+  }
+  const paired_times t = time_pairs(state, mine, [&] { peer.run(); });
+  const double flops = conv_flops<conv3x3>(n);
+  state.counters["speedup"] = t.speedup_of_a();
+  state.counters["solder_GFLOPs"] = flops / paired_times::median(t.a) * 1e-9;
+  state.counters[std::string(blocked ? "onednn_blocked" : "onednn_nchw") + "_GFLOPs"] = flops / paired_times::median(t.b) * 1e-9;
+  state.SetLabel(peer.impl);
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
 // Registration
 // ---------------------------------------------------------------------------------------------
 
@@ -700,6 +786,15 @@ const bool registered = [] {
                                std::size_t{32})
       ->Unit(benchmark::kMillisecond)
       ->Iterations(pairs_for(32, true));
+#if SOLDER_BENCH_HAS_DNNL
+  for (bool blocked : {false, true}) {
+    const std::string name = std::string("BM_conv_weight_grad_paired/solder_vs_") +
+                             (blocked ? "onednn_blocked/" : "onednn_nchw/") + shape32;
+    benchmark::RegisterBenchmark(name.c_str(), weight_grad_paired_case, blocked, std::size_t{32})
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(pairs_for(32));
+  }
+#endif
   benchmark::RegisterBenchmark(("BM_conv_residual_relu_paired/solder_epilogue_vs_solder_separate/" + shape32).c_str(),
                                residual_paired_case, std::size_t{32})
       ->Unit(benchmark::kMillisecond)

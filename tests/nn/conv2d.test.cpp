@@ -454,6 +454,9 @@ TEST_CASE("nn::conv2d: depthwise, multiplier 1 and 2", "[nn][conv2d]") {
   check_layer<solder::nn::conv2d<4, 4, 3, 3, 1, 1, 1, 4>, 6, 7>(batch, 71);
   check_layer<solder::nn::conv2d<3, 6, 3, 3, 2, 1, 1, 3>, 7, 5>(batch, 72);
   check_layer<solder::nn::conv2d<3, 6, 3, 3, 1, 2, 2, 3>, 5, 6>(batch, 73);
+  // Rows of several vectors and a part one; no padding, a 5 x 3 kernel.
+  check_layer<solder::nn::conv2d<2, 2, 5, 3, 1, 0, 1, 2>, 9, 37>(batch, 74);
+  check_layer<solder::nn::conv2d<2, 4, 3, 3, 1, 1, 1, 2>, 4, 40>(batch, 75);
 }
 
 TEST_CASE("nn::conv2d: without bias", "[nn][conv2d]") {

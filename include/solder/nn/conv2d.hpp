@@ -829,6 +829,10 @@ class conv2d {
   /// (each tap's columns made in this thread's workspace, in L1 or L2).
   template <class G, class Op>
   static void depthwise_plane(const float* x, const float* w, float b, float* y, const Op& op) {
+    if constexpr (Stride == 1) {
+      depthwise_plane_rows<G>(x, w, b, y, op);
+      return;
+    }
     float* col = detail::conv2d_workspace(detail::conv2d_slot::columns, G::out_plane);
     std::fill_n(y, G::out_plane, 0.0f);
     for (std::size_t kh = 0; kh < Kh; ++kh)
@@ -842,6 +846,41 @@ class conv2d {
     if constexpr (!std::is_same_v<Op, detail::conv2d_identity>)
       for (std::size_t p = 0; p < G::out_plane; ++p) y[p] = op.forward(y[p]);
   }
+  /// Stride 1: the plane copied once into a zero-padded buffer (in L1), then each output row
+  /// vector by vector, y[ho][wo..] = the taps' FMAs in (kh, kw) order on shifted runs of the
+  /// padded rows, plus b, through op; no columns.
+  template <class G, class Op>
+  static void depthwise_plane_rows(const float* x, const float* w, float b, float* y, const Op& op) {
+    using V = eval::cpu::vec<float>;
+    constexpr std::size_t L = V::size, PW = G::width + 2 * Pad, PH = G::height + 2 * Pad;
+    // + L: the last row's vector loads run past its end (lanes that are never stored).
+    float* pad = detail::conv2d_workspace(detail::conv2d_slot::columns, PH * PW + L);
+    std::fill_n(pad, Pad * PW + Pad, 0.0f);
+    for (std::size_t h = 0; h < G::height; ++h) {
+      float* row = pad + (h + Pad) * PW;
+      std::copy_n(x + h * G::width, G::width, row + Pad);
+      std::fill_n(row + Pad + G::width, 2 * Pad, 0.0f);  // this row's right edge, the next one's left
+    }
+    std::fill_n(pad + (G::height + Pad) * PW, Pad * PW + L, 0.0f);
+    for (std::size_t ho = 0; ho < G::out_height; ++ho) {
+      float* out = y + ho * G::out_width;
+      for (std::size_t wo = 0; wo < G::out_width; wo += L) {
+        V acc(0.0f);
+        for (std::size_t kh = 0; kh < Kh; ++kh) {
+          const float* in = pad + (ho + kh * Dilation) * PW + wo;
+          for (std::size_t kw = 0; kw < Kw; ++kw)
+            acc = xsimd::fma(V::load_unaligned(in + kw * Dilation), V(w[kh * Kw + kw]), acc);
+        }
+        if constexpr (Bias) acc = acc + V(b);
+        if constexpr (!std::is_same_v<Op, detail::conv2d_identity>) acc = op.forward(acc);
+        if (wo + L <= G::out_width)
+          acc.store_unaligned(out + wo);
+        else
+          eval::cpu::store_first(out + wo, acc, G::out_width - wo);
+      }
+    }
+  }
+
   /// col[ho Wo + wo] = im2col_at(x, 0, kh, kw, ho, wo): one tap's row of im2col for plane x.
   template <class G>
   static void tap_columns(const float* x, std::size_t kh, std::size_t kw, float* col) {

@@ -26,10 +26,8 @@
 namespace solder::eval::cpu {
 
 /// The share of a weight-gradient tile's lanes that do work for Cin input and Cout output
-/// channels (the rest are rows past Cin or panel columns past Cout). Measured against the GEMM
-/// over stored columns (docs/convolution.md): the tiles were slower below about 0.2 (0.64x at
-/// 1 -> 16 channels, fill 0.04), even at 0.29 (8 -> 16), and faster above (1.19x at 3 -> 64,
-/// 1.7x at 64 -> 64).
+/// channels (the rest are rows past Cin or panel columns past Cout). Below about 0.2 the GEMM
+/// over stored columns is faster (docs/convolution.md, "How a convolution runs").
 constexpr double conv_weight_grad_fill(std::size_t cin, std::size_t cout) {
   constexpr std::size_t mr = gemm_tile<arch>::mr, nr = gemm_tile<arch>::nv * float_lanes;
   const std::size_t rows = cin < mr ? cin : mr, panels = (cout + nr - 1) / nr;
