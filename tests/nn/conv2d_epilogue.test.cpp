@@ -162,9 +162,9 @@ TEST_CASE("nn::conv_block: a tail with dropout runs in the convolution's epilogu
   CHECK(bit_differences(dx.data(), dx_ref.data(), x.size()) == 0);
 }
 
-/// A block of a convolution, a batch_norm and Tail in training against the three layers run
-/// one after the other (the tail on copies made before each call): forward, backward, the
-/// running statistics.
+/// A block of a convolution, a batch_norm and Tail in training, then unfolded in evaluation
+/// mode, against the three layers run one after the other (the tail on copies made before each
+/// call): forward, backward, the running statistics.
 template <class... Tail>
 void check_norm_tail(const char* what) {
   INFO(what);
@@ -197,6 +197,25 @@ void check_norm_tail(const char* what) {
     CHECK(bit_differences(block.conv.weight_grad.data(), conv.weight_grad.data(), conv.weight_grad.size()) == 0);
     CHECK(bit_differences(block.norm.weight_grad.data(), norm.weight_grad.data(), 10) == 0);
   }
+
+  // Evaluation mode unfolded: the running statistics normalize, the tail runs on each plane.
+  INFO("evaluation mode, unfolded");
+  block.eval();
+  block.fold_in_eval = false;
+  norm.eval();
+  auto tail = block.tail;
+  tail.eval();
+  block.forward(x, y);
+  conv.forward(x, z);
+  norm.forward(z, u);
+  tail.forward(u, y_ref);
+  CHECK(bit_differences(y.data(), y_ref.data(), y.size()) == 0);
+  block.backward(x, y, dy, dx);
+  tail.backward(std::as_const(u).ref(), std::as_const(y_ref).ref(), std::as_const(dy).ref(), gu.ref());
+  norm.backward(z, u, gu, gz);
+  conv.backward(x, z, gz, dx_ref);
+  CHECK(bit_differences(dx.data(), dx_ref.data(), x.size()) == 0);
+  CHECK(bit_differences(block.norm.bias_grad.data(), norm.bias_grad.data(), 10) == 0);
 }
 
 TEST_CASE("nn::conv_block: in training the tail runs as the normalization writes each plane, as the unfused layers",

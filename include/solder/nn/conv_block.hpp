@@ -201,19 +201,22 @@ class conv_block {
         const auto z = view<SY>(z_buf, batch);
         conv.forward(x, z);
         if constexpr (tail_size > 0) {
-          // The tail runs on each plane as the normalization writes it. In training, a tail
-          // whose backward reads its output runs in place in y: nothing reads u again (the
-          // normalization's backward reads its input z).
-          if (current == mode::train) {
-            tail.advance();
-            if constexpr (tail_type::template output_backward_in<mode::train>) {
-              norm.forward_with(cview(z), y, write(y, tail.template expression<mode::train>(cview(y))));
+          // The tail runs on each plane as the normalization writes it. A tail whose backward
+          // reads its output runs in place in y: nothing reads u again (the normalization's
+          // backward reads its input z).
+          const auto normalize_then_tail = [&]<mode M>() {
+            if constexpr (tail_type::template output_backward_in<M>) {
+              norm.forward_with(cview(z), y, write(y, tail.template expression<M>(cview(y))));
               u_kept = false;
             } else {
-              norm.forward_with(cview(z), u, write(y, tail.template expression<mode::train>(cview(u))));
+              norm.forward_with(cview(z), u, write(y, tail.template expression<M>(cview(u))));
             }
+          };
+          if (current == mode::train) {
+            tail.advance();
+            normalize_then_tail.template operator()<mode::train>();
           } else {
-            norm.forward_with(cview(z), u, write(y, tail.template expression<mode::eval>(cview(u))));
+            normalize_then_tail.template operator()<mode::eval>();
           }
           return;
         }
