@@ -849,19 +849,30 @@ class conv2d {
   /// Stride 1: the plane copied once into a zero-padded buffer (in L1), then each output row
   /// vector by vector, y[ho][wo..] = the taps' FMAs in (kh, kw) order on shifted runs of the
   /// padded rows, plus b, through op; no columns.
+  /// A plane [Rows, Cols] copied into dst with Pd zeros on every side, rows Cols + 2 Pd floats
+  /// apart, and one vector of zeros after the last row (vector loads run past a row's end).
+  template <std::size_t Rows, std::size_t Cols, std::size_t Pd>
+  static const float* padded_plane(const float* src, float* dst) {
+    constexpr std::size_t PW = Cols + 2 * Pd, L = eval::cpu::vec<float>::size;
+    std::fill_n(dst, Pd * PW + Pd, 0.0f);
+    for (std::size_t h = 0; h < Rows; ++h) {
+      float* row = dst + (h + Pd) * PW;
+      std::copy_n(src + h * Cols, Cols, row + Pd);
+      std::fill_n(row + Pd + Cols, 2 * Pd, 0.0f);  // this row's right edge, the next one's left
+    }
+    std::fill_n(dst + (Rows + Pd) * PW, Pd * PW + L, 0.0f);
+    return dst;
+  }
+  template <std::size_t Rows, std::size_t Cols, std::size_t Pd>
+  static constexpr std::size_t padded_floats = (Rows + 2 * Pd) * (Cols + 2 * Pd) + eval::cpu::vec<float>::size;
+
   template <class G, class Op>
   static void depthwise_plane_rows(const float* x, const float* w, float b, float* y, const Op& op) {
     using V = eval::cpu::vec<float>;
-    constexpr std::size_t L = V::size, PW = G::width + 2 * Pad, PH = G::height + 2 * Pad;
-    // + L: the last row's vector loads run past its end (lanes that are never stored).
-    float* pad = detail::conv2d_workspace(detail::conv2d_slot::columns, PH * PW + L);
-    std::fill_n(pad, Pad * PW + Pad, 0.0f);
-    for (std::size_t h = 0; h < G::height; ++h) {
-      float* row = pad + (h + Pad) * PW;
-      std::copy_n(x + h * G::width, G::width, row + Pad);
-      std::fill_n(row + Pad + G::width, 2 * Pad, 0.0f);  // this row's right edge, the next one's left
-    }
-    std::fill_n(pad + (G::height + Pad) * PW, Pad * PW + L, 0.0f);
+    constexpr std::size_t L = V::size, PW = G::width + 2 * Pad;
+    constexpr std::size_t floats = padded_floats<G::height, G::width, Pad>;
+    const float* pad = padded_plane<G::height, G::width, Pad>(
+        x, detail::conv2d_workspace(detail::conv2d_slot::columns, floats));
     for (std::size_t ho = 0; ho < G::out_height; ++ho) {
       float* out = y + ho * G::out_width;
       for (std::size_t wo = 0; wo < G::out_width; wo += L) {
@@ -886,6 +897,72 @@ class conv2d {
   static void tap_columns(const float* x, std::size_t kh, std::size_t kw, float* col) {
     for (std::size_t ho = 0; ho < G::out_height; ++ho) G::im2col_row(x, kh, kw, ho, col + ho * G::out_width);
   }
+  /// Stride 1 with padding at most the kernel's span: dx and dW of a depthwise layer vectorized
+  /// along rows over zero-padded copies of the planes, as its forward.
+  static constexpr bool depthwise_rows_backward =
+      depthwise && Stride == 1 && Dilation * (Kh - 1) >= Pad && Dilation * (Kw - 1) >= Pad;
+
+  /// dx of one input plane: the sum over its `group_out` output planes j (dy_j = dy + j Ho Wo,
+  /// kernel w_j = w + j Kh Kw) of the convolution of dy_j, padded by D (K - 1) - P, with w_j
+  /// turned around: dx[h][w..] = sum over j, kh, kw of w_j[kh][kw] dyp_j[h + (Kh-1-kh) D][w + (Kw-1-kw) D].
+  template <class G>
+  static void depthwise_dx_rows(const float* dy, const float* w, float* dx) {
+    using V = eval::cpu::vec<float>;
+    // The padding each axis needs, and the one the copies get (the larger): dy row h + P - kh D
+    // is padded row h + (Kh - 1 - kh) D + (Pd - PH), column w + P - kw D padded column
+    // w + (Kw - 1 - kw) D + (Pd - PWd).
+    constexpr std::size_t L = V::size, PH = Dilation * (Kh - 1) - Pad, PWd = Dilation * (Kw - 1) - Pad;
+    constexpr std::size_t Pd = PH > PWd ? PH : PWd, PW = G::out_width + 2 * Pd;
+    constexpr std::size_t floats = padded_floats<G::out_height, G::out_width, Pd>;
+    float* space = detail::conv2d_workspace(detail::conv2d_slot::column_grad, group_out * floats);
+    for (std::size_t j = 0; j < group_out; ++j)
+      padded_plane<G::out_height, G::out_width, Pd>(dy + j * G::out_plane, space + j * floats);
+    for (std::size_t h = 0; h < G::height; ++h)
+      for (std::size_t w0 = 0; w0 < G::width; w0 += L) {
+        V acc(0.0f);
+        for (std::size_t j = 0; j < group_out; ++j)
+          for (std::size_t kh = 0; kh < Kh; ++kh) {
+            const float* in = space + j * floats + (h + (Kh - 1 - kh) * Dilation + (Pd - PH)) * PW + w0 + (Pd - PWd);
+            for (std::size_t kw = 0; kw < Kw; ++kw)
+              acc = xsimd::fma(V::load_unaligned(in + (Kw - 1 - kw) * Dilation), V(w[j * G::taps + kh * Kw + kw]), acc);
+          }
+        if (w0 + L <= G::width)
+          acc.store_unaligned(dx + h * G::width + w0);
+        else
+          eval::cpu::store_first(dx + h * G::width + w0, acc, G::width - w0);
+      }
+  }
+
+  /// sums[kh Kw + kw] = sum over ho, wo of dy[ho][wo] xp[ho + kh D][wo + kw D] for one sample's
+  /// plane (xp: x padded by P), in float: lane l of tap k's vector sums its row vectors' lane l
+  /// in order, then the lanes are added in order.
+  template <class G>
+  static void depthwise_dw_rows(const float* x, const float* dy, float* sums) {
+    using V = eval::cpu::vec<float>;
+    constexpr std::size_t L = V::size, PW = G::width + 2 * Pad;
+    constexpr std::size_t floats = padded_floats<G::height, G::width, Pad>;
+    const float* xp = padded_plane<G::height, G::width, Pad>(x, detail::conv2d_workspace(detail::conv2d_slot::columns, floats));
+    V acc[G::taps];
+    for (auto& a : acc) a = V(0.0f);
+    for (std::size_t ho = 0; ho < G::out_height; ++ho)
+      for (std::size_t wo = 0; wo < G::out_width; wo += L) {
+        const std::size_t n = G::out_width - wo < L ? G::out_width - wo : L;  // zeros past the row: 0 x anything
+        const V d = eval::cpu::load_first<V>(dy + ho * G::out_width + wo, n);
+        for (std::size_t kh = 0; kh < Kh; ++kh) {
+          const float* in = xp + (ho + kh * Dilation) * PW + wo;
+          for (std::size_t kw = 0; kw < Kw; ++kw)
+            acc[kh * Kw + kw] = xsimd::fma(d, eval::cpu::load_first<V>(in + kw * Dilation, n), acc[kh * Kw + kw]);
+        }
+      }
+    for (std::size_t k = 0; k < G::taps; ++k) {
+      alignas(64) float part[L];
+      acc[k].store_aligned(part);
+      float s = 0.0f;
+      for (std::size_t l = 0; l < L; ++l) s += part[l];
+      sums[k] = s;
+    }
+  }
+
   /// sum_p a[p] b[p] in float: lane j of a vector sums the p = j (mod lanes) in order, then
   /// the lanes are added in a fixed order (the same bits on every call).
   static float dot(const float* a, const float* b, std::size_t n) {
@@ -909,6 +986,27 @@ class conv2d {
   void depthwise_gradients(const float* x, const float* dy, float* dx, std::size_t batch) {
     constexpr std::size_t mult = group_out;
     const float* w = weight.data();
+    if constexpr (depthwise_rows_backward) {
+      if (dx != nullptr) {
+        const std::size_t planes = batch * Cin;
+        const int threads = eval::cpu::threads_for(planes * G::in_plane * G::taps * mult);
+        eval::cpu::parallel_for(planes, threads, [=](std::size_t q) {
+          const std::size_t n = q / Cin, ci = q % Cin;
+          depthwise_dx_rows<G>(dy + (n * Cout + ci * mult) * G::out_plane, w + ci * mult * G::taps, dx + q * G::in_plane);
+        });
+      }
+      float* dw = weight_grad.data();
+      eval::cpu::parallel_for(Cout, eval::cpu::threads_for(batch * Cout * G::out_plane * G::taps), [=](std::size_t co) {
+        double acc[G::taps] = {};
+        float sums[G::taps];
+        for (std::size_t n = 0; n < batch; ++n) {
+          depthwise_dw_rows<G>(x + (n * Cin + co / mult) * G::in_plane, dy + (n * Cout + co) * G::out_plane, sums);
+          for (std::size_t k = 0; k < G::taps; ++k) acc[k] += double(sums[k]);
+        }
+        for (std::size_t k = 0; k < G::taps; ++k) dw[co * G::taps + k] = float(acc[k]);
+      });
+      return;
+    }
     if (dx != nullptr) {
       const std::size_t planes = batch * Cin;
       const int threads = eval::cpu::threads_for(planes * G::in_plane * G::taps * mult);
