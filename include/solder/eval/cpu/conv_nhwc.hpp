@@ -165,6 +165,60 @@ struct nchw_store {
   }
 };
 
+/// The input rows that the output rows in flight read, staged channels-last (Cin floats per
+/// pixel) with P zero pixels on each side, in a ring of D (Kh - 1) + 1 rows: while consecutive
+/// output rows run, each input row of a sample is staged once. One per thread and run of rows.
+template <std::size_t Cin, std::size_t H, std::size_t W, std::size_t Kh, std::size_t S, std::size_t P, std::size_t D>
+class row_ring {
+ public:
+  static constexpr std::size_t row_floats = (W + 2 * P) * Cin;
+  static constexpr std::size_t slots = D * (Kh - 1) + 1;
+
+  row_ring() : base(space().get(slots * row_floats)) {
+    std::fill_n(base, slots * row_floats, 0.0f);  // the padding pixels stay 0
+    std::fill_n(held, slots, ~std::size_t{0});
+  }
+  row_ring(const row_ring&) = delete;
+  row_ring& operator=(const row_ring&) = delete;
+
+  /// The input row that tap row kh of output row ho reads (sample n): staged by input.load if
+  /// the ring does not hold it; null when it lies in the padding.
+  template <class Rows>
+  const float* row(const Rows& input, std::size_t n, std::size_t ho, std::size_t kh) {
+    const std::size_t h = ho * S + kh * D - P;  // wraps past the top edge
+    if (h >= H) return nullptr;
+    const std::size_t slot = h % slots, key = n * H + h;
+    float* dst = base + slot * row_floats;
+    if (held[slot] != key) {
+      input.load(n, h, dst + P * Cin);
+      held[slot] = key;
+    }
+    return dst;
+  }
+  /// The lines of the input rows that output row ho of sample n will stage (those the ring
+  /// does not hold now), to prefetch while the row before it runs.
+  template <class Rows>
+  line_stream missing_lines(const Rows& input, std::size_t n, std::size_t ho) const {
+    std::size_t h0 = H, h1 = 0;
+    for (std::size_t kh = 0; kh < Kh; ++kh) {
+      const std::size_t h = ho * S + kh * D - P;
+      if (h < H && held[h % slots] != n * H + h) {
+        h0 = std::min(h0, h);
+        h1 = std::max(h1, h);
+      }
+    }
+    return h0 <= h1 ? input.lines(n, h0, h1) : line_stream{};
+  }
+
+ private:
+  static growing_buffer<float>& space() {
+    thread_local growing_buffer<float> s;
+    return s;
+  }
+  float* base;
+  std::size_t held[slots];  // which input row (n H + h) each slot holds
+};
+
 /// The tile's stores: y[r][j] = op(acc[r][j] + bias[n0 + j]) for the tile's rows and its nr
 /// valid output channels from n0, rows ldc floats apart; no bias when bias is null.
 template <class Op>
@@ -232,11 +286,6 @@ struct conv_nhwc {
   static constexpr std::size_t panels = (Cout + nr - 1) / nr;
   static constexpr std::size_t Ho = (H + 2 * P - D * (Kh - 1) - 1) / S + 1;
   static constexpr std::size_t Wo = (W + 2 * P - D * (Kw - 1) - 1) / S + 1;
-  /// A staged input row: the row with P zero pixels on each side.
-  static constexpr std::size_t padded_width = W + 2 * P;
-  static constexpr std::size_t row_floats = padded_width * Cin;
-  /// Input rows the output rows in flight read: the kernel's span, kept in a ring.
-  static constexpr std::size_t ring_rows = D * (Kh - 1) + 1;
   using weights = conv_packed_weights<Cin, Cout, Kh, Kw>;
   static constexpr std::size_t panel_floats = weights::panel_floats;
 
@@ -316,45 +365,19 @@ struct conv_nhwc {
                        std::size_t last) {
     if (first == last) return;
     static constexpr auto tiles = make_tiles<Store>(std::make_index_sequence<mr>{});
-    thread_local growing_buffer<float> ring_space, out_space;
-    float* ring_base = ring_space.get(ring_rows * row_floats);
-    std::fill_n(ring_base, ring_rows * row_floats, 0.0f);  // the padding pixels stay 0
+    thread_local growing_buffer<float> out_space;
     float* staged = Out::staged ? out_space.get(Wo * Cout) : nullptr;
-    // Which input row (of which sample) each ring slot holds.
-    std::size_t held[ring_rows];
-    std::fill_n(held, ring_rows, ~std::size_t{0});
+    conv_detail::row_ring<Cin, H, W, Kh, S, P, D> inputs;
 
     for (std::size_t q = first; q < last; ++q) {
       const std::size_t n = q / Ho, ho = q % Ho;
       const float* ring[Kh];
-      for (std::size_t kh = 0; kh < Kh; ++kh) {
-        const std::size_t h = ho * S + kh * D - P;  // wraps past the top edge
-        if (h >= H) {
-          ring[kh] = nullptr;
-          continue;
-        }
-        const std::size_t slot = h % ring_rows, key = n * H + h;
-        float* dst = ring_base + slot * row_floats;
-        if (held[slot] != key) {
-          rows.load(n, h, dst + P * Cin);
-          held[slot] = key;
-        }
-        ring[kh] = dst;
-      }
+      for (std::size_t kh = 0; kh < Kh; ++kh) ring[kh] = inputs.row(rows, n, ho, kh);
       // The next output row's new input rows, and its output, on their way while this one runs.
       conv_detail::line_stream in_next, out_next;
       if (q + 1 < last) {
-        const std::size_t n1 = (q + 1) / Ho, ho1 = (q + 1) % Ho;
-        std::size_t h0 = H, h1 = 0;
-        for (std::size_t kh = 0; kh < Kh; ++kh) {
-          const std::size_t h = ho1 * S + kh * D - P;
-          if (h < H && held[h % ring_rows] != n1 * H + h) {
-            h0 = std::min(h0, h);
-            h1 = std::max(h1, h);
-          }
-        }
-        if (h0 <= h1) in_next = rows.lines(n1, h0, h1);
-        out_next = out.lines(n1, ho1);
+        in_next = inputs.missing_lines(rows, (q + 1) / Ho, (q + 1) % Ho);
+        out_next = out.lines((q + 1) / Ho, (q + 1) % Ho);
       }
       float* y = out.row(n, ho, staged);
       for (std::size_t p = 0; p < panels; ++p)

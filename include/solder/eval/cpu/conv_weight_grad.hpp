@@ -50,9 +50,6 @@ struct conv_weight_grad {
   static constexpr std::size_t cout_pitch = panels * nr;
   static constexpr std::size_t Ho = (H + 2 * P - D * (Kh - 1) - 1) / S + 1;
   static constexpr std::size_t Wo = (W + 2 * P - D * (Kw - 1) - 1) / S + 1;
-  static constexpr std::size_t padded_width = W + 2 * P;
-  static constexpr std::size_t row_floats = padded_width * Cin;
-  static constexpr std::size_t ring_rows = D * (Kh - 1) + 1;
   static constexpr std::size_t taps = Kh * Kw;
   /// A run's partial dW: [tap][ci][co], cout_pitch floats per (tap, ci).
   static constexpr std::size_t partial_floats = taps * Cin * cout_pitch;
@@ -67,14 +64,10 @@ struct conv_weight_grad {
     static constexpr auto tiles = make_tiles(std::make_index_sequence<mr>{});
     std::fill_n(part, partial_floats, 0.0f);
     if (first == last) return;
-    thread_local growing_buffer<float> ring_space, dy_space;
-    float* ring_base = ring_space.get(ring_rows * row_floats);
-    std::fill_n(ring_base, ring_rows * row_floats, 0.0f);  // the padding pixels stay 0
+    thread_local growing_buffer<float> dy_space;
     float* dy_row = dy_space.get(Wo * cout_pitch);
     std::fill_n(dy_row, Wo * cout_pitch, 0.0f);  // the panels' padding stays 0
-    std::size_t held[ring_rows];
-    std::fill_n(held, ring_rows, ~std::size_t{0});
-
+    conv_detail::row_ring<Cin, H, W, Kh, S, P, D> inputs;
     const conv_detail::nchw_rows<Cout, Ho, Wo> dy_rows{dy};
     for (std::size_t q = first; q < last; ++q) {
       const std::size_t n = q / Ho, ho = q % Ho;
@@ -84,27 +77,12 @@ struct conv_weight_grad {
       // one runs, one line per step of the tiles (as conv_nhwc's).
       conv_detail::line_stream in_next, dy_next;
       if (q + 1 < last) {
-        const std::size_t n1 = (q + 1) / Ho, ho1 = (q + 1) % Ho;
-        std::size_t h0 = H, h1 = 0;
-        for (std::size_t kh = 0; kh < Kh; ++kh) {
-          const std::size_t h = ho1 * S + kh * D - P;
-          if (h < H && held[h % ring_rows] != n1 * H + h) {
-            h0 = std::min(h0, h);
-            h1 = std::max(h1, h);
-          }
-        }
-        if (h0 <= h1) in_next = rows.lines(n1, h0, h1);
-        dy_next = dy_rows.lines(n1, ho1, ho1);
+        in_next = inputs.missing_lines(rows, (q + 1) / Ho, (q + 1) % Ho);
+        dy_next = dy_rows.lines((q + 1) / Ho, (q + 1) % Ho, (q + 1) % Ho);
       }
       for (std::size_t kh = 0; kh < Kh; ++kh) {
-        const std::size_t h = ho * S + kh * D - P;  // wraps past the top edge
-        if (h >= H) continue;                       // a tap row in the padding adds nothing
-        const std::size_t slot = h % ring_rows, key = n * H + h;
-        float* staged = ring_base + slot * row_floats;
-        if (held[slot] != key) {
-          rows.load(n, h, staged + P * Cin);
-          held[slot] = key;
-        }
+        const float* staged = inputs.row(rows, n, ho, kh);
+        if (staged == nullptr) continue;  // a tap row in the padding adds nothing
         for (std::size_t kw = 0; kw < Kw; ++kw) {
           const float* a = staged + kw * D * Cin;
           float* dw_tap = part + (kh * Kw + kw) * Cin * cout_pitch;
