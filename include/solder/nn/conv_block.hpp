@@ -151,7 +151,8 @@ class conv_block {
   template <class SX, class SY>
   void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
     const std::size_t batch = x.batch();
-    u_kept = true;  // in u_buf, or made there again by backward
+    u_kept = true;    // in u_buf, or made there again by backward
+    saved_batch = 0;  // until this forward has finished
     if constexpr (activation_tail) {
       // Evaluation mode, the normalization folded (or none): one convolution whose stores apply
       // the activation.
@@ -169,7 +170,6 @@ class conv_block {
     }
     eval_fused = false;
     folded_last = has_norm && folded_in_use();
-    saved_batch = batch;
     if constexpr (tail_size > 0) {
       // A convolution right before the tail (no normalization, or a folded one): the tail runs
       // on each part of the output as the convolution stores it. In evaluation mode in place
@@ -190,6 +190,7 @@ class conv_block {
           const auto u = view<SY>(u_buf, batch);
           c.forward_with(x, u, write(y, tail.template expression<mode::train>(cview(u))));
         }
+        saved_batch = batch;
         return;
       }
     }
@@ -218,6 +219,7 @@ class conv_block {
           } else {
             normalize_then_tail.template operator()<mode::eval>();
           }
+          saved_batch = batch;
           return;
         }
         norm.forward(cview(z), u);
@@ -226,6 +228,7 @@ class conv_block {
       conv.forward(x, u);
     }
     if constexpr (tail_size > 0) tail.forward(cview(u), y);
+    saved_batch = batch;
   }
   template <class SX, class SY>
   void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
