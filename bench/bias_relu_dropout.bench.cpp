@@ -2,7 +2,8 @@
 // backward, for every implementation in the table at the bottom, against the copy floors.
 //
 // Cases: BM_bias_relu_dropout_{fwd,bwd}/<impl>/<B>x<N>[/threads:2]; see bench/README.md for the
-// method, what each implementation is and how roofline is computed.
+// method, what each implementation is and how roofline is computed. BM_philox_bits16/<B>x<N>:
+// the forward's random-bit floor (the mask drawn and compared, nothing read or written).
 #include <xtensor/xmath.hpp>
 #include <xtensor/xnoalias.hpp>
 #include <xtensor/xoperation.hpp>
@@ -15,6 +16,7 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <stdexcept>
@@ -507,9 +509,46 @@ void paired_case(benchmark::State& state, const impl& solder_impl, direction dir
   state.SetLabel("floor: " + floor->name);
 }
 
+/// The random-bit floor of the fused forward: the keep mask of B x N elements drawn and
+/// compared as solder's pass draws it (Philox 16-bit draws for segments of segment_elements,
+/// compared with the threshold vector by vector) and counted, nothing written. GBps: the
+/// forward's bytes (x read, y written) over this time, so it reads as a floor beside the
+/// pass's GBps; the pass's floor is the slower of this and the memory copy.
+void philox_bits_case(benchmark::State& state, shape s) {
+  namespace cpu = solder::eval::cpu;
+  using V = cpu::vec<float>;
+  const std::size_t n = std::size_t(s.rows * s.cols);
+  constexpr std::size_t seg = cpu::segment_elements;
+  const cpu::detail::philox_stream stream(seed_keep, 0);
+  const std::uint32_t threshold = solder::random::threshold16(drop_p);
+  alignas(64) std::uint16_t bits[seg + 64] = {};
+  double kept = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    V count(0.0f);
+    for (std::size_t i0 = 0; i0 < n; i0 += seg) {
+      const std::size_t len = std::min(seg, n - i0);
+      cpu::philox_bits16(stream, i0, len, bits);
+      for (std::size_t j = 0; j < len; j += V::size)
+        count += xsimd::select(cpu::keep_mask16(bits + j, threshold), V(1.0f), V(0.0f));
+    }
+    kept = double(xsimd::hadd(count));
+    benchmark::DoNotOptimize(kept);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  state.counters["Gelem_per_s"] = double(n) * double(state.iterations()) / seconds * 1e-9;
+  state.counters["GBps"] = bytes_moved(direction::fwd, s) * double(state.iterations()) / seconds * 1e-9;
+  state.counters["kept"] = kept / double(n);  // 0.9 for p = 0.1: the draws are compared, not skipped
+}
+
 /// Creates the cases, grouped by direction then shape, implementations in table order inside a
 /// group, so the peers of one comparison run back to back.
 void register_cases() {
+  for (const shape& s : shapes) {
+    if (s.threads > 1) continue;
+    const std::string name = "BM_philox_bits16/" + case_suffix(s);
+    benchmark::RegisterBenchmark(name.c_str(), philox_bits_case, s)->Unit(benchmark::kMicrosecond);
+  }
   for (direction dir : {direction::fwd, direction::bwd})
     for (const shape& s : shapes)
       for (const impl& im : impls()) {
