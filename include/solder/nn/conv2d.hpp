@@ -954,13 +954,7 @@ class conv2d {
             acc[kh * Kw + kw] = xsimd::fma(d, eval::cpu::load_first<V>(in + kw * Dilation, n), acc[kh * Kw + kw]);
         }
       }
-    for (std::size_t k = 0; k < G::taps; ++k) {
-      alignas(64) float part[L];
-      acc[k].store_aligned(part);
-      float s = 0.0f;
-      for (std::size_t l = 0; l < L; ++l) s += part[l];
-      sums[k] = s;
-    }
+    for (std::size_t k = 0; k < G::taps; ++k) sums[k] = lane_sum(acc[k]);
   }
 
   /// sum_p a[p] b[p] in float: lane j of a vector sums the p = j (mod lanes) in order, then
@@ -972,8 +966,13 @@ class conv2d {
     std::size_t p = 0;
     for (; p + lanes <= n; p += lanes) acc = acc + V::load_unaligned(a + p) * V::load_unaligned(b + p);
     if (p < n) acc = acc + eval::cpu::load_first<V>(a + p, n - p) * eval::cpu::load_first<V>(b + p, n - p);
+    return lane_sum(acc);
+  }
+  /// The lanes of v added in order, in float (the same bits on every call).
+  static float lane_sum(const eval::cpu::vec<float>& v) {
+    constexpr std::size_t lanes = eval::cpu::vec<float>::size;
     alignas(64) float part[lanes];
-    acc.store_aligned(part);
+    v.store_aligned(part);
     float s = 0.0f;
     for (std::size_t j = 0; j < lanes; ++j) s += part[j];
     return s;
