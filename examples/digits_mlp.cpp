@@ -17,6 +17,7 @@
 #include "solder/cost.hpp"
 #include "solder/data/csv.hpp"
 #include "solder/data/dataset.hpp"
+#include "solder/host_report.hpp"
 #include "solder/nn/chain.hpp"
 #include "solder/optim/adam.hpp"
 #include "solder/optim/schedule.hpp"
@@ -83,6 +84,7 @@ int main(int argc, char** argv) try {
   const auto [train, test] = data::train_test_split(all, 0.2, seed);
   std::printf("digits: %zu samples (%zu train, %zu held out), 64 features, 10 classes\n\n", all.size(), train.size(),
               test.size());
+  std::cout << solder::host_report{} << "\n";
   std::cout << "model\n" << summary<model_type>{} << "\n" << plan_report<model_type>{} << "\n";
 
   model_type model(1);

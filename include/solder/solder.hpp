@@ -11,6 +11,7 @@
 #include "solder/cost.hpp"
 #include "solder/data/csv.hpp"
 #include "solder/data/dataset.hpp"
+#include "solder/host_report.hpp"
 #include "solder/expr/contract.hpp"
 #include "solder/expr/operators.hpp"
 #include "solder/expr/reduce.hpp"

@@ -144,13 +144,22 @@ constexpr eval::cpu::gemm_dyn_k_blocking tiny_dyn_k_blocking{5, 2, 2};
 
 /// The runtime-K blocking is the static one, computed at run time.
 template <std::size_t N, std::size_t K>
-constexpr bool same_blocking = eval::cpu::gemm_dyn_k_blocking::for_k(K).kc == eval::cpu::gemm_blocking<N, K>::kc &&
-                               eval::cpu::gemm_dyn_k_blocking::for_k(K).nc == eval::cpu::gemm_blocking<N, K>::nc &&
-                               eval::cpu::gemm_dyn_k_blocking::for_k(K).mc_max == eval::cpu::gemm_blocking<N, K>::mc_max;
-static_assert(same_blocking<1, 1> && same_blocking<17, 3> && same_blocking<257, 255> && same_blocking<37, 512> &&
-              same_blocking<37, 513> && same_blocking<37, 1031> && same_blocking<1024, 4096> &&
-              same_blocking<3, 100000>,
-              "gemm_dyn_k_blocking::for_k(K) must equal gemm_blocking<N, K>");
+bool same_blocking() {
+  return eval::cpu::gemm_dyn_k_blocking::for_k(K).kc == eval::cpu::gemm_blocking<N, K>::kc &&
+         eval::cpu::gemm_dyn_k_blocking::for_k(K).nc == eval::cpu::gemm_blocking<N, K>{}.nc &&
+         eval::cpu::gemm_dyn_k_blocking::for_k(K).mc_max == eval::cpu::gemm_blocking<N, K>::mc_max;
+}
+
+TEST_CASE("gemm_dyn_k_blocking::for_k(K) equals gemm_blocking<N, K>", "[gemm]") {
+  CHECK(same_blocking<1, 1>());
+  CHECK(same_blocking<17, 3>());
+  CHECK(same_blocking<257, 255>());
+  CHECK(same_blocking<37, 512>());
+  CHECK(same_blocking<37, 513>());
+  CHECK(same_blocking<37, 1031>());
+  CHECK(same_blocking<1024, 4096>());
+  CHECK(same_blocking<3, 100000>());
+}
 
 /// C of one problem after an accumulating call: the valid part holds `before` values (any
 /// finite floats), the padding the sentinel.
@@ -244,7 +253,7 @@ TEST_CASE("gemm gives the same bits for 1 and 2 threads and for any cache blocki
   // stored as the floats they are), so even a different K block length gives the same bits.
   solder::test::store_epilogue e1{tiny_one.data(), p.ldc}, e2{tiny_two.data(), p.ldc};
   constexpr eval::cpu::gemm_detail::static_k<K> k{};
-  constexpr tiny_blocking<N, K> tiny{};
+  const tiny_blocking<N, K> tiny{};
   eval::cpu::gemm_detail::gemm_packed<N, false>(M, k, tiny, p.A.data(), p.lda, packed.data(), e1, 1);
   eval::cpu::gemm_detail::gemm_packed<N, false>(M, k, tiny, p.A.data(), p.lda, packed.data(), e2, 2);
   CHECK(bitwise_equal(one, two));

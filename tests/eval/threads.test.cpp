@@ -13,6 +13,7 @@
 #include "solder/assign.hpp"
 #include "solder/expr/operators.hpp"
 #include "support/data.hpp"
+#include "support/tuning.hpp"
 
 namespace {
 
@@ -94,7 +95,8 @@ TEST_CASE("threads: elementwise results do not depend on the thread count", "[th
   }
   SECTION("static [2048, 1024], 8 MiB: streaming stores") {
     using S = shape<2048, 1024>;
-    STATIC_REQUIRE(S::size * sizeof(float) >= solder::eval::cpu::stream_min_bytes);
+    STATIC_REQUIRE(S::size * sizeof(float) >= solder::eval::cpu::stream_min_bytes_floor);
+    const solder::test::stream_from_floor streams;
     tensor<float, S> x;
     solder::test::fill_uniform(x, -2, 2, 603);
     check_thread_invariant<S>("(x + 1) * x", 1, [&](auto& y) { y = (x + 1.0f) * x; },
@@ -111,7 +113,8 @@ TEST_CASE("threads: elementwise results do not depend on the thread count", "[th
   }
   SECTION("dynamic [2048, 1024]: streaming stores") {
     using S = shape<dyn, 1024>;
-    STATIC_REQUIRE(2048 * S::size * sizeof(float) >= solder::eval::cpu::stream_min_bytes);
+    STATIC_REQUIRE(2048 * S::size * sizeof(float) >= solder::eval::cpu::stream_min_bytes_floor);
+    const solder::test::stream_from_floor streams;
     tensor<float, S> x(2048);
     tensor<float, shape<1024>> b;
     solder::test::fill_uniform(x, -2, 2, 606);

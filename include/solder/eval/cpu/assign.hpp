@@ -36,19 +36,20 @@ void assign_elementwise(const W0& w0, const Ws&... ws) {
   constexpr bool draws = (eval::cpu::mask_slots<decltype(eval::cpu::make_eval<Lay, V>(w0))> + ... +
                          eval::cpu::mask_slots<decltype(eval::cpu::make_eval<Lay, V>(ws))>) > 0;
   const eval::cpu::partition part(elements, flat ? elements : Iter::last,
-                            draws ? eval::cpu::segment_elements : eval::cpu::long_segment_elements);
+                                  draws ? eval::cpu::segment_elements : eval::cpu::long_segment_elements);
 
   // Streaming stores need every store aligned to a vector: flat runs (segments are multiples
   // of the vector) or rows that are, over outputs that are too big for the cache.
   constexpr bool any_store = !eval::cpu::write_traits<W0>::reduces || (!eval::cpu::write_traits<Ws>::reduces || ...);
   constexpr bool rows_aligned = flat || Iter::last % W == 0;
-  constexpr bool may_stream = any_store && rows_aligned && (Iter::dynamic || Iter::size * sizeof(T) >= eval::cpu::stream_min_bytes);
+  constexpr bool may_stream =
+      any_store && rows_aligned && (Iter::dynamic || Iter::size * sizeof(T) >= eval::cpu::stream_min_bytes_floor);
   auto aligned = [](const auto& w) {
     return eval::cpu::write_traits<std::remove_cvref_t<decltype(w)>>::reduces ||
            reinterpret_cast<std::uintptr_t>(w.out.data()) % alignment == 0;
   };
   if constexpr (may_stream) {
-    if (elements * sizeof(T) >= eval::cpu::stream_min_bytes && aligned(w0) && (aligned(ws) && ...)) {
+    if (elements * sizeof(T) >= eval::cpu::tuning().stream_min_bytes && aligned(w0) && (aligned(ws) && ...)) {
       eval::cpu::run_writes<Lay, V, true>(part, batch, w0, ws...);
       return;
     }

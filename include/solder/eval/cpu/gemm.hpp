@@ -195,7 +195,7 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
   // once, which the hardware prefetcher follows, where a K block at a time restarted each row's
   // stream at every block. Each element's sum still runs in increasing k: the same bits.
   const bool tile_major =
-      a_per_tile && k_blocks > 1 && panels * K * NR * sizeof(float) <= gemm_blocking<1, 1>::l2_b_bytes;
+      a_per_tile && k_blocks > 1 && panels * K * NR * sizeof(float) <= tuning().gemm_l2_b_bytes;
   float* packed_a = thread_workspace(workspace_slot::packed_a, a_per_tile ? MR * KC : mc * MR * K);
   float* partial = k_blocks > 1 ? thread_workspace(workspace_slot::partial_sums, mc * nc * MR * NR) : nullptr;
 

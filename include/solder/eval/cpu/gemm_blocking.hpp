@@ -9,8 +9,14 @@
 
 #include "solder/eval/cpu/batch.hpp"
 #include "solder/eval/cpu/gemm_kernel.hpp"
+#include "solder/eval/cpu/tuning.hpp"
 
 namespace solder::eval::cpu {
+
+/// Panels of nr columns in an N block whose kc x nc block of B fills this host's L2 budget.
+inline std::size_t gemm_n_block_panels(std::size_t kc, std::size_t nr) {
+  return std::max<std::size_t>(1, tuning().gemm_l2_b_bytes / (kc * nr * sizeof(float)));
+}
 
 /// How C = A' B' is cut for static N and K on solder's arch (docs/gemm.md explains each choice
 /// and the measurements behind it). GotoBLAS's loops with the roles of A and B exchanged,
@@ -38,12 +44,11 @@ struct gemm_blocking {
   /// K blocks of equal length (the last one shorter by less than k_blocks).
   static constexpr std::size_t kc = (K + k_blocks - 1) / k_blocks;
 
-  /// Bytes of B one N block may take in L2 (2 MiB per core here): a quarter of it, leaving
-  /// room for the next block arriving and the A panels and partial sums passing through
-  /// (measured: 256 KiB to 512 KiB are best, 1 MiB loses 3-10%). 8 panels at kc = 512.
-  static constexpr std::size_t l2_b_bytes = std::size_t{512} << 10;
   static constexpr std::size_t panels = (N + nr - 1) / nr;
-  static constexpr std::size_t nc = std::max<std::size_t>(1, l2_b_bytes / (kc * nr * sizeof(float)));  // panels
+  /// N block, in panels: a kc x nc block of B fills this host's L2 budget for it
+  /// (cpu_tuning::gemm_l2_b_bytes; 8 panels at kc = 512 with 2 MiB of L2). It cuts N only, so
+  /// no sum depends on it.
+  std::size_t nc = gemm_n_block_panels(kc, nr);
 
   /// Bytes of packed A one M block may take: 16 MiB (1024 rows of K = 4096). It is read once
   /// per N block, from memory; B is read from memory once per M block.
@@ -63,13 +68,12 @@ struct gemm_dyn_k_blocking {
   std::size_t nc;      // N block, panels
   std::size_t mc_max;  // M block, tiles
 
-  static constexpr gemm_dyn_k_blocking for_k(std::size_t K) {
+  static gemm_dyn_k_blocking for_k(std::size_t K) {
     using budgets = gemm_blocking<1, 1>;  // kc_max and the byte budgets depend on neither N nor K
     const std::size_t k = std::max<std::size_t>(1, K);
     const std::size_t k_blocks = (k + budgets::kc_max - 1) / budgets::kc_max;
     const std::size_t kc = (k + k_blocks - 1) / k_blocks;
-    return {kc, std::max<std::size_t>(1, budgets::l2_b_bytes / (kc * nr * sizeof(float))),
-            std::max<std::size_t>(1, budgets::a_block_bytes / (mr * k * sizeof(float)))};
+    return {kc, gemm_n_block_panels(kc, nr), std::max<std::size_t>(1, budgets::a_block_bytes / (mr * k * sizeof(float)))};
   }
 };
 

@@ -16,6 +16,7 @@
 #include "solder/eval/cpu/chunking.hpp"
 #include "solder/eval/cpu/evaluator.hpp"
 #include "solder/eval/cpu/parallel.hpp"
+#include "solder/eval/cpu/tuning.hpp"
 #include "solder/memory.hpp"
 #include "solder/expr/reduce.hpp"
 #include "solder/expr/write.hpp"
@@ -23,10 +24,6 @@
 namespace solder {
 
 namespace eval::cpu {
-
-/// Outputs at least this large are written with non-temporal stores (when aligned): beyond the
-/// caches a streaming store saves the read-for-ownership of each line; below, it costs 2-6%.
-inline constexpr std::size_t stream_min_bytes = std::size_t(8) << 20;
 
 /// A value as T: masks become 1 or 0 (as torch converts bool to float).
 template <class V, class X>
@@ -66,6 +63,7 @@ struct store_sink {
 template <class T, class Keep, class Combine, class Lay, class V>
 struct reduce_sink {
   static constexpr bool reduces = true;
+  using vec = V;
   using map = broadcast_map<Keep, typename Lay::shape>;
   static constexpr bool inner = !Lay::flat && map::inner;
 
@@ -299,10 +297,22 @@ template <class Sink, class W>
 void finish_write(const Sink& sink, const W& w, std::size_t chunks) {
   if constexpr (Sink::reduces) {
     using C = typename std::remove_cvref_t<decltype(w.expr)>::combine_type;
-    for (std::size_t k = 0; k < sink.keep_size; ++k) {
-      auto acc = sink.partials[k];
-      for (std::size_t c = 1; c < chunks; ++c) acc = C::combine(acc, sink.partials[c * sink.keep_size + k]);
-      w.out.data()[k] = acc * w.expr.scale;
+    using V = typename Sink::vec;
+    const auto* parts = sink.partials;
+    auto* out = w.out.data();
+    const std::size_t n = sink.keep_size;
+    // Whole vectors of kept elements, each through the chunks in order: the same operations
+    // per element as the scalar tail, without a column walk over the partial blocks.
+    std::size_t k = 0;
+    for (; k + V::size <= n; k += V::size) {
+      V acc = V::load_unaligned(parts + k);
+      for (std::size_t c = 1; c < chunks; ++c) acc = C::combine(acc, V::load_unaligned(parts + c * n + k));
+      (acc * V(w.expr.scale)).store_unaligned(out + k);
+    }
+    for (; k < n; ++k) {
+      auto acc = parts[k];
+      for (std::size_t c = 1; c < chunks; ++c) acc = C::combine(acc, parts[c * n + k]);
+      out[k] = acc * w.expr.scale;
     }
   }
 }

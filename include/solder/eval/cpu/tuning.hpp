@@ -1,0 +1,70 @@
+// eval/cpu/tuning.hpp: the CPU backend's constants that depend on the host rather than on the
+// compile target, chosen once from the detected CPU (solder/host.hpp). None of them changes a
+// result bit: they decide where data waits (cache or memory), never the order of a sum.
+// host_report.hpp prints them beside the detected CPU.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+#include "solder/host.hpp"
+
+namespace solder::eval::cpu {
+
+struct cpu_tuning {
+  /// Outputs of an elementwise pass at least this large are written with non-temporal stores
+  /// (when aligned), which skip the read for ownership of each line but leave nothing in cache.
+  std::size_t stream_min_bytes;
+  /// Bytes of the packed B operand one GEMM N block keeps in L2 while every tile of an M block
+  /// passes over it: a quarter of L2, leaving room for the next block arriving and the A panels
+  /// and partial sums passing through.
+  std::size_t gemm_l2_b_bytes;
+};
+
+/// Below this, no output is streamed on any host (a static shape that small never checks).
+inline constexpr std::size_t stream_min_bytes_floor = std::size_t(8) << 20;
+
+/// The choice for a host (a pure function, so it is tested for the hosts solder has met).
+///
+/// Streaming: a cached store pays a read for ownership but leaves the output where the next
+/// pass reads it. Whether that wins depends on how fast the cache the output fits in is for one
+/// core against memory. On Intel's server parts the mesh L3 is not: a 4 MiB copy through it ran
+/// at 24 GB/s, a 64 MiB non-temporal copy at 32 GB/s, and cached stores stopped winning at
+/// 8 MiB. On AMD's Zen the L3 of a core complex is: 94 GB/s at 4 MiB against 36 GB/s streamed at
+/// 64 MiB, so outputs that leave room in L3 for their inputs (half of it) stay cached.
+///
+/// GEMM: a quarter of L2 (2 MiB per core on Sapphire/Emerald Rapids: 512 KiB, where 256-512 KiB
+/// measured best and 1 MiB lost 3-10%; 1 MiB on Zen 4: 256 KiB), within [128 KiB, 512 KiB].
+constexpr cpu_tuning choose_tuning(cpu_vendor vendor, std::size_t l2_bytes, std::size_t l3_bytes) {
+  cpu_tuning t{};
+  t.stream_min_bytes = stream_min_bytes_floor;
+  if (vendor == cpu_vendor::amd && l3_bytes > 0) t.stream_min_bytes = std::max(stream_min_bytes_floor, l3_bytes / 2);
+  constexpr std::size_t b_default = std::size_t(512) << 10, b_min = std::size_t(128) << 10;
+  t.gemm_l2_b_bytes = l2_bytes == 0 ? b_default : std::clamp(l2_bytes / 4, b_min, b_default);
+  return t;
+}
+
+namespace detail {
+inline cpu_tuning& tuning_state() {
+  static cpu_tuning t = [] {
+    const host_cpu& h = this_host();
+    return choose_tuning(h.vendor, h.l2_bytes, h.l3_bytes);
+  }();
+  return t;
+}
+}  // namespace detail
+
+/// The choice for this process's CPU, made on first use.
+inline const cpu_tuning& tuning() { return detail::tuning_state(); }
+
+/// Replaces the choice (to measure another, or to pin one), before any pass runs on another
+/// thread; returns the previous one.
+/// stream_min_bytes is taken as at least stream_min_bytes_floor.
+inline cpu_tuning set_tuning(cpu_tuning t) {
+  const cpu_tuning previous = detail::tuning_state();
+  t.stream_min_bytes = std::max(t.stream_min_bytes, stream_min_bytes_floor);
+  detail::tuning_state() = t;
+  return previous;
+}
+
+}  // namespace solder::eval::cpu

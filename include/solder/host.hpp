@@ -1,0 +1,116 @@
+// host.hpp: the CPU this process runs on, detected once: vendor, family and model, name, cache
+// sizes and the vector extensions it has. The CPU backend chooses its host-dependent constants
+// from it (eval/cpu/tuning.hpp); `std::cout << solder::host_report{}` prints both
+// (host_report.hpp).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+#if defined(__unix__)
+#include <unistd.h>
+#endif
+
+namespace solder {
+
+enum class cpu_vendor { intel, amd, other };
+
+/// What was detected; a size or count the system does not report is 0.
+struct host_cpu {
+  cpu_vendor vendor = cpu_vendor::other;
+  std::string vendor_id;  // CPUID's vendor string: "GenuineIntel", "AuthenticAMD", ...
+  std::string name;       // the brand string, as /proc/cpuinfo's "model name"
+  unsigned family = 0, model = 0, stepping = 0;  // CPUID's display family and model
+  std::size_t l1d_bytes = 0, l2_bytes = 0, l3_bytes = 0;  // per core (L1, L2) and per L3 slice seen
+  unsigned logical_cpus = 0;
+  bool avx2 = false, fma = false, avx512f = false, avx512bw = false;  // what the CPU has
+};
+
+namespace detail {
+
+inline std::string trim(std::string s) {
+  const auto b = s.find_first_not_of(' ');
+  const auto e = s.find_last_not_of(' ');
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+inline std::size_t sysconf_bytes([[maybe_unused]] int name) {
+#if defined(__GLIBC__)
+  const long v = ::sysconf(name);
+  return v > 0 ? std::size_t(v) : 0;
+#else
+  return 0;
+#endif
+}
+
+inline host_cpu detect_host() {
+  host_cpu h;
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d)) {
+    const unsigned max_leaf = a;
+    char id[13] = {};
+    for (int i = 0; i < 4; ++i) {
+      id[i] = char(b >> (8 * i));
+      id[4 + i] = char(d >> (8 * i));
+      id[8 + i] = char(c >> (8 * i));
+    }
+    h.vendor_id = id;
+    h.vendor = h.vendor_id == "GenuineIntel" ? cpu_vendor::intel
+               : h.vendor_id == "AuthenticAMD" ? cpu_vendor::amd
+                                               : cpu_vendor::other;
+    if (max_leaf >= 1 && __get_cpuid(1, &a, &b, &c, &d)) {
+      const unsigned base_family = (a >> 8) & 0xf, base_model = (a >> 4) & 0xf;
+      h.family = base_family == 0xf ? base_family + ((a >> 20) & 0xff) : base_family;
+      h.model = base_family == 0x6 || base_family == 0xf ? base_model | (((a >> 16) & 0xf) << 4) : base_model;
+      h.stepping = a & 0xf;
+      h.fma = (c >> 12) & 1;
+    }
+    if (max_leaf >= 7 && __get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+      h.avx2 = (b >> 5) & 1;
+      h.avx512f = (b >> 16) & 1;
+      h.avx512bw = (b >> 30) & 1;
+    }
+  }
+  unsigned ext = 0;
+  if (__get_cpuid(0x80000000u, &ext, &b, &c, &d) && ext >= 0x80000004u) {
+    char brand[49] = {};
+    for (unsigned leaf = 0; leaf < 3; ++leaf) {
+      unsigned r[4];
+      __get_cpuid(0x80000002u + leaf, &r[0], &r[1], &r[2], &r[3]);
+      for (int i = 0; i < 16; ++i) brand[16 * leaf + i] = char(r[i / 4] >> (8 * (i % 4)));
+    }
+    h.name = trim(brand);
+  }
+#endif
+#if defined(__GLIBC__)
+  // glibc reads these from CPUID (leaf 4 on Intel, 0x8000001D on AMD).
+  h.l1d_bytes = sysconf_bytes(_SC_LEVEL1_DCACHE_SIZE);
+  h.l2_bytes = sysconf_bytes(_SC_LEVEL2_CACHE_SIZE);
+  h.l3_bytes = sysconf_bytes(_SC_LEVEL3_CACHE_SIZE);
+#endif
+  h.logical_cpus = std::thread::hardware_concurrency();
+  return h;
+}
+
+}  // namespace detail
+
+/// This process's CPU, detected on first use.
+inline const host_cpu& this_host() {
+  static const host_cpu h = detail::detect_host();
+  return h;
+}
+
+inline const char* vendor_name(cpu_vendor v) {
+  switch (v) {
+    case cpu_vendor::intel: return "Intel";
+    case cpu_vendor::amd: return "AMD";
+    default: return "other";
+  }
+}
+
+}  // namespace solder
