@@ -15,6 +15,11 @@ packages=(
   ocl-icd-opencl-dev
 )
 
+# `setup.sh clang` (scripts/test.sh clang): Clang 19 and its OpenMP runtime as well.
+if [[ ${1:-} == clang ]]; then
+  packages+=(clang-19 libomp-19-dev)
+fi
+
 if ! command -v dpkg-query >/dev/null; then
   echo "setup: not a Debian system; install the equivalents of: ${packages[*]}" >&2
   exit 0

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 preset=${1:-release}
-bash scripts/setup.sh
+bash scripts/setup.sh "$preset"
 cmake --preset "$preset"
 cmake --build --preset "$preset"     # -j2: "jobs" in the build preset
 ctest --preset "$preset"             # -j2, output on failure: the test preset

@@ -51,3 +51,15 @@ function(solder_internal_target tgt)
     target_link_options(${tgt} PRIVATE ${SOLDER_SANITIZE_FLAGS})
   endif()
 endfunction()
+
+# solder_xtensor_for_clang(): xtensor 0.24 (Debian bookworm's) declares two partial
+# specializations of rebind_container that Clang 19's relaxed template template arguments
+# (P0522, on by default since Clang 19) find ambiguous for its svector. Until xtensor 0.25 the
+# imported target asks Clang for the old rule. Call after find_package(xtensor).
+function(solder_xtensor_for_clang)
+  if(TARGET xtensor AND CMAKE_CXX_COMPILER_ID STREQUAL "Clang"
+     AND CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL 19 AND xtensor_VERSION VERSION_LESS 0.25)
+    set_property(TARGET xtensor APPEND PROPERTY INTERFACE_COMPILE_OPTIONS
+      "$<$<COMPILE_LANGUAGE:CXX>:-fno-relaxed-template-template-args;-Wno-deprecated-no-relaxed-template-template-args>")
+  endif()
+endfunction()

@@ -67,8 +67,9 @@ const auto& contract_of(const E& e) {
     return e;
   } else {
     constexpr std::size_t i = []<class... Args>(std::type_identity<std::tuple<Args...>>) {
+      constexpr bool holds[] = {(find_contract<Args>::count != 0)...};
       std::size_t k = 0;
-      ((find_contract<Args>::count ? false : (++k, true)) && ...);
+      while (!holds[k]) ++k;
       return k;
     }(std::type_identity<decltype(e.args)>{});
     return contract_of(std::get<i>(e.args));
@@ -291,8 +292,9 @@ void assign_contract(const W0& w0, const Ws&... ws) {
   // The product, checked to be the same in every write that holds one.
   const auto all = std::forward_as_tuple(w0, ws...);
   constexpr std::size_t first = [] {
+    constexpr bool holds[] = {contracts_in<W0> != 0, (contracts_in<Ws> != 0)...};
     std::size_t i = 0;
-    ((contracts_in<W0> ? false : (++i, true)) && ... && (contracts_in<Ws> ? false : (++i, true)));
+    while (!holds[i]) ++i;
     return i;
   }();
   const C& c = contract_of(std::get<first>(all).expr);

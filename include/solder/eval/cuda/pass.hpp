@@ -337,9 +337,9 @@ using write_value_t = typename detail::write_expr<W>::value;
 /// The indices of the writes of kind K among Ws, as an index_sequence.
 template <write_kind K, class... Ws>
 struct kind_indices {
-  static constexpr write_kind kinds[] = {kind_of<Ws>()...};
   static constexpr std::size_t count = ((kind_of<Ws>() == K) + ... + 0);
   static constexpr std::array<std::size_t, count> list = [] {
+    constexpr write_kind kinds[] = {kind_of<Ws>()...};
     std::array<std::size_t, count> l{};
     std::size_t c = 0;
     for (std::size_t i = 0; i < sizeof...(Ws); ++i)
