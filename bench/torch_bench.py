@@ -3,11 +3,12 @@
 
 Cases (impl `torch` unless named), `/threads:<n>` appended when n > 1:
 
-  BM_bias_relu_dropout_<fwd|bwd>/torch/<B>x<N>             y = dropout(relu(x + b)); GBps
-  BM_linear_bias_relu_fwd/<torch|torch_jit>/<M>x<N>x<K>    y = relu(x W^T + b); GFLOPs
-  BM_linear_bias_relu_dropout_<fwd|bwd>/torch/<M>x<N>x<K>  y = dropout(relu(x W^T + b)); GFLOPs
-  BM_train_step/torch/digits_mlp/<batch>                   AdamW step of a 64-256-128-10 MLP
-  BM_inference/<torch|torch_inference_mode>/digits_mlp/<batch>
+  BM_bias_relu_dropout_<fwd|bwd>/<torch|torch_compile>/<B>x<N>   y = dropout(relu(x + b)); GBps
+  BM_linear_bias_relu_fwd/<torch|torch_jit|torch_compile>/<M>x<N>x<K>   y = relu(x W^T + b); GFLOPs
+  BM_linear_bias_relu_dropout_<fwd|bwd>/<torch|torch_compile>/<M>x<N>x<K>
+      y = dropout(relu(x W^T + b)); GFLOPs
+  BM_train_step/<torch|torch_compile>/digits_mlp/<batch>   AdamW step of a 64-256-128-10 MLP
+  BM_inference/<torch|torch_inference_mode|torch_compile>/digits_mlp/<batch>
   BM_sketched_linear_fwd/<impl>/<B>x<In>x<Out>_L<L>_k<k>   one thread only; GFLOPs, param_bytes
       y = 1/(2L) sum_i (x S1_i U1_i + x U2_i S2_i) + b, impl: torch_panther (Panther's bmm
       forward), torch_two_gemm (x [S1 | U2] [U1; S2], one addmm), torch_compile_panther and
@@ -19,6 +20,21 @@ Cases (impl `torch` unless named), `/threads:<n>` appended when n > 1:
       impl of both: torch_eager_unfolded (the three modules, NCHW), torch_folded_channels_last
       (batch_norm folded into the convolution's weights, channels_last memory),
       torch_compile_frozen (torch.compile with Inductor's freezing, where torch has it)
+
+`torch_compile` is the `torch` row's code under torch.compile (Inductor, default mode), where
+this torch has it; each case resets Dynamo and compiles its own static shapes, prints the first
+call's time (the compilation) in a `note:` line and checks the compiled output before timing:
+  - training rows (bias_relu_dropout, linear_bias_relu_dropout): the forward function compiled;
+    AOTAutograd compiles its backward too, which the bwd rows time. Compiled dropout draws
+    another mask than eager, so the check is the formula: every nonzero equals the float64
+    relu(...) / (1 - p), the dropped fraction of the positive outputs is p within 0.05, and
+    the gradients follow the compiled forward's own mask.
+  - inference rows (linear_bias_relu_fwd, inference): the module compiled under no_grad with
+    Inductor's freezing (weights become constants it can prepack, as torch_compile_frozen).
+  - train_step: the model's forward with the loss compiled (its backward through AOTAutograd)
+    and AdamW's step compiled on its own (torch.compile(opt.step), PyTorch's recipe for
+    compiling an optimizer); zero_grad stays eager. So the whole step runs compiled code, as
+    two graphs: torch.compile does not trace loss.backward() into the forward's graph.
 
 Dropout p = 0.1 in training mode. Each row is the median over repetitions of the mean time per
 call (bench/README.md states what each case times). Run it with PyTorch 2.x from PyPI in the
@@ -36,6 +52,7 @@ when a case's output fails its check (that case is reported and not timed) or th
 matches nothing.
 """
 import argparse
+import contextlib
 import ctypes
 import gc
 import json
@@ -198,6 +215,41 @@ def uniform(*size, bound=1.0):
     return (torch.rand(*size) * 2 - 1) * bound
 
 
+def compile_warm(fn, first_call, name, notes, freezing=False, warm_calls=5, reset=True):
+    """torch.compile(fn) (Inductor, default mode), compiled and warmed up. Dynamo's caches are
+    reset first: each case compiles its own static shapes, instead of recompiling one cached
+    function with dynamic shapes (or past Dynamo's recompile limit). first_call(compiled) makes
+    one call as the case will (a forward, or a forward and its backward, so that AOTAutograd's
+    backward is compiled too); the first one's time, the compilation, goes into notes, then
+    warm_calls more follow. freezing: compiled under no_grad with Inductor's freezing, so
+    parameters become constants it folds and prepacks (inference); the compiled graph is reused
+    under no_grad after the patch ends. reset=False keeps the functions a case compiled before
+    this one. Raises Unavailable where this torch cannot compile."""
+    if not hasattr(torch, "compile"):
+        raise Unavailable("this torch has no torch.compile")
+    if reset:
+        torch._dynamo.reset()
+    compiled = torch.compile(fn)
+    grad_mode = torch.no_grad if freezing else contextlib.nullcontext
+    t0 = time.perf_counter()
+    try:
+        if freezing:
+            from torch._inductor import config as inductor_config
+            with inductor_config.patch(freezing=True), torch.no_grad():
+                first_call(compiled)
+        else:
+            first_call(compiled)
+    except Exception as e:  # Inductor needs a working C++ compiler and Python headers
+        first_line = str(e).splitlines()[0] if str(e) else ""
+        what = "torch.compile with freezing" if freezing else "torch.compile"
+        raise Unavailable(f"{what} failed: {type(e).__name__}: {first_line}")
+    notes.append(f"{name}: first call (compile) {time.perf_counter() - t0:.1f} s")
+    with grad_mode():
+        for _ in range(warm_calls):
+            first_call(compiled)
+    return compiled
+
+
 # ---------------------------------------------------------------------------------------------
 # Checks against float64 references (a wrong result must not get a time)
 # ---------------------------------------------------------------------------------------------
@@ -219,19 +271,13 @@ def check_close(what, got, ref, scale):
                           f"reference {ref.flatten()[i].item():.7g}")
 
 
-def check_linear_rows(y, x, w, b, dropout):
-    """Rows first, middle, last of y against relu(x W^T + b) in float64; with dropout every
-    nonzero must equal it / (1 - p) and the dropped fraction of the positive outputs must be
-    p within 0.05 (about 6 standard deviations at N = 1024)."""
-    rows = sorted({0, y.shape[0] // 2, y.shape[0] - 1})
-    xr, w64 = x.detach()[rows].double(), w.detach().double()
-    pre = xr @ w64.T + b.detach().double()
-    scale = xr.abs() @ w64.abs().T + b.detach().double().abs()
+def check_dropout_rows(got, pre, scale):
+    """got = dropout(relu(pre)) for float64 pre and |.|-sums scale of the same rows: every
+    nonzero equals relu(pre) / (1 - p) within DOT_TOL * scale / (1 - p) (so nothing is kept
+    where pre <= 0), and the dropped fraction of the clearly positive outputs is p within 0.05
+    (about 6 standard deviations at 3 rows of 1024). The mask itself is not compared: eager and
+    compiled dropout draw different ones."""
     ref = pre.clamp_min(0)
-    got = y.detach()[rows]
-    if not dropout:
-        check_close("y", got, ref, scale)
-        return
     kept = got != 0
     check_close("kept y", got[kept], ref[kept] / (1 - P), scale[kept] / (1 - P))
     positive = pre > DOT_TOL * scale  # clearly positive: relu keeps them unless dropped
@@ -240,6 +286,39 @@ def check_linear_rows(y, x, w, b, dropout):
     dropped = float((~kept & positive).sum()) / max(1, int(positive.sum()))
     if abs(dropped - P) > 0.05:
         raise CheckFailed(f"dropped fraction {dropped:.3f} of positive outputs, expected {P}")
+
+
+def check_linear_rows(y, x, w, b, dropout):
+    """Rows first, middle, last of y against relu(x W^T + b) in float64; with dropout as
+    check_dropout_rows."""
+    rows = sorted({0, y.shape[0] // 2, y.shape[0] - 1})
+    xr, w64 = x.detach()[rows].double(), w.detach().double()
+    pre = xr @ w64.T + b.detach().double()
+    scale = xr.abs() @ w64.abs().T + b.detach().double().abs()
+    got = y.detach()[rows]
+    if not dropout:
+        check_close("y", got, pre.clamp_min(0), scale)
+        return
+    check_dropout_rows(got, pre, scale)
+
+
+def check_bias_relu_dropout(y, x, b):
+    """Rows first, middle, last of y = dropout(relu(x + b)) as check_dropout_rows."""
+    rows = sorted({0, y.shape[0] // 2, y.shape[0] - 1})
+    xr, b64 = x.detach()[rows].double(), b.detach().double()
+    check_dropout_rows(y.detach()[rows], xr + b64, xr.abs() + b64.abs())
+
+
+def check_bias_relu_dropout_grads(y, dy, dx, db):
+    """dx (rows first, middle, last) and db (four columns) of y = dropout(relu(x + b)) in
+    float64 from the forward's own mask: dx = dy / (1 - p) where y != 0, db its column sums."""
+    rows = sorted({0, y.shape[0] // 2, y.shape[0] - 1})
+    gate = lambda r, c: (y.detach()[r][:, c] != 0).double() / (1 - P)
+    every = slice(None)
+    check_close("dx", dx[rows], dy[rows].double() * gate(rows, every), dy[rows].double().abs() / (1 - P))
+    cols = sorted({0, y.shape[1] // 3, y.shape[1] // 2, y.shape[1] - 1})
+    g = dy[:, cols].double() * gate(every, cols)
+    check_close("db", db[cols], g.sum(0), g.abs().sum(0))
 
 
 def check_linear_grads(y, dy, x, w, grads):
@@ -259,10 +338,15 @@ def check_linear_grads(y, dy, x, w, grads):
 # bias_relu_dropout: y = dropout(relu(x + b)), memory-bound
 # ---------------------------------------------------------------------------------------------
 
-def bias_relu_dropout_case(direction, rows, cols, threads):
+def bias_relu_dropout(x, b):
+    return F.dropout(F.relu(x + b), p=P, training=True)
+
+
+def bias_relu_dropout_case(impl, direction, rows, cols, threads, notes):
     # Bytes per pass as in the C++ bench: fwd reads x, writes y; bwd reads dy and the saved
     # activation, writes dx. Bias, db and the stored mask are not counted.
     moved = (2 if direction == "fwd" else 3) * rows * cols * 4
+    name = f"BM_bias_relu_dropout_{direction}/{impl}/{rows}x{cols}{threads_suffix(threads)}"
 
     def setup():
         torch.manual_seed(0)
@@ -271,11 +355,19 @@ def bias_relu_dropout_case(direction, rows, cols, threads):
         x = uniform(rows, cols).requires_grad_(True)
         b = uniform(cols, bound=0.5).requires_grad_(True)
         dy = uniform(rows, cols)
+        forward = bias_relu_dropout
+        if impl == "torch_compile":
+            forward = compile_warm(bias_relu_dropout, lambda f: torch.autograd.grad(f(x, b), (x, b), dy),
+                                   name, notes)
+        y = forward(x, b)
+        check_bias_relu_dropout(y, x, b)
+        check_bias_relu_dropout_grads(y, dy, *torch.autograd.grad(y, (x, b), dy))
+        del y
         if direction == "fwd":
-            run_once = timed(lambda: F.dropout(F.relu(x + b), p=P, training=True))
+            run_once = timed(lambda: forward(x, b))
         else:
             def run_once():
-                y = F.dropout(F.relu(x + b), p=P, training=True)  # graph rebuilt, untimed
+                y = forward(x, b)  # graph rebuilt, untimed
                 t0 = time.perf_counter()
                 dx, db = torch.autograd.grad(y, (x, b), dy)
                 t1 = time.perf_counter()
@@ -283,7 +375,6 @@ def bias_relu_dropout_case(direction, rows, cols, threads):
                 return t1 - t0
         return run_once, lambda s: {"GBps": moved / s * 1e-9}
 
-    name = f"BM_bias_relu_dropout_{direction}/torch/{rows}x{cols}{threads_suffix(threads)}"
     return Case(name, threads, setup)
 
 
@@ -299,13 +390,10 @@ def linear_data(m, n, k, requires_grad):
     return [t.requires_grad_(requires_grad) for t in (x, w, b)]
 
 
-def jit_linear_relu(w, b, x):
-    """TorchScript: scripted, frozen, fusers on where this build has them. Returns the callable
-    and a line saying what its optimized graph runs (the profiling executor specializes after a
-    few calls, which this makes)."""
+def linear_relu_module(w, b):
+    """relu(x W^T + b) as an eval-mode module, so freezing (TorchScript's or Inductor's) turns W
+    and b into graph constants."""
     class LinearReLU(torch.nn.Module):
-        """relu(x W^T + b) as a module, so freezing turns W and b into graph constants."""
-
         def __init__(self):
             super().__init__()
             self.weight = torch.nn.Parameter(w, requires_grad=False)
@@ -314,13 +402,20 @@ def jit_linear_relu(w, b, x):
         def forward(self, x):
             return F.relu(F.linear(x, self.weight, self.bias))
 
+    return LinearReLU().eval()
+
+
+def jit_linear_relu(w, b, x):
+    """TorchScript: scripted, frozen, fusers on where this build has them. Returns the callable
+    and a line saying what its optimized graph runs (the profiling executor specializes after a
+    few calls, which this makes)."""
     fusers = []
     if hasattr(torch.jit, "enable_onednn_fusion"):  # oneDNN Graph: the CPU fuser that takes linear
         torch.jit.enable_onednn_fusion(True)
         fusers.append("oneDNN Graph " + ("on" if torch._C._jit_llga_enabled() else "not in this build"))
     with warnings.catch_warnings():  # torch 2.x deprecates TorchScript with a FutureWarning
         warnings.simplefilter("ignore", FutureWarning)
-        fn = torch.jit.freeze(torch.jit.script(LinearReLU().eval()))
+        fn = torch.jit.freeze(torch.jit.script(linear_relu_module(w, b)))
     with torch.no_grad():
         for _ in range(5):
             fn(x)
@@ -336,10 +431,13 @@ def linear_fwd_case(impl, m, n, k, threads, notes):
         x, w, b = linear_data(m, n, k, requires_grad=False)
         if impl == "torch":
             fn = lambda: F.relu(F.linear(x, w, b))
-        else:
+        elif impl == "torch_jit":
             jitted, note = jit_linear_relu(w, b, x)
             fn = lambda: jitted(x)
             notes.append(f"{name}: {note}")
+        else:
+            compiled = compile_warm(linear_relu_module(w, b), lambda f: f(x), name, notes, freezing=True)
+            fn = lambda: compiled(x)
         with torch.no_grad():  # inference, as the C++ peers: no graph recorded
             check_linear_rows(fn(), x, w, b, dropout=False)
 
@@ -352,14 +450,23 @@ def linear_fwd_case(impl, m, n, k, threads, notes):
     return Case(name, threads, setup)
 
 
-def linear_dropout_case(direction, m, n, k, threads):
+def linear_relu_dropout(x, w, b):
+    return F.dropout(F.relu(F.linear(x, w, b)), p=P, training=True)
+
+
+def linear_dropout_case(impl, direction, m, n, k, threads, notes):
     flops = (2 if direction == "fwd" else 4) * m * n * k  # bwd: dx = g W and dW = g^T x
+    name = f"BM_linear_bias_relu_dropout_{direction}/{impl}/{m}x{n}x{k}{threads_suffix(threads)}"
 
     def setup():
         # Training: x, W and b require grad, so the forward records the graph and keeps the mask.
         x, w, b = linear_data(m, n, k, requires_grad=True)
-        forward = lambda: F.dropout(F.relu(F.linear(x, w, b)), p=P, training=True)
         dy = uniform(m, n)
+        fn = linear_relu_dropout
+        if impl == "torch_compile":
+            fn = compile_warm(linear_relu_dropout, lambda f: torch.autograd.grad(f(x, w, b), (x, w, b), dy),
+                              name, notes)
+        forward = lambda: fn(x, w, b)
         y = forward()
         check_linear_rows(y, x, w, b, dropout=True)
         check_linear_grads(y, dy, x, w, torch.autograd.grad(y, (x, w, b), dy))
@@ -376,7 +483,6 @@ def linear_dropout_case(direction, m, n, k, threads):
                 return t1 - t0
         return run_once, lambda s: {"GFLOPs": flops / s * 1e-9}
 
-    name = f"BM_linear_bias_relu_dropout_{direction}/torch/{m}x{n}x{k}{threads_suffix(threads)}"
     return Case(name, threads, setup)
 
 
@@ -408,18 +514,31 @@ def mlp_reference(model, x):
     return h
 
 
-def train_step_case(batch, threads):
+def train_step_case(impl, batch, threads, notes):
+    name = f"BM_train_step/{impl}/digits_mlp/{batch}{threads_suffix(threads)}"
+
     def setup():
         model = digits_mlp()
         x, labels = digits_data(batch)
         loss_fn = torch.nn.CrossEntropyLoss()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-2)
+        forward_loss = lambda x, labels: loss_fn(model(x), labels)
+        opt_step = opt.step
+        if impl == "torch_compile":
+            # The forward with its loss, and the optimizer step, each compiled. Compiling runs
+            # forwards and backwards and one AdamW step; the check below starts after them.
+            def first_call(f):
+                opt.zero_grad(set_to_none=True)
+                f(x, labels).backward()
+            forward_loss = compile_warm(forward_loss, first_call, f"{name} (forward and loss)", notes)
+            opt_step = compile_warm(opt.step, lambda f: f(), f"{name} (AdamW step)", notes,
+                                    warm_calls=0, reset=False)
 
         def step():
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), labels)
+            loss = forward_loss(x, labels)
             loss.backward()
-            opt.step()
+            opt_step()
             return loss
 
         # Check: the steps train. Eval-mode loss on the batch (no dropout noise) must fall.
@@ -433,17 +552,21 @@ def train_step_case(batch, threads):
             raise CheckFailed(f"loss {before:.4f} -> {after:.4f} after {CHECK_STEPS} steps: not training")
         return timed(step), lambda s: {"samples_per_second": batch / s}
 
-    name = f"BM_train_step/torch/digits_mlp/{batch}{threads_suffix(threads)}"
     return Case(name, threads, setup)
 
 
-def inference_case(impl, batch, threads):
+def inference_case(impl, batch, threads, notes):
+    name = f"BM_inference/{impl}/digits_mlp/{batch}{threads_suffix(threads)}"
+
     def setup():
         model = digits_mlp().eval()
         x, _ = digits_data(batch)
-        grad_off = torch.no_grad if impl == "torch" else torch.inference_mode
+        grad_off = torch.inference_mode if impl == "torch_inference_mode" else torch.no_grad
+        run = model
+        if impl == "torch_compile":
+            run = compile_warm(model, lambda f: f(x), name, notes, freezing=True)
         with grad_off():
-            y = model(x)
+            y = run(x)
         ref = mlp_reference(model, x)
         # Three float32 layers: each relative error <= DOT_TOL of its |.|-sums, growing by the
         # layers' gains; 1e-3 of the output range covers it with margin.
@@ -451,10 +574,9 @@ def inference_case(impl, batch, threads):
 
         def run_once():
             with grad_off():  # entered outside the clock, as a server enters it once
-                return timed(lambda: model(x))()
+                return timed(lambda: run(x))()
         return run_once, lambda s: {"samples_per_second": batch / s, "us_per_call": s * 1e6}
 
-    name = f"BM_inference/{impl}/digits_mlp/{batch}{threads_suffix(threads)}"
     return Case(name, threads, setup)
 
 
@@ -526,6 +648,7 @@ def sketched_fwd_case(impl, b, n_in, n_out, terms, k, threads, notes):
     flops = 4 * b * terms * k * (n_in + n_out) if sketched else 2 * b * n_in * n_out
     # Panther stores S1, S2, U1, U2 and b; dense stores W and b.
     params = 2 * terms * k * (n_in + n_out) + n_out if sketched else n_in * n_out + n_out
+    name = f"BM_sketched_linear_fwd/{impl}/{b}x{n_in}x{n_out}_L{terms}_k{k}{threads_suffix(threads)}"
 
     def setup():
         x, s1s, s2s, u1s, u2s, bias = sketched_data(b, n_in, n_out, terms, k)
@@ -553,7 +676,7 @@ def sketched_fwd_case(impl, b, n_in, n_out, terms, k, threads, notes):
                 elif impl == "torch_two_gemm":
                     fn = two_gemm
                 else:
-                    fn = compiled(impl, x, s1s, s2s, u1s, u2s, bias, b1, b2, alpha, notes)
+                    fn = compiled(impl, name, x, s1s, s2s, u1s, u2s, bias, b1, b2, alpha, notes)
                     check_sketched(f"{impl} vs torch_two_gemm", fn(), y_two)
 
         def run_once():
@@ -561,30 +684,17 @@ def sketched_fwd_case(impl, b, n_in, n_out, terms, k, threads, notes):
                 return timed(fn)()
         return run_once, lambda s: {"GFLOPs": flops / s * 1e-9, "param_bytes": 4 * params}
 
-    name = f"BM_sketched_linear_fwd/{impl}/{b}x{n_in}x{n_out}_L{terms}_k{k}{threads_suffix(threads)}"
     return Case(name, threads, setup)
 
 
-def compiled(impl, x, s1s, s2s, u1s, u2s, bias, b1, b2, alpha, notes):
-    """torch.compile (Inductor, default mode) of panther_forward or two_gemm_forward, warmed up.
-    Dynamo's caches are reset first: each case compiles its own static shapes, instead of
-    recompiling one cached function with dynamic shapes (or past Dynamo's recompile limit)."""
-    torch._dynamo.reset()
+def compiled(impl, name, x, s1s, s2s, u1s, u2s, bias, b1, b2, alpha, notes):
+    """torch.compile (Inductor, default mode) of panther_forward or two_gemm_forward, warmed up."""
     if impl == "torch_compile_panther":
-        fn, args = torch.compile(panther_forward), (x, s1s, s2s, u1s, u2s, bias)
+        fn, args = panther_forward, (x, s1s, s2s, u1s, u2s, bias)
     else:
-        fn, args = torch.compile(two_gemm_forward), (x, b1, b2, bias, alpha)
-    t0 = time.perf_counter()
-    try:
-        fn(*args)
-    except Exception as e:  # Inductor needs a working C++ compiler and Python headers
-        first_line = str(e).splitlines()[0] if str(e) else ""
-        raise Unavailable(f"torch.compile failed: {type(e).__name__}: {first_line}")
-    notes.append(f"{impl} {x.shape[0]}x{x.shape[1]}x{bias.shape[0]}_L{s1s.shape[0]}_k{s1s.shape[2]}: "
-                 f"first call (compile) {time.perf_counter() - t0:.1f} s")
-    for _ in range(5):
-        fn(*args)
-    return lambda: fn(*args)
+        fn, args = two_gemm_forward, (x, b1, b2, bias, alpha)
+    compiled_fn = compile_warm(fn, lambda f: f(*args), name, notes)
+    return lambda: compiled_fn(*args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -635,25 +745,9 @@ def folded_channels_last(layers):
 
 def compile_frozen(model, x, name, notes):
     """torch.compile (Inductor) of the eval model with freezing on: parameters become constants,
-    so Inductor folds the batch_norm into the convolution and prepacks its weights. Warmed up;
-    Dynamo's caches reset first, as in compiled()."""
-    torch._dynamo.reset()
-    from torch._inductor import config as inductor_config
-    fn = torch.compile(model)
-    t0 = time.perf_counter()
-    try:
-        # Freezing applies to graphs compiled while it is on and under no_grad; the compiled
-        # graph is reused after the patch ends.
-        with inductor_config.patch(freezing=True), torch.no_grad():
-            fn(x)
-    except Exception as e:  # Inductor needs a working C++ compiler and Python headers
-        first_line = str(e).splitlines()[0] if str(e) else ""
-        raise Unavailable(f"torch.compile with freezing failed: {type(e).__name__}: {first_line}")
-    notes.append(f"{name}: first call (compile) {time.perf_counter() - t0:.1f} s")
-    with torch.no_grad():
-        for _ in range(3):
-            fn(x)
-    return lambda: fn(x)
+    so Inductor folds the batch_norm into the convolution and prepacks its weights. Warmed up."""
+    compiled_fn = compile_warm(model, lambda f: f(x), name, notes, freezing=True, warm_calls=3)
+    return lambda: compiled_fn(x)
 
 
 def conv_infer_case(family, impl, n, notes):
@@ -676,8 +770,6 @@ def conv_infer_case(family, impl, n, notes):
             xc = x.contiguous(memory_format=torch.channels_last)  # converted once, not timed
             fn = lambda: fused(xc)
         else:
-            if not hasattr(torch, "compile"):
-                raise Unavailable("this torch has no torch.compile")
             fn = compile_frozen(model, x, name, notes)
         with torch.no_grad():
             y = fn()
@@ -698,29 +790,34 @@ def conv_infer_case(family, impl, n, notes):
 
 def all_cases(threads_list, notes):
     """Every case, in the order printed: per family, per thread count, per shape."""
+    compile_ = ["torch_compile"] if hasattr(torch, "compile") else []  # torch 1.13 has none
     cases = []
     for direction in ("fwd", "bwd"):
         for rows, cols, threads in BIAS_RELU_DROPOUT_CASES:
             if threads in threads_list:
-                cases.append(bias_relu_dropout_case(direction, rows, cols, threads))
+                for impl in ["torch"] + compile_:
+                    cases.append(bias_relu_dropout_case(impl, direction, rows, cols, threads, notes))
     jit = ["torch_jit"] if hasattr(torch, "jit") and hasattr(torch.jit, "freeze") else []
     for threads in threads_list:
         for m, n, k in LINEAR_SHAPES:
-            for impl in ["torch"] + jit:
+            for impl in ["torch"] + jit + compile_:
                 cases.append(linear_fwd_case(impl, m, n, k, threads, notes))
         for direction in ("fwd", "bwd"):
             for m, n, k in LINEAR_SHAPES:
-                cases.append(linear_dropout_case(direction, m, n, k, threads))
+                for impl in ["torch"] + compile_:
+                    cases.append(linear_dropout_case(impl, direction, m, n, k, threads, notes))
         for batch in TRAIN_BATCHES:
-            cases.append(train_step_case(batch, threads))
+            for impl in ["torch"] + compile_:
+                cases.append(train_step_case(impl, batch, threads, notes))
         grad_off = ["torch"] + (["torch_inference_mode"] if hasattr(torch, "inference_mode") else [])
         for batch in INFERENCE_BATCHES:
-            for impl in grad_off:
-                cases.append(inference_case(impl, batch, threads))
+            for impl in grad_off + compile_:
+                cases.append(inference_case(impl, batch, threads, notes))
     if 1 in threads_list:  # one thread only, as sketched.bench.cpp and conv.bench.cpp
-        compiled = ["torch_compile_panther", "torch_compile_two_gemm"] if hasattr(torch, "compile") else []
         for config in SKETCHED_CONFIGS:
-            for impl in ["torch_panther", "torch_two_gemm"] + compiled + ["torch_dense"]:
+            for impl in (["torch_panther", "torch_two_gemm"]
+                         + [f"{c}_{form}" for c in compile_ for form in ("panther", "two_gemm")]
+                         + ["torch_dense"]):
                 cases.append(sketched_fwd_case(impl, *config, 1, notes))
         for n in CONV_BATCHES:
             for impl in CONV_IMPLS:
