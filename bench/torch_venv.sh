@@ -4,7 +4,7 @@
 # It makes build/torch-venv under the repository root (build/ is git-ignored) with
 # `python3 -m venv`, using the python3 on PATH (installing Debian's python3-venv with apt-get if
 # the venv module is missing), and pip-installs PyPI's default `torch` wheel (2.x) and `numpy`
-# into it. Re-running skips what is already there. It ends by printing the venv's python and its
+# into it, and matplotlib for bench/results.py's plots. Re-running skips what is already there. It ends by printing the venv's python and its
 # torch version. Then run the PyTorch peer bench with that python:
 #
 #     bench/torch_venv.sh
@@ -28,11 +28,12 @@ if [[ ! -x "$py" ]]; then
   python3 -m venv "$venv"
 fi
 
-# torch 2.x and numpy; `pip install` leaves an already satisfied requirement alone, the check
-# first only saves pip's index queries on a re-run.
-if ! "$py" -c 'import sys, torch, numpy; sys.exit(int(torch.__version__.split(".")[0]) < 2)' 2>/dev/null; then
+# torch 2.x, numpy and matplotlib; `pip install` leaves an already satisfied requirement alone,
+# the check first only saves pip's index queries on a re-run.
+if ! "$py" -c 'import sys, torch, numpy, matplotlib; sys.exit(int(torch.__version__.split(".")[0]) < 2)' 2>/dev/null; then
   "$py" -m pip install --upgrade pip
-  "$py" -m pip install 'torch>=2' numpy
+  "$py" -m pip install 'torch>=2' numpy matplotlib
 fi
 
-"$py" -c 'import sys, torch, numpy; print(f"python {sys.executable}\ntorch {torch.__version__}\nnumpy {numpy.__version__}")'
+"$py" -c 'import sys, torch, numpy, matplotlib
+print(f"python {sys.executable}\ntorch {torch.__version__}\nnumpy {numpy.__version__}\nmatplotlib {matplotlib.__version__}")'
