@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -59,6 +60,9 @@ struct store_sink {
   SOLDER_INLINE void end_segment() {}
 };
 
+/// What a sink that does not fold columns keeps across the rows of a group: nothing.
+struct no_column_acc {};
+
 /// Folds a write's values into per-chunk partial results of shape Keep (see reduce_node).
 template <class T, class Keep, class Combine, class Lay, class V>
 struct reduce_sink {
@@ -109,7 +113,58 @@ struct reduce_sink {
       *p = Combine::combine(*p, h);
     }
   }
+
+  // A row group (run_row_group): a column fold keeps the partial vector in a register across
+  // the group's rows, loaded and stored once per group instead of once per row. The rows are
+  // combined in the same order, so the bits are the same.
+  static constexpr bool folds_columns = inner;
+  SOLDER_INLINE V column_begin(std::size_t j) const { return V::load_unaligned(p + j); }
+  template <class X>
+  SOLDER_INLINE void column_put(V& a, const X& x) const {
+    a = Combine::combine(a, as_value<V>(x));
+  }
+  SOLDER_INLINE void column_end(std::size_t j, const V& a) const { a.store_unaligned(p + j); }
+  /// Whether rows [row, row + n) fold into the same partial row.
+  SOLDER_INLINE static bool same_partial(std::size_t row, std::size_t n) {
+    for (std::size_t r = 1; r < n; ++r)
+      if (map::row_offset(row + r) != map::row_offset(row)) return false;
+    return true;
+  }
 };
+
+/// The group interface for every sink: column folds keep a register, the others put each row.
+template <class Sink>
+struct folds_columns_trait : std::false_type {};
+template <class T, class Keep, class Combine, class Lay, class V>
+struct folds_columns_trait<reduce_sink<T, Keep, Combine, Lay, V>> : std::bool_constant<reduce_sink<T, Keep, Combine, Lay, V>::inner> {};
+template <class Sink>
+inline constexpr bool folds_columns_v = folds_columns_trait<Sink>::value;
+
+template <class Sink>
+SOLDER_INLINE auto column_begin(const Sink& sk, std::size_t j) {
+  if constexpr (folds_columns_v<Sink>)
+    return sk.column_begin(j);
+  else
+    return no_column_acc{};
+}
+template <class Sink, class A, class X>
+SOLDER_INLINE void column_put(Sink& row_sink, const Sink& group_sink, A& a, std::size_t j, const X& x) {
+  if constexpr (folds_columns_v<Sink>)
+    group_sink.column_put(a, x);
+  else
+    row_sink.put(j, x);
+}
+template <class Sink, class A>
+SOLDER_INLINE void column_end(const Sink& sk, std::size_t j, const A& a) {
+  if constexpr (folds_columns_v<Sink>) sk.column_end(j, a);
+}
+template <class Sink>
+SOLDER_INLINE bool same_partial(const Sink&, std::size_t row, std::size_t n) {
+  if constexpr (folds_columns_v<Sink>)
+    return Sink::same_partial(row, n);
+  else
+    return true;
+}
 
 /// Scratch memory for partial reductions, reused across calls (no allocation per pass once warm).
 template <class T>
@@ -175,18 +230,87 @@ SOLDER_INLINE void run_segment(const segment& seg, Ctx& ctx, Evals& ev, Sinks& s
   (std::get<I>(sk).end_segment(), ...);
 }
 
+/// Rows of a row group: a pass that folds columns (a bias gradient: [B, N] summed into [N])
+/// runs this many rows' segments at the same columns together, so each partial vector is loaded
+/// and stored once per group rather than once per row (the second store per vector cost 1/4 of
+/// a bias-gradient backward's time at 256 x 4096).
+inline constexpr std::size_t group_rows = 4;
+
+/// The segments at seg's columns of rows seg.row .. seg.row + group_rows - 1, in one sweep:
+/// for each vector, every row in order (its own evaluators and sinks), column folds through a
+/// register (the same order of combination as row by row). Tails run row by row. No software
+/// prefetches (see run_chunk).
+template <class V, class Ctx, class Evals, class Sinks, std::size_t... I>
+SOLDER_INLINE void run_row_group(const segment& seg, Ctx& ctx, const Evals& ev0, const Sinks& sk0,
+                                 std::index_sequence<I...>) {
+  constexpr std::size_t R = group_rows, W = V::size;
+  // Written out: nvcc's front end emits host code g++ rejects for an array built by a pack.
+  static_assert(R == 4, "solder: run_row_group copies its evaluators and sinks for 4 rows");
+  std::array<Evals, R> ev{ev0, ev0, ev0, ev0};
+  std::array<Sinks, R> sk{sk0, sk0, sk0, sk0};
+  ctx.next_segment();
+#pragma GCC unroll 8
+  for (std::size_t r = 0; r < R; ++r) {
+    const segment s{seg.row + r, seg.col, seg.len};
+    (std::get<I>(ev[r]).seek(s, ctx), ...);
+    (std::get<I>(sk[r]).seek(s), ...);
+  }
+  std::size_t j = 0;
+  for (; j + W <= seg.len; j += W) {
+    auto acc = std::make_tuple(column_begin(std::get<I>(sk[0]), j)...);
+#pragma GCC unroll 8
+    for (std::size_t r = 0; r < R; ++r) {
+      auto values = std::make_tuple(std::get<I>(ev[r]).load(j)...);
+      (column_put(std::get<I>(sk[r]), std::get<I>(sk[0]), std::get<I>(acc), j, std::get<I>(values)), ...);
+    }
+    (column_end(std::get<I>(sk[0]), j, std::get<I>(acc)), ...);
+  }
+  for (std::size_t r = 0; r < R; ++r) {
+    if (j < seg.len) {
+      const std::size_t n = seg.len - j;
+      auto values = std::make_tuple(std::get<I>(ev[r]).load_partial(j, n)...);
+      (std::get<I>(sk[r]).put_partial(j, n, std::get<I>(values)), ...);
+    }
+    (std::get<I>(sk[r]).end_segment(), ...);
+  }
+}
+
 template <class V, bool Stream, class Evals, class Sinks, std::size_t... I>
 void run_chunk(const partition& part, std::size_t c, const Evals& evals, const Sinks& sinks,
                std::index_sequence<I...> writes) {
   constexpr std::size_t ahead = Stream ? prefetch_bytes_streaming : prefetch_bytes_cached;
+  constexpr std::size_t slots = (mask_slots<std::tuple_element_t<I, Evals>> + ... + 0);
   Evals ev = evals;
   Sinks sk = sinks;
-  pass_context<(mask_slots<std::tuple_element_t<I, Evals>> + ... + 0)> ctx;
+  pass_context<slots> ctx;
   (std::get<I>(sk).begin_chunk(c), ...);
   const std::size_t s_begin = c * part.seg_per_chunk;
   const std::size_t s_end = std::min(part.segments, s_begin + part.seg_per_chunk);
   segment seg = part.at(s_begin);  // then stepped without divisions
-  for (std::size_t s = s_begin; s < s_end; ++s, part.step(seg)) run_segment<V, ahead>(seg, ctx, ev, sk, writes);
+  // Passes that fold columns, draw no random bits and store to cache run whole rows in groups
+  // where they can; the segments left over (a chunk's first partial row, its last rows) run
+  // one by one. A group's rows are several streams the hardware prefetcher follows, and
+  // software prefetches on top of them only cost. (A bias-gradient backward, against its copy
+  // floor: at 256 x 4096, 0.64 row by row, 0.86 in groups; at 4096 x 4096 with streaming
+  // stores, 0.95 row by row, 0.84 in groups.)
+  constexpr bool grouped = !Stream && slots == 0 && (folds_columns_v<std::tuple_element_t<I, Sinks>> || ...);
+  if constexpr (grouped) {
+    const std::size_t group = group_rows * part.seg_per_row;  // segments
+    std::size_t s = s_begin;
+    while (s < s_end) {
+      if (seg.col == 0 && s_end - s >= group && (same_partial(std::get<I>(sk), seg.row, group_rows) && ...)) {
+        for (std::size_t k = 0; k < part.seg_per_row; ++k, part.step(seg)) run_row_group<V>(seg, ctx, ev, sk, writes);
+        seg.row += group_rows - 1;  // stepping left seg at the group's first row + 1
+        s += group;
+      } else {
+        run_segment<V, ahead>(seg, ctx, ev, sk, writes);
+        ++s;
+        part.step(seg);
+      }
+    }
+  } else {
+    for (std::size_t s = s_begin; s < s_end; ++s, part.step(seg)) run_segment<V, ahead>(seg, ctx, ev, sk, writes);
+  }
 }
 
 /// Runs the pass over all chunks, spread over the threads when it is large enough.
