@@ -116,7 +116,8 @@ struct sketched_linear {
 
   using u1_type = sign_sketch<Rank, Out, Terms, sketch_stack::rows>;     // [U1_1; ...; U1_L]: [L k, Out]
   using u2_type = sign_sketch<In, Rank, Terms, sketch_stack::columns>;  // [U2_1 | ... | U2_L]: [In, L k]
-  static constexpr float sign_scale = float(1.0 / std::sqrt(double(Rank)));
+  // Not constexpr: std::sqrt is constexpr in GCC alone.
+  static inline const float sign_scale = float(1.0 / std::sqrt(double(Rank)));
 
   tensor<float, shape<In, lk>> s1, s1_grad;   // [S1_1 | ... | S1_L]
   tensor<float, shape<lk, Out>> s2, s2_grad;  // [S2_1; ...; S2_L]
