@@ -32,8 +32,13 @@ struct kernel_cost<nn::group<K, F, Ls...>, Block, W> {
   static constexpr std::size_t in = F == 0 ? W::input : W::after[F - 1];
   static constexpr std::size_t out = W::after[last];
   static constexpr std::size_t params = (nn::layer_info<Ls>::parameters + ... + 0);
+  /// A chain's first product kernel computes no gradient for the chain's input: its block's
+  /// backward_params forms dW (and db) only, so there is no dx product and the gate is read once.
+  static constexpr bool computes_dx = !(F == 0 && K == nn::layer_kind::product);
   static constexpr double forward_flops = nn::group_flops<nn::group<K, F, Ls...>, W>(true);
-  static constexpr double backward_flops = nn::group_flops<nn::group<K, F, Ls...>, W>(false);
+  static constexpr double backward_flops =
+      nn::group_flops<nn::group<K, F, Ls...>, W>(false) -
+      (computes_dx ? 0.0 : nn::input_grad_flops<std::tuple_element_t<0, std::tuple<Ls...>>>(W::after[F]));
   /// Floats per sample the kernel keeps for backward beyond its input and output.
   static constexpr std::size_t saved = [] {
     if constexpr (requires { Block::kept_outputs; })
@@ -47,9 +52,10 @@ struct kernel_cost<nn::group<K, F, Ls...>, Block, W> {
   /// Forward: read x, write y (and z when kept).
   static constexpr double forward_bytes = 4.0 * double(in + out + saved);
   /// Backward: an elementwise run reads x or y and dy, writes dx; a product also writes the
-  /// gate, reads it twice (dW, dx) with x, and writes dx.
-  static constexpr double backward_bytes = K == nn::layer_kind::product ? 4.0 * double(3 * out + 2 * out + 2 * in)
-                                                                           : 4.0 * double(3 * out + saved);
+  /// gate, reads it twice (dW, dx) with x, and writes dx (once and none without dx).
+  static constexpr double backward_bytes = K != nn::layer_kind::product ? 4.0 * double(3 * out + saved)
+                                           : computes_dx                ? 4.0 * double(3 * out + 2 * out + 2 * in)
+                                                                        : 4.0 * double(3 * out + out + in);
 };
 
 }  // namespace detail

@@ -335,6 +335,7 @@ class conv2d {
     static constexpr double backward_flops(std::size_t out_features) {
       return double(out_features) * (4.0 * fan_in + (Bias ? 1.0 : 0.0));
     }
+    static constexpr double input_grad_flops(std::size_t out_features) { return double(out_features) * 2.0 * fan_in; }
     static constexpr std::size_t saved_floats(std::size_t) { return 0; }
     /// [Cin, H, W] with at least one window along each axis.
     static constexpr bool takes(sample_shape s) {

@@ -41,6 +41,16 @@ struct layer_info {
 template <class L>
   requires requires { typename L::planner_traits; }
 struct layer_info<L> : L::planner_traits {};
+
+/// FLOPs per sample of a product layer's gradient for its input (dx), part of its
+/// backward_flops; 0 for a layer that does not say (input_grad_flops in its planner_traits).
+template <class L>
+constexpr double input_grad_flops(std::size_t out_features) {
+  if constexpr (requires { layer_info<L>::input_grad_flops(out_features); })
+    return layer_info<L>::input_grad_flops(out_features);
+  else
+    return 0;
+}
 /// A planned kernel: layers [First, First + sizeof...(Ls)) of the chain, of kind Kind.
 template <layer_kind Kind, std::size_t First, class... Ls>
 struct group {

@@ -67,6 +67,7 @@ struct linear {
     // 2 FLOPs per multiply-add of the product (dW and dx backward), and the bias add.
     static constexpr double forward_flops(std::size_t) { return 2.0 * In * Out + (Bias ? ops::add::flops * Out : 0); }
     static constexpr double backward_flops(std::size_t) { return 4.0 * In * Out + (Bias ? ops::add::flops * Out : 0); }
+    static constexpr double input_grad_flops(std::size_t) { return 2.0 * In * Out; }
     static constexpr std::size_t saved_floats(std::size_t) { return 0; }
   };
 

@@ -111,6 +111,7 @@ struct sketched_linear {
     static constexpr double forward_flops(std::size_t) { return two_products_flops; }
     // dS2 [Lk, Out] and dh [2Lk] from the second product, dS1 [In, Lk] and dx [In] from the first.
     static constexpr double backward_flops(std::size_t) { return 6.0 * double(lk) * double(In + Out) + (Bias ? Out : 0); }
+    static constexpr double input_grad_flops(std::size_t) { return 4.0 * double(lk) * double(In); }  // dx = dh [S1 | U2]^T
     static constexpr std::size_t saved_floats(std::size_t) { return 2 * lk; }  // h = x [S1 | U2]
   };
 
