@@ -372,17 +372,25 @@ def brd_cell(h, direction, impl, shape, threads):
     return with_frac(h.get(f"BM_bias_relu_dropout_{direction}/{impl}/{shape}{suffix(threads)}", "GBps"), floor)
 
 
-def render_brd(hosts, direction):
+def per_host(hosts, prefixes, text, plot):
+    """For each host that measured a case starting with one of `prefixes`: its caption, text(h)
+    and plot(h). A placeholder when no host did."""
     parts = []
     for h in hosts:
-        if not h.has(f"BM_bias_relu_dropout_{direction}"):
-            continue
+        if h.has(*prefixes):
+            parts.append(h.caption() + "\n\n" + text(h))
+            parts.append(plot(h))
+    return "\n".join(p for p in parts if p) or "(no host measured these cases yet)"
+
+
+def render_brd(hosts, direction):
+    def text(h):
         header = ["GB/s (fraction of the copy floor)"] + [shape_header(s, t) for s, t in BRD_SHAPES]
         rows = [[label] + [brd_cell(h, direction, impl, s, t) for s, t in BRD_SHAPES]
                 for impl, label in BRD_ROWS[direction]]
-        parts.append(h.caption() + "\n\n" + table(header, rows))
-        parts.append(image(h, f"bias_relu_dropout_{direction}"))
-    return "\n".join(p for p in parts if p) or "(no host measured these cases yet)"
+        return table(header, rows)
+    return per_host(hosts, (f"BM_bias_relu_dropout_{direction}",), text,
+                    lambda h: image(h, f"bias_relu_dropout_{direction}"))
 
 
 LINEAR_COLUMNS = [(s, t) for t in (1, 2) for s in LINEAR_SHAPES]
@@ -408,10 +416,7 @@ def linear_header(first):
 
 
 def render_linear(hosts):
-    parts = []
-    for h in hosts:
-        if not h.has("BM_linear_bias_relu_fwd"):
-            continue
+    def text(h):
         fam = "BM_linear_bias_relu_fwd"
         impls = [("solder", "**solder**: `nn::dense<linear, relu>`, generic expression epilogue"),
                  ("solder_kernel", "solder GEMM with the hand-written bias+ReLU epilogue"),
@@ -435,16 +440,13 @@ def render_linear(hosts):
                      f"{gp['full_roofline']:.3f} of the FMA peak, the same call with B kept in L2 at "
                      f"{gp['kernel_roofline']:.3f} (the call takes {gp['kernel_speedup']:.3f}x its time), "
                      f"packing A {gp['pack_a_share']:.4f} of the call.\n")
-        parts.append(h.caption() + "\n\n" + text)
-        parts.append(image(h, "linear_bias_relu"))
-    return "\n".join(p for p in parts if p) or "(no host measured these cases yet)"
+        return text
+    return per_host(hosts, ("BM_linear_bias_relu_fwd",), text,
+                    lambda h: image(h, "linear_bias_relu"))
 
 
 def render_linear_dropout(hosts):
-    parts = []
-    for h in hosts:
-        if not h.has("BM_linear_bias_relu_dropout_"):
-            continue
+    def text(h):
         rows = []
         for direction, what in (("fwd", "forward"), ("bwd", "backward (dx and dW)")):
             fam = f"BM_linear_bias_relu_dropout_{direction}"
@@ -453,9 +455,9 @@ def render_linear_dropout(hosts):
                                 ("torch", f"PyTorch eager {what}"),
                                 ("torch_compile", f"PyTorch torch.compile {what}")):
                 rows.append(gflops_row(h, label, lambda s, t, f=fam, i=impl: f"{f}/{i}/{s}{suffix(t)}"))
-        parts.append(h.caption() + "\n\n" + table(linear_header("GFLOP/s (fraction of the FMA peak), (M, N, K)"), rows))
-        parts.append(image(h, "linear_bias_relu_dropout"))
-    return "\n".join(p for p in parts if p) or "(no host measured these cases yet)"
+        return table(linear_header("GFLOP/s (fraction of the FMA peak), (M, N, K)"), rows)
+    return per_host(hosts, ("BM_linear_bias_relu_dropout_",), text,
+                    lambda h: image(h, "linear_bias_relu_dropout"))
 
 
 def time_us(h, name):
@@ -477,10 +479,7 @@ def times_row(h, label, names, ref_names):
 
 
 def render_mlp(hosts):
-    parts = []
-    for h in hosts:
-        if not h.has("BM_train_step/", "BM_inference/"):
-            continue
+    def text(h):
         train = [("solder", "**solder**: the fused chain's `train_step`"),
                  ("unfused", "solder, one kernel per layer"),
                  ("torch", "PyTorch eager"),
@@ -496,16 +495,13 @@ def render_mlp(hosts):
         rows = [times_row(h, label, [f"BM_inference/{i}/digits_mlp/{b}" for b in (1, 256)],
                           [f"BM_inference/solder/digits_mlp/{b}" for b in (1, 256)]) for i, label in infer]
         text += "\n" + table(["inference, us per call (time over solder's)", "batch 1", "batch 256"], rows)
-        parts.append(h.caption() + "\n\n" + text)
-        parts.append(image(h, "digits_mlp"))
-    return "\n".join(p for p in parts if p) or "(no host measured these cases yet)"
+        return text
+    return per_host(hosts, ("BM_train_step/", "BM_inference/"), text,
+                    lambda h: image(h, "digits_mlp"))
 
 
 def render_sketched(hosts):
-    parts = []
-    for h in hosts:
-        if not h.has("BM_sketched_linear_"):
-            continue
+    def text(h):
         fwd = "BM_sketched_linear_fwd"
         cols = [("solder", "solder"), ("solder_folded", "solder folded"), ("dense", "solder dense"),
                 ("torch_panther", "Panther eager"), ("torch_two_gemm", "torch two-GEMM"),
@@ -531,9 +527,9 @@ def render_sketched(hosts):
                          with_frac(solder and solder.get("GFLOPs"), h.peak(1)),
                          DASH if dense is None else num(dense * 1e3, 3)])
         text += "\n" + table(["backward, ms per call", "solder", "solder GFLOP/s (of peak)", "solder dense"], rows)
-        parts.append(h.caption() + "\n\n" + text)
-        parts.append(image(h, "sketched_linear"))
-    return "\n".join(p for p in parts if p) or "(no host measured these cases yet)"
+        return text
+    return per_host(hosts, ("BM_sketched_linear_",), text,
+                    lambda h: image(h, "sketched_linear"))
 
 
 CONV_IMPLS = [("solder_folded", "**solder**, folded, NCHW in and out"),
@@ -558,10 +554,7 @@ CONV_PAIRS = [("solder_folded_channels_last_vs_onednn_postops_blocked", "solder 
 
 
 def render_conv(hosts):
-    parts = []
-    for h in hosts:
-        if not h.has("BM_conv_", "BM_depthwise_separable"):
-            continue
+    def text(h):
         cols = [("BM_conv_bn_relu_infer", "32x64x56x56"), ("BM_conv_bn_relu_infer", "1x64x56x56"),
                 ("BM_depthwise_separable", "32x64x56x56")]
         header = ["GFLOP/s (fraction of the FMA peak)", "conv+BN+ReLU, N = 32", "conv+BN+ReLU, N = 1",
@@ -598,9 +591,9 @@ def render_conv(hosts):
                      + "; ".join(f"{name} {num(r['seconds'] * 1e3)} ms, {num(r.get('GFLOPs'))} GFLOP/s"
                                  + (f" ({r['GFLOPs'] / h.peak(1):.2f} of the peak)" if h.peak(1) and r.get("GFLOPs") else "")
                                  for name, r in zip(("the block", "one kernel per layer"), train) if r) + ".\n")
-        parts.append(h.caption() + "\n\n" + text)
-        parts.append(image(h, "conv"))
-    return "\n".join(p for p in parts if p) or "(no host measured these cases yet)"
+        return text
+    return per_host(hosts, ("BM_conv_", "BM_depthwise_separable"), text,
+                    lambda h: image(h, "conv"))
 
 
 def render_hosts(hosts):
