@@ -214,7 +214,7 @@ inline constexpr long fma_steps = 1L << 15;  // ~0.08 ms on a 200 GFLOP/s core
   const V m(scale), c(shift);
   for (long k = 0; k < fma_steps; ++k) {
 #pragma GCC unroll 16
-    for (int i = 0; i < fma_chains; ++i) acc[i] = xsimd::fma(acc[i], m, c);  // as the GEMM micro-kernel
+    for (int i = 0; i < fma_chains; ++i) acc[i] = eval::cpu::fma(acc[i], m, c);  // as the GEMM micro-kernel
   }
   for (int i = 1; i < fma_chains; ++i) acc[0] += acc[i];
   alignas(64) float lanes[V::size];

@@ -881,7 +881,7 @@ class conv2d {
         for (std::size_t kh = 0; kh < Kh; ++kh) {
           const float* in = pad + (ho + kh * Dilation) * PW + wo;
           for (std::size_t kw = 0; kw < Kw; ++kw)
-            acc = xsimd::fma(V::load_unaligned(in + kw * Dilation), V(w[kh * Kw + kw]), acc);
+            acc = eval::cpu::fma(V::load_unaligned(in + kw * Dilation), V(w[kh * Kw + kw]), acc);
         }
         if constexpr (Bias) acc = acc + V(b);
         if constexpr (!std::is_same_v<Op, detail::conv2d_identity>) acc = op.forward(acc);
@@ -925,7 +925,7 @@ class conv2d {
           for (std::size_t kh = 0; kh < Kh; ++kh) {
             const float* in = space + j * floats + (h + (Kh - 1 - kh) * Dilation + (Pd - PH)) * PW + w0 + (Pd - PWd);
             for (std::size_t kw = 0; kw < Kw; ++kw)
-              acc = xsimd::fma(V::load_unaligned(in + (Kw - 1 - kw) * Dilation), V(w[j * G::taps + kh * Kw + kw]), acc);
+              acc = eval::cpu::fma(V::load_unaligned(in + (Kw - 1 - kw) * Dilation), V(w[j * G::taps + kh * Kw + kw]), acc);
           }
         if (w0 + L <= G::width)
           acc.store_unaligned(dx + h * G::width + w0);
@@ -952,7 +952,7 @@ class conv2d {
         for (std::size_t kh = 0; kh < Kh; ++kh) {
           const float* in = xp + (ho + kh * Dilation) * PW + wo;
           for (std::size_t kw = 0; kw < Kw; ++kw)
-            acc[kh * Kw + kw] = xsimd::fma(d, eval::cpu::load_first<V>(in + kw * Dilation, n), acc[kh * Kw + kw]);
+            acc[kh * Kw + kw] = eval::cpu::fma(d, eval::cpu::load_first<V>(in + kw * Dilation, n), acc[kh * Kw + kw]);
         }
       }
     for (std::size_t k = 0; k < G::taps; ++k) sums[k] = lane_sum(acc[k]);

@@ -49,7 +49,7 @@ SOLDER_INLINE void fma_step(vec<float> (&acc)[R][NV], const float* a, const floa
   for (std::size_t r = 0; r < R; ++r) {
     const V ar(a[r * ARow]);
 #pragma GCC unroll 8
-    for (std::size_t v = 0; v < NV; ++v) acc[r][v] = xsimd::fma(ar, bv[v], acc[r][v]);
+    for (std::size_t v = 0; v < NV; ++v) acc[r][v] = eval::cpu::fma(ar, bv[v], acc[r][v]);
   }
 }
 
