@@ -51,11 +51,15 @@ struct kernel_cost<nn::group<K, F, Ls...>, Block, W> {
   static constexpr double weight_bytes = 4.0 * double(params);
   /// Forward: read x, write y (and z when kept).
   static constexpr double forward_bytes = 4.0 * double(in + out + saved);
-  /// Backward: an elementwise run reads x or y and dy, writes dx; a product also writes the
-  /// gate, reads it twice (dW, dx) with x, and writes dx (once and none without dx).
-  static constexpr double backward_bytes = K != nn::layer_kind::product ? 4.0 * double(3 * out + saved)
-                                           : computes_dx                ? 4.0 * double(3 * out + 2 * out + 2 * in)
-                                                                        : 4.0 * double(3 * out + out + in);
+  /// Backward: an elementwise run reads x or y and dy, writes dx (a run that computes nothing,
+  /// such as flatten, only copies dy to dx); a product also writes the gate, reads it twice
+  /// (dW, dx) with x, and writes dx (once and none without dx).
+  static constexpr double backward_bytes = [] {
+    if constexpr (K != nn::layer_kind::product)
+      return backward_flops == 0 ? 4.0 * double(2 * out) : 4.0 * double(3 * out + saved);
+    else
+      return computes_dx ? 4.0 * double(3 * out + 2 * out + 2 * in) : 4.0 * double(3 * out + out + in);
+  }();
 };
 
 }  // namespace detail
