@@ -117,7 +117,6 @@ struct reduce_sink {
   // A row group (run_row_group): a column fold keeps the partial vector in a register across
   // the group's rows, loaded and stored once per group instead of once per row. The rows are
   // combined in the same order, so the bits are the same.
-  static constexpr bool folds_columns = inner;
   SOLDER_INLINE V column_begin(std::size_t j) const { return V::load_unaligned(p + j); }
   template <class X>
   SOLDER_INLINE void column_put(V& a, const X& x) const {
@@ -232,8 +231,8 @@ SOLDER_INLINE void run_segment(const segment& seg, Ctx& ctx, Evals& ev, Sinks& s
 
 /// Rows of a row group: a pass that folds columns (a bias gradient: [B, N] summed into [N])
 /// runs this many rows' segments at the same columns together, so each partial vector is loaded
-/// and stored once per group rather than once per row (the second store per vector cost 1/4 of
-/// a bias-gradient backward's time at 256 x 4096).
+/// and stored once per group rather than once per row: the partial row's store per vector was
+/// the second store stream of the pass (docs/hosts.md).
 inline constexpr std::size_t group_rows = 4;
 
 /// The segments at seg's columns of rows seg.row .. seg.row + group_rows - 1, in one sweep:
@@ -290,9 +289,8 @@ void run_chunk(const partition& part, std::size_t c, const Evals& evals, const S
   // Passes that fold columns, draw no random bits and store to cache run whole rows in groups
   // where they can; the segments left over (a chunk's first partial row, its last rows) run
   // one by one. A group's rows are several streams the hardware prefetcher follows, and
-  // software prefetches on top of them only cost. (A bias-gradient backward, against its copy
-  // floor: at 256 x 4096, 0.64 row by row, 0.86 in groups; at 4096 x 4096 with streaming
-  // stores, 0.95 row by row, 0.84 in groups.)
+  // software prefetches on top of them only cost. With streaming stores, rows one by one
+  // measured faster (docs/hosts.md).
   constexpr bool grouped = !Stream && slots == 0 && (folds_columns_v<std::tuple_element_t<I, Sinks>> || ...);
   if constexpr (grouped) {
     const std::size_t group = group_rows * part.seg_per_row;  // segments

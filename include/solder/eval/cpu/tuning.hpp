@@ -24,17 +24,17 @@ struct cpu_tuning {
 /// Below this, no output is streamed on any host (a static shape that small never checks).
 inline constexpr std::size_t stream_min_bytes_floor = std::size_t(8) << 20;
 
-/// The choice for a host (a pure function, so it is tested for the hosts solder has met).
+/// The choice for a host (a pure function, so it is tested for the hosts solder has met; the
+/// figures behind it: docs/design.md, "Host-dependent constants").
 ///
 /// Streaming: a cached store pays a read for ownership but leaves the output where the next
-/// pass reads it. Whether that wins depends on how fast the cache the output fits in is for one
-/// core against memory. On Intel's server parts the mesh L3 is not: a 4 MiB copy through it ran
-/// at 24 GB/s, a 64 MiB non-temporal copy at 32 GB/s, and cached stores stopped winning at
-/// 8 MiB. On AMD's Zen the L3 of a core complex is: 94 GB/s at 4 MiB against 36 GB/s streamed at
-/// 64 MiB, so outputs that leave room in L3 for their inputs (half of it) stay cached.
+/// pass reads it, which wins only where that cache is faster for one core than memory. Intel's
+/// server mesh L3 is not (cached stores stop winning at 8 MiB of output); the L3 of an AMD Zen
+/// core complex is, so there outputs that leave room in L3 for their inputs (half of it) stay
+/// cached.
 ///
-/// GEMM: a quarter of L2 (2 MiB per core on Sapphire/Emerald Rapids: 512 KiB, where 256-512 KiB
-/// measured best and 1 MiB lost 3-10%; 1 MiB on Zen 4: 256 KiB), within [128 KiB, 512 KiB].
+/// GEMM: a quarter of L2, leaving room for the next block arriving and the A panels and partial
+/// sums passing through, within [128 KiB, 512 KiB].
 constexpr cpu_tuning choose_tuning(cpu_vendor vendor, std::size_t l2_bytes, std::size_t l3_bytes) {
   cpu_tuning t{};
   t.stream_min_bytes = stream_min_bytes_floor;
