@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "solder/benchmark.hpp"
 #include "solder/eval/cpu/gemm.hpp"
 #include "solder/nn/linear_block.hpp"
 #include "support/gemm_epilogues.hpp"
@@ -40,25 +41,9 @@ using namespace solder_bench;
 // The FMA peak: 16 independent chains of vector FMAs (4-cycle latency x 2 FMA ports needs 8)
 // ---------------------------------------------------------------------------------------------
 
-constexpr int fma_chains = 16;
+using solder::bench::detail::fma_chains;
+using solder::bench::detail::run_fma_chains;  // the loop solder/benchmark.hpp's peak runs
 constexpr long fma_steps_per_call = 1L << 20;  // ~2.5 ms at 214 GFLOP/s
-
-/// Runs `steps` rounds of fma_chains independent FMAs on solder's vectors; returns a value that
-/// depends on all of them, so nothing is optimized away. noipa: GCC would otherwise see a pure
-/// function of a constant and hoist the call out of the benchmark loop.
-__attribute__((noipa)) float run_fma_chains(long steps) {
-  using V = solder::eval::cpu::vec<float>;
-  V acc[fma_chains];
-  for (int i = 0; i < fma_chains; ++i) acc[i] = V(1e-3f * float(i));
-  const V m(0.999f), c(1e-4f);  // converges to 0.1: no overflow, no subnormals
-  for (long k = 0; k < steps; ++k) {
-#pragma GCC unroll 16
-    for (int i = 0; i < fma_chains; ++i) acc[i] = xsimd::fma(acc[i], m, c);
-  }
-  V s = acc[0];
-  for (int i = 1; i < fma_chains; ++i) s += acc[i];
-  return xsimd::hadd(s);
-}
 
 /// Flops of one run_fma_chains(fma_steps_per_call) on each of `threads` threads.
 double fma_flops(int threads) {

@@ -206,13 +206,15 @@ void on_threads(int threads, F&& f) {
 inline constexpr int fma_chains = 16;
 inline constexpr long fma_steps = 1L << 15;  // ~0.08 ms on a 200 GFLOP/s core
 
-[[gnu::noinline]] inline float run_fma_chains() {
+/// `steps` rounds of the chains; returns a value that depends on all of them. solder_bench's
+/// BM_peak_fma runs the same loop.
+[[gnu::noinline]] inline float run_fma_chains(long steps = fma_steps) {
   using V = executor<cpu>::vec;
   static volatile float start = 1e-3f, scale = 0.999f, shift = 1e-4f;  // converges to 0.1: no overflow, no subnormals
   V acc[fma_chains];
   for (int i = 0; i < fma_chains; ++i) acc[i] = V(start * float(i));
   const V m(scale), c(shift);
-  for (long k = 0; k < fma_steps; ++k) {
+  for (long k = 0; k < steps; ++k) {
 #pragma GCC unroll 16
     for (int i = 0; i < fma_chains; ++i) acc[i] = eval::cpu::fma(acc[i], m, c);  // as the GEMM micro-kernel
   }
