@@ -4,7 +4,7 @@
     bash bench/results.sh [--quick] [--from-json] [--no-build] [--no-torch]
 
 (bench/results.sh runs this under build/torch-venv/bin/python, which has matplotlib, in a
-session of its own at the top scheduling weight.) Steps:
+process session (setsid) at the top scheduling weight.) Steps:
 
   1. builds solder_bench (the release preset) unless --no-build;
   2. runs it on the named cases (NAMED_FILTER), one process, peers interleaved at random, one
@@ -374,7 +374,7 @@ def brd_cell(h, direction, impl, shape, threads):
 
 def per_host(hosts, prefixes, text, plot):
     """For each host that measured a case starting with one of `prefixes`: its caption, text(h)
-    and plot(h). A placeholder when no host did."""
+    and plot(h); "(no host measured these cases yet)" when none did."""
     parts = []
     for h in hosts:
         if h.has(*prefixes):
