@@ -31,6 +31,7 @@
 #include "solder/nn/elementwise_block.hpp"
 #include "solder/nn/layer_info.hpp"
 #include "solder/nn/layer_norm.hpp"
+#include "solder/nn/linear.hpp"
 #include "solder/nn/plan.hpp"
 #include "solder/nn/softmax.hpp"
 #include "solder/ops/activations.hpp"
@@ -42,7 +43,7 @@ namespace solder::gen {
 // ---------------------------------------------------------------------------------------------
 
 /// What a layer is to the generated code.
-enum class role { bias, activation, dropout, layer_norm, softmax, log_softmax };
+enum class role { linear, bias, activation, dropout, layer_norm, softmax, log_softmax };
 
 /// One layer of a chain: its type as C++ spells it, its name (PyTorch's) and its position.
 struct layer_desc {
@@ -53,13 +54,17 @@ struct layer_desc {
 };
 
 /// One planned group of a chain, run by one forward and one backward launcher: an
-/// nn::elementwise_block, or one row layer.
+/// nn::elementwise_block, one row layer, or an nn::linear_block (a product group: a linear
+/// layer and the elementwise layers after it).
 struct group_desc {
   std::size_t index;  // position among the chain's groups
   bool elementwise;
-  std::size_t width;     // features per sample, in and out
+  std::size_t width;     // features per sample out (and in, but for a product group)
   bool output_backward;  // elementwise: the backward reads the output y instead of x
   std::vector<layer_desc> layers;
+  bool product = false;       // a product group
+  std::size_t in_width = 0;   // product: the linear layer's input features
+  bool product_bias = false;  // product: whether the linear layer adds its bias
 };
 
 /// How a chain was given: an nn::chain, an nn::elementwise_block, or one row layer.
@@ -99,6 +104,15 @@ inline constexpr bool known_op =
 template <class L>
 struct layer_traits {
   static constexpr bool known = false;
+};
+template <std::size_t In, std::size_t Out, bool Bias>
+struct layer_traits<nn::linear<In, Out, Bias>> {
+  static constexpr bool known = true;
+  static layer_desc describe(std::size_t i) {
+    return {role::linear,
+            "solder::nn::linear<" + std::to_string(In) + ", " + std::to_string(Out) + (Bias ? "" : ", false") + ">",
+            "linear", i};
+  }
 };
 template <std::size_t N>
 struct layer_traits<nn::bias<N>> {
@@ -142,13 +156,13 @@ struct layer_traits<nn::log_softmax<N>> {
 /// One error per layer the CUDA backend cannot run, naming the layer.
 template <class L>
 constexpr bool check_layer() {
-  if constexpr (nn::layer_info<L>::kind == nn::layer_kind::product) {
-    return diagnostic<"solder::gen: the CUDA backend has no matrix product yet; generate the chain's elementwise and "
-                      "row layers without its linear layers",
+  if constexpr (nn::layer_info<L>::kind == nn::layer_kind::product && !layer_traits<L>::known) {
+    return diagnostic<"solder::gen: the CUDA backend's products run nn::linear layers only; this product layer has no "
+                      "CUDA kernel yet",
                       L>::reported;
   } else if constexpr (!layer_traits<L>::known) {
-    return diagnostic<"solder::gen: no CUDA kernel for this layer; a generated chain holds bias, activations of "
-                      "solder::ops, dropout, layer_norm, softmax and log_softmax",
+    return diagnostic<"solder::gen: no CUDA kernel for this layer; a generated chain holds linear, bias, activations "
+                      "of solder::ops, dropout, layer_norm, softmax and log_softmax",
                       L>::reported;
   } else {
     return true;
@@ -210,6 +224,26 @@ struct output_backward_of<std::tuple<Ls...>> {
   static constexpr bool value = nn::elementwise_block<Ls...>::output_backward;
 };
 
+/// The elementwise layers after the head of a product group, as a std::tuple.
+template <class Tuple>
+struct product_tail_of;
+template <class Head, class... Tail>
+struct product_tail_of<std::tuple<Head, Tail...>> {
+  using type = std::tuple<Tail...>;
+};
+
+/// One error for a product group whose backward would need its pre-activation: the generated
+/// backward reads the gate from the output y, and the forward writes y alone.
+template <class Tail>
+constexpr bool check_product_tail() {
+  if constexpr (output_backward_of<Tail>::value)
+    return true;
+  else
+    return diagnostic<"solder::gen: after an nn::linear a generated chain takes layers whose gradient follows from the "
+                      "output (relu or sigmoid, then dropout)",
+                      Tail>::reported;
+}
+
 /// The planner's groups of Ls as descriptions.
 template <bool Fused, class... Ls>
 std::vector<group_desc> describe_groups(const std::vector<layer_desc>& layers) {
@@ -220,9 +254,17 @@ std::vector<group_desc> describe_groups(const std::vector<layer_desc>& layers) {
     (
         [&] {
           using group = std::tuple_element_t<G, groups>;
+          using layers_of = typename group_layers<group>::type;
           constexpr bool elementwise = group::kind == nn::layer_kind::elementwise;
           group_desc d{G, elementwise, widths::after[group::first], false, {}};
-          if constexpr (elementwise) d.output_backward = output_backward_of<typename group_layers<group>::type>::value;
+          if constexpr (elementwise) d.output_backward = output_backward_of<layers_of>::value;
+          if constexpr (group::kind == nn::layer_kind::product) {
+            using head = std::tuple_element_t<0, layers_of>;
+            if constexpr (check_product_tail<typename product_tail_of<layers_of>::type>()) d.output_backward = true;
+            d.product = true;
+            d.in_width = head::in_features;
+            d.product_bias = head::has_bias;
+          }
           for (std::size_t i = group::first; i < group::first + group::size; ++i) d.layers.push_back(layers[i]);
           out.push_back(std::move(d));
         }(),
@@ -374,6 +416,15 @@ struct group_text {
   role row_role() const { return g.layers.front().what; }
   std::string width() const { return std::to_string(g.width); }
   std::string rows() const { return "[batch, " + width() + "]"; }
+  /// A product group's input features, input rows and weight: "256", "[batch, 256]", "[512, 256]".
+  std::string in_width() const { return std::to_string(g.in_width); }
+  std::string in_rows() const { return "[batch, " + in_width() + "]"; }
+  std::string weight_shape() const { return "[" + width() + ", " + in_width() + "]"; }
+  /// The group's rows for titles: "[batch, 4096]", or a product's "[batch, 256] -> [batch, 512]".
+  std::string extent() const { return g.product ? in_rows() + " -> " + rows() : rows(); }
+  /// The position of a layer in the tuple of layers that holds it in the .cu: the block's, or a
+  /// product group's tail (after the linear layer).
+  std::size_t held_at(const layer_desc& l) const { return l.index - g.layers.front().index - (g.product ? 1 : 0); }
   /// A bias's parameter: "b", or "b<layer index>" where the group has several.
   std::string bias(const layer_desc& l) const { return of(role::bias).size() == 1 ? "b" : "b" + std::to_string(l.index); }
   std::string seed(const layer_desc& l) const {
@@ -389,9 +440,16 @@ struct group_text {
   }
   /// The type the group runs as.
   std::string block_type() const {
-    if (!g.elementwise) return g.layers.front().type;
+    if (!g.elementwise && !g.product) return g.layers.front().type;
     std::vector<std::string> types;
     for (const auto& l : g.layers) types.push_back(l.type);
+    return std::string(g.product ? "solder::nn::linear_block<" : "solder::nn::elementwise_block<") + join(types, ", ") +
+           ">";
+  }
+  /// A product group's tail type: "solder::nn::elementwise_block<solder::nn::relu, ...>".
+  std::string tail_type() const {
+    std::vector<std::string> types;
+    for (std::size_t i = 1; i < g.layers.size(); ++i) types.push_back(g.layers[i].type);
     return "solder::nn::elementwise_block<" + join(types, ", ") + ">";
   }
   /// The layers for comments: "bias<4096>, relu, dropout<0.1f>".
@@ -400,10 +458,15 @@ struct group_text {
     for (const auto& l : g.layers) v.push_back(l.type.substr(std::string_view("solder::nn::").size()));
     return join(v, ", ");
   }
-  /// The forward's formula: "dropout(relu(x + b))".
+  /// The forward's formula: "dropout(relu(x + b))", "dropout(relu(x W^T + b))".
   std::string formula() const {
     std::string e = "x";
-    for (const auto& l : g.layers) e = l.what == role::bias ? e + " + " + bias(l) : l.name + "(" + e + ")";
+    for (const auto& l : g.layers) {
+      if (l.what == role::linear)
+        e = g.product_bias ? "x W^T + b" : "x W^T";
+      else
+        e = l.what == role::bias ? e + " + " + bias(l) : l.name + "(" + e + ")";
+    }
     return e;
   }
   /// "layer 3" or "layers 0-2": the group's place in the chain.
@@ -413,14 +476,16 @@ struct group_text {
   }
   /// Whether dispatch (eval/cuda/pass.hpp) may take the 16-byte path: rows of whole vectors, or
   /// no broadcast operand (a bias) and no column sums.
-  bool vector_path() const { return g.width % 4 == 0 || of(role::bias).empty(); }
+  bool vector_path() const { return g.width % 4 == 0 || (of(role::bias).empty() && !g.product_bias); }
 };
 
 /// The launchers' common name: "solder_" + the layers' names + element type + width.
 inline std::string launcher_name(const group_desc& g) {
   std::vector<std::string> names;
   for (const auto& l : g.layers) names.push_back(l.name);
-  return "solder_" + join(names, "_") + "_f32_" + std::to_string(g.width);
+  // A product group's width is In x Out, as its weight's transpose.
+  const std::string in = g.product ? std::to_string(g.in_width) + "x" : "";
+  return "solder_" + join(names, "_") + "_f32_" + in + std::to_string(g.width);
 }
 
 // ---- the launchers' parameters and summaries -------------------------------------------------
@@ -428,7 +493,16 @@ inline std::string launcher_name(const group_desc& g) {
 /// The forward launcher's parameters, in order.
 inline std::vector<param> forward_params(const group_text& t) {
   std::vector<param> p{{"const float* x", "x"}};
-  if (t.g.elementwise) {
+  if (t.g.product) {
+    p.push_back({"const float* w", "w"});
+    if (t.g.product_bias) p.push_back({"const float* b", "b"});
+    p.push_back({"float* y", "y"});
+    p.push_back({"size_t batch", "batch"});
+    for (const auto* d : t.of(role::dropout)) {
+      p.push_back({"uint64_t " + t.seed(*d), t.seed(*d)});
+      p.push_back({"uint64_t " + t.offset(*d), t.offset(*d)});
+    }
+  } else if (t.g.elementwise) {
     for (const auto& b : t.biases()) p.push_back({"const float* " + b, b});
     p.push_back({"float* y", "y"});
     p.push_back({"size_t batch", "batch"});
@@ -454,7 +528,12 @@ inline std::vector<param> forward_params(const group_text& t) {
 /// The backward launcher's parameters, in order.
 inline std::vector<param> backward_params(const group_text& t) {
   std::vector<param> p;
-  if (t.g.elementwise) {
+  if (t.g.product) {
+    p = {{"const float* x", "x"}, {"const float* w", "w"}, {"const float* y", "y"}, {"const float* dy", "dy"},
+         {"float* dx", "dx"},     {"float* dw", "dw"}};
+    if (t.g.product_bias) p.push_back({"float* db", "db"});
+    p.push_back({"size_t batch", "batch"});
+  } else if (t.g.elementwise) {
     if (t.g.output_backward) {
       p.push_back({"const float* y", "y"});
     } else {
@@ -500,6 +579,16 @@ inline std::string check_call(const std::vector<param>& ps) {
 
 /// The header's summary of the forward launcher (one paragraph).
 inline std::string forward_summary(const group_text& t) {
+  if (t.g.product) {
+    std::string s = "y = " + t.formula() + " in training mode: x " + t.in_rows() + ", w " + t.weight_shape() +
+                    " (torch's Linear.weight, [out, in])" + (t.g.product_bias ? ", b [" + t.width() + "]" : "") +
+                    ", y " + t.rows() + "; one matrix product, " +
+                    (t.g.layers.size() > 1 ? "the layers after the linear one in its epilogue." : "y written once.");
+    for (const auto* d : t.of(role::dropout))
+      s += " The mask of the dropout (layer " + std::to_string(d->index) + ") is Philox stream (" + t.seed(*d) + ", " +
+           t.offset(*d) + "), as nn::dropout's rng.";
+    return s;
+  }
   if (t.g.elementwise) {
     std::string s = "y = " + t.formula() + " in training mode: x, y " + t.rows();
     if (!t.biases().empty()) s += ", " + join(t.biases(), ", ") + " [" + t.width() + "]";
@@ -520,6 +609,13 @@ inline std::string forward_summary(const group_text& t) {
 
 /// The header's summary of the backward launcher (one paragraph).
 inline std::string backward_summary(const group_text& t) {
+  if (t.g.product) {
+    return "dx " + t.in_rows() + ", dw " + t.weight_shape() + (t.g.product_bias ? " and db [" + t.width() + "]" : "") +
+           " (overwritten) from the forward's input x, w, its output y and dy " + t.rows() + ": the gradient g of x W^T" +
+           (t.g.product_bias ? " + b" : "") + " from y and dy" + (t.g.product_bias ? " with db, its column sums," : "") +
+           " in one pass (masks read from y), then dx = g w and dw = g^T x, a matrix product each; g " + t.rows() +
+           " is scratch of the stream-ordered allocator.";
+  }
   if (t.g.elementwise) {
     std::string grads = "dx " + t.rows();
     if (!t.biases().empty()) {
@@ -541,9 +637,12 @@ inline std::string backward_summary(const group_text& t) {
 /// One line per launcher for the files' opening comments.
 inline std::string group_overview(const group_text& t) {
   std::string s = "// group " + std::to_string(t.g.index) + ", " + t.layer_range() + ": " + t.layer_list() + " on " +
-                  t.rows() + "\n";
+                  t.extent() + "\n";
   const std::string fwd = t.launcher + "_fwd", bwd = t.launcher + "_bwd";
-  if (t.g.elementwise) {
+  if (t.g.product) {
+    s += "//   " + fwd + "  y = " + t.formula() + ", one product" + (t.g.layers.size() > 1 ? " + epilogue" : "") + "\n";
+    s += "//   " + bwd + "  g" + (t.g.product_bias ? ", db" : "") + " from y and dy, one pass; dx, dW, a product each\n";
+  } else if (t.g.elementwise) {
     s += "//   " + fwd + "  y = " + t.formula() + ", one pass\n";
     s += "//   " + bwd + "  dx" + (t.biases().empty() ? "" : ", d" + join(t.biases(), ", d")) + " from " +
          (t.g.output_backward ? "y" : "x") + " and dy, one pass\n";
@@ -563,7 +662,7 @@ inline std::string plan_check(const group_text& t, const std::string& header, co
     planned = "std::tuple_element_t<" + std::to_string(t.g.index) + ", " + t.chain.name + "::blocks_type>";
   else
     planned = t.chain.name;
-  const std::string type = t.prefix + (t.g.elementwise ? "block" : "layer");
+  const std::string type = t.prefix + (t.g.elementwise || t.g.product ? "block" : "layer");
   return "static_assert(std::is_same_v<" + type + ", " + planned + ">,\n              \"solder::gen: " + t.chain.name +
          " in " + header + " has changed since \"\n              \"" + stem + ".cu was generated; regenerate it\");\n";
 }
@@ -653,6 +752,92 @@ inline std::string elementwise_definitions(const group_text& t, const std::strin
   return s;
 }
 
+/// A product group's types, its tail, the forward product with the tail as its epilogue, the
+/// backward's gate writes and its two products, and their passes.
+inline std::string product_definitions(const group_text& t, const std::string& header, const std::string& stem) {
+  const std::string p = t.prefix, w = t.width(), in = t.in_width();
+  const bool bias = t.g.product_bias;
+  std::string s;
+  std::vector<std::string> types;
+  for (const auto& l : t.g.layers) types.push_back(l.type);
+  s += wrap_list("using " + p + "block = solder::nn::linear_block", '<', types, '>', ";") + "\n";
+  s += plan_check(t, header, stem);
+  s += "/// The layers after the linear one: the ops and dropout streams of the epilogue and the gate.\n";
+  s += "using " + p + "tail_type = " + p + "block::tail_type;\n";
+  s += comment("/// ", "Device views of " + t.in_rows() + " and " + t.rows() + " rows, of the " + t.weight_shape() +
+                           " weight's gradient" + (bias ? " and of [" + w + "] parameters" : "") + ".");
+  s += "using " + p + "in_rows = solder::tensor_ref<const float, solder::shape<solder::dyn, " + in + ">, solder::device>;\n";
+  s += "using " + p + "in_rows_out = solder::tensor_ref<float, solder::shape<solder::dyn, " + in + ">, solder::device>;\n";
+  s += "using " + p + "rows = solder::tensor_ref<const float, solder::shape<solder::dyn, " + w + ">, solder::device>;\n";
+  s += "using " + p + "rows_out = solder::tensor_ref<float, solder::shape<solder::dyn, " + w + ">, solder::device>;\n";
+  s += "using " + p + "weight_out = solder::tensor_ref<float, solder::shape<" + w + ", " + in + ">, solder::device>;\n";
+  if (bias) {
+    s += "using " + p + "features = solder::tensor_ref<const float, solder::shape<" + w + ">, solder::device>;\n";
+    s += "using " + p + "features_out = solder::tensor_ref<float, solder::shape<" + w + ">, solder::device>;\n";
+  }
+  s += "/// The products' tilings, by their output columns: " + w + " for y, " + in + " for dx and dW.\n";
+  s += "using " + p + "out_tiling = solder::eval::cuda::product_tiling_for<" + w + ">;\n";
+  s += "using " + p + "in_tiling = solder::eval::cuda::product_tiling_for<" + in + ">;\n";
+  s += "\n/// This thread's tail (the caller passes the parameters and the dropout streams).\n";
+  s += p + "tail_type& " + p + "tail() {\n  thread_local " + p + "tail_type tail;\n  return tail;\n}\n\n";
+
+  // The forward: nn::linear_block::expression with the product as the accumulator leaf.
+  std::vector<std::string> args{"const " + p + "tail_type& tail", p + "in_rows x", "const float* w"};
+  if (bias) args.push_back(p + "features b");
+  args.push_back(p + "rows_out y");
+  s += comment("/// ", "y = " + t.formula() + " in training mode, as nn::linear_block::forward: the block's expression "
+                           "tail(x W^T" + (bias ? " + b" : "") + ") with the product x W^T as the epilogue's "
+                           "accumulator, W [" + w + ", " + in + "] read transposed.");
+  s += wrap_call("auto " + p + "forward", args, " {") + "\n";
+  s += "  const std::size_t batch = x.batch();\n";
+  s += "  const auto z = product_value<solder::shape<solder::dyn, " + w + ">>(batch)" + (bias ? " + b" : "") + ";\n";
+  s += wrap_call("  return product<" + p + "out_tiling>",
+                 {"matrix_operand<false>{x.data(), " + in + "}", "matrix_operand<true>{w, " + in + "}", "batch", in,
+                  "solder::write(y, tail.expression<solder::nn::mode::train>(z))"},
+                 ";") +
+       "\n}\n";
+
+  // The gate pass, as nn::product_tail::gate does it from the output.
+  args = {"const " + p + "tail_type& tail", p + "rows y", p + "rows dy", p + "rows_out g"};
+  if (bias) args.push_back(p + "features_out db");
+  s += std::string("/// g = dL/d(x W^T") + (bias ? " + b" : "") + ") from the output y" +
+       (bias ? ", and db = the column sums of g in the same pass," : "") + " as\n/// nn::product_tail::gate.\n";
+  s += wrap_call("auto " + p + "gate", args, " {") + "\n";
+  s += "  const auto ge = tail.gate_from_output<solder::nn::mode::train>(y, dy);\n";
+  std::vector<std::string> writes{"solder::write(g, ge)"};
+  if (bias) writes.push_back("solder::write(db, solder::sum_to<solder::shape<" + w + ">>(ge))");
+  s += wrap_call("  return std::make_tuple", writes, ";") + "\n}\n";
+
+  // The two products of the backward, nn::linear_block's left_grad and right_grads.
+  s += "/// dx [batch, " + in + "] = g W, W [" + w + ", " + in + "] as stored.\n";
+  s += wrap_call("auto " + p + "input_grad", {p + "rows g", "const float* w", p + "in_rows_out dx"}, " {") + "\n";
+  s += "  const std::size_t batch = g.batch();\n";
+  s += wrap_call("  return product<" + p + "in_tiling>",
+                 {"matrix_operand<false>{g.data(), " + w + "}", "matrix_operand<false>{w, " + in + "}", "batch", w,
+                  "solder::write(dx, product_value<solder::shape<solder::dyn, " + in + ">>(batch))"},
+                 ";") +
+       "\n}\n";
+  s += "/// dW [" + w + ", " + in + "] = g^T x, summed over the batch (the inner extent).\n";
+  s += wrap_call("auto " + p + "weight_grad", {p + "rows g", p + "in_rows x", p + "weight_out dw"}, " {") + "\n";
+  s += wrap_call("  return product<" + p + "in_tiling>",
+                 {"matrix_operand<true>{g.data(), " + w + "}", "matrix_operand<false>{x.data(), " + in + "}", w,
+                  "g.batch()", "solder::write(dw, product_value<solder::shape<" + w + ", " + in + ">>())"},
+                 ";") +
+       "\n}\n\n";
+
+  s += "using " + p + "forward_pass = product_pass_of<returned<decltype(" + p + "forward)>::type>::type;\n";
+  s += "using " + p + "input_grad_pass = product_pass_of<returned<decltype(" + p + "input_grad)>::type>::type;\n";
+  s += "using " + p + "weight_grad_pass = product_pass_of<returned<decltype(" + p + "weight_grad)>::type>::type;\n";
+  s += "using " + p + "gate_writes = returned<decltype(" + p + "gate)>::type;\n";
+  s += t.vector_path() ? "/// The gate passes run_writes picks from: 16-byte accesses where every pointer is aligned,\n"
+                         "/// element by element otherwise.\n"
+                       : "/// The gate pass run_writes runs: element by element, as rows of " + w +
+                             " are not whole 16-byte vectors.\n";
+  if (t.vector_path()) s += "using " + p + "gate_pass = pass_of<true, " + p + "gate_writes>::type;\n";
+  s += "using " + p + "gate_pass_unaligned = pass_of<false, " + p + "gate_writes>::type;\n";
+  return s;
+}
+
 /// A row group's layer type and the row bodies of eval/cuda/row.hpp it runs.
 inline std::string row_definitions(const group_text& t, const std::string& header, const std::string& stem) {
   const std::string p = t.prefix, w = t.width();
@@ -680,24 +865,38 @@ inline std::string instantiations(const group_text& t, const std::string& ns, st
     if (done.insert(line).second) s += line + "\n";
   };
   const std::string q = ns + "::" + t.prefix;
-  if (t.g.elementwise) {
+  // The kernels of one elementwise pass `name` (q + name + "_pass", "_pass_unaligned") with
+  // `columns` column sums.
+  auto pass_kernels = [&](const std::string& name, std::size_t columns) {
+    for (const char* variant : {"_pass", "_pass_unaligned"}) {
+      if (std::string_view(variant) == "_pass" && !t.vector_path()) continue;
+      const std::string pass = q + name + variant;
+      if (columns == 0) {
+        emit("flat_kernel", pass, pass);
+        continue;
+      }
+      std::vector<std::string> ws;
+      for (std::size_t k = 1; k <= columns; ++k) ws.push_back(std::to_string(k));
+      emit("column_kernel", pass + ", float, " + join(ws, ", "), pass);
+      for (const auto& k : ws) emit("column_finish_kernel", pass + ", " + k, pass);
+    }
+  };
+  if (t.g.product) {
+    const std::string g = "// group " + std::to_string(t.g.index) + ", ";
+    s += g + "forward: one product, the tail in its epilogue\n";
+    emit("product_kernel", q + "forward_pass", q + "forward_pass");
+    s += g + "backward: the gate" + (t.g.product_bias ? "'s column walk, then db's finish" : "'s elementwise walk") +
+         "; then the products dx = g W and dW = g^T x\n";
+    pass_kernels("gate", t.g.product_bias ? 1 : 0);
+    emit("product_kernel", q + "input_grad_pass", q + "input_grad_pass");
+    emit("product_kernel", q + "weight_grad_pass", q + "weight_grad_pass");
+  } else if (t.g.elementwise) {
     const std::size_t columns = t.biases().size();
     for (const char* dir : {"forward", "backward"}) {
       const bool column_walk = std::string_view(dir) == "backward" && columns > 0;
       s += "// group " + std::to_string(t.g.index) + ", " + dir + ": " +
            (column_walk ? "the column walk, then each column sum's finish" : "the elementwise walk") + "\n";
-      for (const char* variant : {"_pass", "_pass_unaligned"}) {
-        if (std::string_view(variant) == "_pass" && !t.vector_path()) continue;
-        const std::string pass = q + dir + variant;
-        if (!column_walk) {
-          emit("flat_kernel", pass, pass);
-          continue;
-        }
-        std::vector<std::string> ws;
-        for (std::size_t k = 1; k <= columns; ++k) ws.push_back(std::to_string(k));
-        emit("column_kernel", pass + ", float, " + join(ws, ", "), pass);
-        for (const auto& k : ws) emit("column_finish_kernel", pass + ", " + k, pass);
-      }
+      pass_kernels(dir, column_walk ? columns : 0);
     }
   } else {
     s += "// group " + std::to_string(t.g.index) + ": one warp per row each way" +
@@ -724,12 +923,32 @@ inline std::string launchers(const group_text& t) {
   auto set_streams = [&] {
     std::string r;
     for (const auto* d : t.of(role::dropout))
-      r += "    std::get<" + std::to_string(d->index - t.g.layers.front().index) + ">(block.layers).rng = {" +
-           t.seed(*d) + ", " + t.offset(*d) + "};\n";
+      r += "    std::get<" + std::to_string(t.held_at(*d)) + ">(" + (t.g.product ? "tail" : "block") +
+           ".layers).rng = {" + t.seed(*d) + ", " + t.offset(*d) + "};\n";
     return r;
   };
   const std::string w = t.width();
-  if (t.g.elementwise) {
+  if (t.g.product) {
+    std::vector<std::string> args{"tail", p + "in_rows(x, batch)", "w"};
+    if (t.g.product_bias) args.push_back(p + "features(b)");
+    args.push_back(p + "rows_out(y, batch)");
+    s += open(t.launcher + "_fwd", fwd) + "    solder::eval::cuda::require_device_once();\n    " + p +
+         "tail_type& tail = " + p + "tail();\n" + set_streams();
+    s += wrap_call("    run_product(stream, " + p + "forward", args, ");") + "\n" + close + "\n";
+
+    std::vector<std::string> gargs{"tail", p + "rows(y, batch)", p + "rows(dy, batch)", p + "rows_out(g.data(), batch)"};
+    if (t.g.product_bias) gargs.push_back(p + "features_out(db)");
+    s += open(t.launcher + "_bwd", bwd) + "    const " + p + "tail_type& tail = " + p + "tail();\n";
+    s += "    // Freed on the stream after the products that read it.\n";
+    s += "    const auto g = solder::eval::cuda::device_array<float>::allocate(batch * " + w + ", stream);\n";
+    s += wrap_call("    run(stream, " + p + "gate", gargs, ");") + "\n";
+    s += wrap_call("    run_product(stream, " + p + "input_grad",
+                   {p + "rows(g.data(), batch)", "w", p + "in_rows_out(dx, batch)"}, ");") +
+         "\n";
+    s += wrap_call("    run_product(stream, " + p + "weight_grad",
+                   {p + "rows(g.data(), batch)", p + "in_rows(x, batch)", p + "weight_out(dw)"}, ");") +
+         "\n" + close;
+  } else if (t.g.elementwise) {
     std::vector<std::string> args{p + "rows(x, batch)"};
     for (const auto& b : t.biases()) args.push_back(p + "features(" + b + ")");
     args.push_back(p + "rows_out(y, batch)");
@@ -774,7 +993,7 @@ inline std::string launchers(const group_text& t) {
 
 /// What the .cu defines once, before the groups: the chain's own last-error message, and the
 /// launcher support of eval/cuda/launcher.hpp under short names.
-inline std::string common_definitions(bool elementwise) {
+inline std::string common_definitions(bool elementwise, bool products) {
   std::string s = R"(/// The message of this thread's last call of this chain's launchers ("" after a success).
 thread_local std::string last_error;
 
@@ -789,6 +1008,21 @@ using solder::eval::cuda::check_arguments;
     s += R"(using solder::eval::cuda::pass_of;
 using solder::eval::cuda::returned;
 using solder::eval::cuda::run;
+)";
+  if (products)
+    s += R"(using solder::eval::cuda::matrix_operand;
+using solder::eval::cuda::product;
+using solder::eval::cuda::product_value;
+using solder::eval::cuda::run_product;
+
+/// A product pass's type rebuilt from its template arguments: nvcc's host side spells the
+/// deduced return type of a function as `auto` in an explicit instantiation, this type in full.
+template <class P>
+struct product_pass_of;
+template <class Tiling, class A, class B, class W>
+struct product_pass_of<solder::eval::cuda::product_pass<Tiling, A, B, W>> {
+  using type = solder::eval::cuda::product_pass<Tiling, A, B, W>;
+};
 )";
   return s;
 }
@@ -820,8 +1054,8 @@ inline files generate(const chain_desc& c, const std::string& header) {
   using namespace detail;
   const std::string stem = stem_of(c.name), ns = "solder_gen_" + stem;
   const auto groups = distinct_groups(c);
-  bool any_elementwise = false, any_row = false;
-  for (const auto& t : groups) (t.g.elementwise ? any_elementwise : any_row) = true;
+  bool any_elementwise = false, any_row = false, any_product = false;
+  for (const auto& t : groups) (t.g.product ? any_product : t.g.elementwise ? any_elementwise : any_row) = true;
 
   std::vector<std::string> layer_types;
   for (const auto& l : c.layers) layer_types.push_back(l.type);
@@ -850,13 +1084,17 @@ inline files generate(const chain_desc& c, const std::string& header) {
     cu += "#include <" + std::string(h) + ">\n";
   cu += "\n#include \"" + header + "\"\n#include \"solder/device.hpp\"\n";
   cu += "#include \"solder/eval/cuda/launcher.hpp\"\n";
+  if (any_product) cu += "#include \"solder/eval/cuda/memory.hpp\"\n#include \"solder/eval/cuda/product_kernel.hpp\"\n";
   if (any_row) cu += "#include \"solder/eval/cuda/row_kernels.hpp\"\n";
-  if (any_elementwise) cu += "#include \"solder/nn/elementwise_block.hpp\"\n";
+  if (any_elementwise || any_product) cu += "#include \"solder/nn/elementwise_block.hpp\"\n";
+  if (any_product) cu += "#include \"solder/nn/linear_block.hpp\"\n";
   cu += "#include \"" + stem + ".h\"\n\n";
-  cu += "namespace " + ns + " {\nnamespace {\n\n" + common_definitions(any_elementwise);
+  cu += "namespace " + ns + " {\nnamespace {\n\n" + common_definitions(any_elementwise || any_product, any_product);
   for (const auto& t : groups) {
-    cu += "\n" + rule("group " + std::to_string(t.g.index) + ": " + t.layer_list() + " on " + t.rows()) + "\n";
-    cu += t.g.elementwise ? elementwise_definitions(t, header, stem) : row_definitions(t, header, stem);
+    cu += "\n" + rule("group " + std::to_string(t.g.index) + ": " + t.layer_list() + " on " + t.extent()) + "\n";
+    cu += t.g.product       ? product_definitions(t, header, stem)
+          : t.g.elementwise ? elementwise_definitions(t, header, stem)
+                            : row_definitions(t, header, stem);
   }
   cu += "\n}  // namespace\n}  // namespace " + ns + "\n\n";
   cu += rule("kernels: every __global__ function the launchers start, instantiated here") + "\n";
@@ -885,7 +1123,7 @@ inline files generate(const chain_desc& c, const std::string& header) {
   h += "#ifndef " + guard + "\n#define " + guard + "\n\n#include <stddef.h>\n#include <stdint.h>\n\n";
   h += "typedef struct CUstream_st* cudaStream_t;\n\n#ifdef __cplusplus\nextern \"C\" {\n#endif\n";
   for (const auto& t : groups) {
-    h += "\n" + rule("group " + std::to_string(t.g.index) + ": " + t.layer_list() + " on " + t.rows()) + "\n";
+    h += "\n" + rule("group " + std::to_string(t.g.index) + ": " + t.layer_list() + " on " + t.extent()) + "\n";
     h += comment("/// ", forward_summary(t)) + wrap_call("int " + t.launcher + "_fwd", decls(forward_params(t)), ";") +
          "\n";
     h += comment("/// ", backward_summary(t)) +

@@ -4,6 +4,7 @@
 #include "solder/nn/chain.hpp"
 #include "solder/nn/elementwise.hpp"
 #include "solder/nn/layer_norm.hpp"
+#include "solder/nn/linear.hpp"
 
 /// y = dropout(relu(x + b)) over 4096 features; backward from the output y.
 using bias_relu_dropout = solder::nn::chain<solder::nn::bias<4096>, solder::nn::relu, solder::nn::dropout<0.1f>>;
@@ -15,3 +16,8 @@ using bias_gelu_dropout = solder::nn::chain<solder::nn::bias<1024>, solder::nn::
 /// and one elementwise pass each way (backward from x).
 using layer_norm_gelu_dropout =
     solder::nn::chain<solder::nn::layer_norm<1024>, solder::nn::gelu, solder::nn::dropout<0.1f>>;
+
+/// y = dropout(relu(x W^T + b)), W [512, 256]: one product group (nn::linear_block), the relu and
+/// dropout in the product's epilogue; backward from the output y.
+using linear_relu_dropout =
+    solder::nn::chain<solder::nn::linear<256, 512>, solder::nn::relu, solder::nn::dropout<0.1f>>;
