@@ -87,14 +87,18 @@ void check_simd_equals_scalar() {
                              (uint64_t(1) << 32) - 300,  // crosses 2^32: the counter's high word must carry
                              (uint64_t(1) << 32) - 1,
                              (uint64_t(1) << 32) + 77,
+                             (uint64_t(1) << 32) - 128,  // whole groups (the inline path) across 2^32
                              (uint64_t(1) << 57) + 3,
                              u64_max - 1000 - 64,
-                             u64_max - 999};  // with n = 1000 the last element is 2^64 - 1
-  const std::size_t sizes[] = {0, 1, 15, 16, 17, 127, 128, 129, 1000};
+                             u64_max - 999,   // with n = 1000 the last element is 2^64 - 1
+                             u64_max - 1023};  // whole groups ending at 2^64 - 1 with n = 1024
+  // 256, 768 and 1024: whole steps of groups from a group start, drawn inline.
+  const std::size_t sizes[] = {0, 1, 15, 16, 17, 127, 128, 129, 256, 768, 1000, 1024};
   for (uint64_t seed : seeds)
     for (uint64_t offset : offsets)
       for (uint64_t i0 : starts)
         for (std::size_t n : sizes) {
+          if (n != 0 && n - 1 > u64_max - i0) continue;  // past 2^64: rejected (tested below)
           CAPTURE(seed, offset, i0, n);
           REQUIRE(first_mismatch<A>(seed, offset, i0, n) == n);
         }
@@ -217,6 +221,8 @@ TEST_CASE("philox_bits16 rejects a range past 2^64", "[philox]") {
   REQUIRE_THROWS_AS(solder::eval::cpu::philox_bits16(1, 2, u64_max, 2, out), solder::error);
   REQUIRE_THROWS_AS(solder::eval::cpu::philox_bits16(1, 2, u64_max - 10, 12, out), solder::error);
   REQUIRE_NOTHROW(solder::eval::cpu::philox_bits16(1, 2, u64_max - 1, 2, out));
+  std::vector<uint16_t> whole(512);  // whole groups from a group start, past 2^64
+  REQUIRE_THROWS_AS(solder::eval::cpu::philox_bits16(1, 2, u64_max - 255, 512, whole.data()), solder::error);
 }
 
 TEST_CASE("load_bits16 zero-extends and keep_mask selects bits >= threshold", "[philox]") {
