@@ -64,9 +64,10 @@ TEST_CASE("row groups: [B, N] -> [N] with rows of two segments, chunks starting 
 }
 
 TEST_CASE("row groups: a kept shape whose partial row changes inside a group", "[reduce][row_groups]") {
-  // [B, 6, 300] summed over axis 1: rows of 6 fold into one partial row each, so a group of 4
-  // rows crosses from one partial row to the next every few groups and must run row by row.
-  constexpr std::size_t B = 37, H = 6, N = 300;
+  // [B, H, 300] summed over axis 1 with H one and a half groups: rows of H fold into one partial
+  // row each, so the group after a whole one crosses into the next partial row and must run
+  // row by row until a group fits again.
+  constexpr std::size_t B = 37, H = solder::eval::cpu::group_rows * 3 / 2, N = 300;
   tensor<float, shape<dyn, H, N>> x(B), y(B);
   tensor<float, shape<dyn, N>> s(B);
   solder::test::fill_integers(x, -100, 100, 812);

@@ -233,7 +233,7 @@ SOLDER_INLINE void run_segment(const segment& seg, Ctx& ctx, Evals& ev, Sinks& s
 /// runs this many rows' segments at the same columns together, so each partial vector is loaded
 /// and stored once per group rather than once per row: the partial row's store per vector was
 /// the second store stream of the pass (docs/hosts.md).
-inline constexpr std::size_t group_rows = 4;
+inline constexpr std::size_t group_rows = 8;
 
 /// The segments at seg's columns of rows seg.row .. seg.row + group_rows - 1, in one sweep:
 /// for each vector, every row in order (its own evaluators and sinks), column folds through a
@@ -244,9 +244,9 @@ SOLDER_INLINE void run_row_group(const segment& seg, Ctx& ctx, const Evals& ev0,
                                  std::index_sequence<I...>) {
   constexpr std::size_t R = group_rows, W = V::size;
   // Written out: nvcc's front end emits host code g++ rejects for an array built by a pack.
-  static_assert(R == 4, "solder: run_row_group copies its evaluators and sinks for 4 rows");
-  std::array<Evals, R> ev{ev0, ev0, ev0, ev0};
-  std::array<Sinks, R> sk{sk0, sk0, sk0, sk0};
+  static_assert(R == 8, "solder: run_row_group copies its evaluators and sinks for 8 rows");
+  std::array<Evals, R> ev{ev0, ev0, ev0, ev0, ev0, ev0, ev0, ev0};
+  std::array<Sinks, R> sk{sk0, sk0, sk0, sk0, sk0, sk0, sk0, sk0};
   ctx.next_segment();
 #pragma GCC unroll 8
   for (std::size_t r = 0; r < R; ++r) {
