@@ -14,6 +14,15 @@
 #define SOLDER_HD
 #endif
 
+/// SOLDER_UNROLL: before a loop of a host+device body with a compile-time trip count whose
+/// index selects registers (a thread's accumulators): unrolled by nvcc, so they stay in
+/// registers instead of local memory. The host compilers unroll such loops themselves.
+#if defined(__CUDACC__)
+#define SOLDER_UNROLL _Pragma("unroll")
+#else
+#define SOLDER_UNROLL
+#endif
+
 /// SOLDER_EXEC_CHECK_OFF: before a SOLDER_HD template that host-only code also instantiates
 /// with host-only value types (xsimd batches): nvcc then checks its calls per instantiation
 /// instead of warning that a host+device function calls host code.

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../support/data.hpp"
+#include "../support/device_vector.hpp"
 #include "../support/gpu_program.hpp"
 #include "../support/warp_emulation.hpp"
 #include "solder/eval/cuda/memory.hpp"
@@ -76,30 +77,8 @@ void expect_same_bits(const char* what, const std::vector<T>& a, const std::vect
   }
 }
 
+using solder::test::gpu::device_vector;
 using solder::test::gpu::expect;
-
-/// A device copy of a std::vector (solder's device_array, on the default stream), read back
-/// after the device's work is done.
-template <class T>
-class device_vector {
- public:
-  explicit device_vector(std::size_t n) : a_(cu::device_array<T>::allocate(n ? n : 1, nullptr)), n_(n) {}
-  explicit device_vector(const std::vector<T>& v) : device_vector(v.size()) { put(v); }
-  T* get() const { return a_.data(); }
-  void put(const std::vector<T>& v) const {
-    cu::check(cudaMemcpy(get(), v.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy to the device");
-  }
-  std::vector<T> read() const {
-    std::vector<T> v(n_);
-    cu::check(cudaDeviceSynchronize(), "the kernels");
-    cu::check(cudaMemcpy(v.data(), get(), n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy to the host");
-    return v;
-  }
-
- private:
-  cu::device_array<T> a_;
-  std::size_t n_;
-};
 
 /// Rows of n: special rows (a NaN, a +inf, a -inf among finite values, only -inf, logits near
 /// 1000), then seeded rows in [-4, 4], `rows` in all.

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "solder/eval/cuda/pass.hpp"
+#include "solder/eval/cuda/product.hpp"
+#include "warp_emulation.hpp"
 
 namespace solder::test {
 
@@ -100,5 +102,42 @@ struct host_runner {
     p.template all_block_result<W>(b, scratch.data());
   }
 };
+
+/// A product pass (eval/cuda/product.hpp) over its whole grid, as product_kernel runs it: per
+/// block, each slice staged by every thread, then accumulated by every thread (the barriers
+/// between them; an mma tiling's warps on emulated lanes), then every thread's elements stored
+/// through the epilogue.
+template <class P>
+void run_product(const P& p) {
+  std::vector<float> shared(P::shared_floats);
+  for (std::size_t by = 0; by < p.grid_rows(); ++by)
+    for (std::size_t bx = 0; bx < p.grid_cols(); ++bx) {
+      std::vector<P> threads(P::threads, p);  // each thread's copy of the kernel's parameter
+      std::vector<typename P::accumulators> acc;
+      for (unsigned t = 0; t < P::threads; ++t) acc.push_back(threads[t].start());
+      for (std::size_t s = 0; s < p.slices(); ++s) {
+        for (unsigned t = 0; t < P::threads; ++t) threads[t].stage(unsigned(bx), unsigned(by), t, s, shared.data());
+        if constexpr (P::tiling::math == eval::cuda::product_math::fp32) {
+          for (unsigned t = 0; t < P::threads; ++t) threads[t].accumulate(t, shared.data(), acc[t]);
+        } else {
+          // Warp by warp, mma step by mma step: every lane loads its fragments (the device's
+          // code), then each fragment of the warp's tile is multiplied over the 32 lanes.
+          using Tl = typename P::tiling;
+          constexpr unsigned lanes = eval::cuda::warp_size;
+          for (unsigned w = 0; w < P::threads / lanes; ++w)
+            for (unsigned k0 = 0; k0 < Tl::bk; k0 += Tl::mk) {
+              std::vector<typename Tl::fragments> f(lanes);
+              for (unsigned l = 0; l < lanes; ++l) Tl::load(w * lanes + l, shared.data(), k0, f[l]);
+              for (unsigned i = 0; i < Tl::frag_rows; ++i)
+                for (unsigned j = 0; j < Tl::frag_cols; ++j)
+                  emulate_mma<Tl::mk>([&](unsigned l) -> const auto& { return f[l].a[i]; },
+                                      [&](unsigned l) -> const auto& { return f[l].b[j]; },
+                                      [&](unsigned l) -> auto& { return acc[w * lanes + l].v[i][j]; });
+            }
+        }
+      }
+      for (unsigned t = 0; t < P::threads; ++t) threads[t].finish(unsigned(bx), unsigned(by), t, acc[t]);
+    }
+}
 
 }  // namespace solder::test

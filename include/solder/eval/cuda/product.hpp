@@ -1,0 +1,488 @@
+// eval/cuda/product.hpp: the CUDA backend's matrix product C = A' B' with its epilogue, as
+// host+device functions of a block's and a thread's coordinates: kernels of
+// eval/cuda/product_kernel.hpp call them on the GPU between barriers, tests/support/grid.hpp
+// calls them over a whole grid on the host, one barrier-separated phase after another.
+//
+// A block computes a bm x bn tile of C in slices of bk along K. Per slice, every thread copies
+// its share of the A' and B' panels into shared memory (stage), then the tiling multiplies
+// them into the thread's accumulators (accumulate): fused multiply-adds per thread in
+// ascending k (fp32: an element's bits do not depend on the tiling or the launch), or
+// tensor-core fragments per warp (tf32, bf16: the panels rounded while staged). Then each
+// thread hands its accumulators to the epilogue (finish): the rest of the write's expression,
+// read at the element's output coordinates by the readers of element.hpp, with the product
+// standing in as an accumulator leaf: bias, activation and a dropout mask equal to the CPU's
+// bit for bit, applied before the single store.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "solder/config.hpp"
+#include "solder/diagnostic.hpp"
+#include "solder/eval/cuda/element.hpp"
+#include "solder/expr/write.hpp"
+#include "solder/random/sketch.hpp"
+
+namespace solder::eval::cuda {
+
+/// a * b + c rounded once: the same instruction on the device and the host.
+SOLDER_HD SOLDER_INLINE float fused_multiply_add(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return fmaf(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+SOLDER_HD SOLDER_INLINE std::uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+#endif
+}
+SOLDER_HD SOLDER_INLINE float bits_float(std::uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+#endif
+}
+
+/// x rounded to TF32 (10 fraction bits), to nearest with ties away from zero, as the
+/// tensor cores' cvt.rna.tf32.f32; NaN and infinities unchanged. Integer arithmetic, so the
+/// device and the host round alike.
+SOLDER_HD SOLDER_INLINE float round_tf32(float x) {
+  const std::uint32_t u = float_bits(x);
+  if ((u & 0x7F800000u) == 0x7F800000u) return x;
+  return bits_float((u + 0x1000u) & 0xFFFFE000u);
+}
+
+/// x rounded to BF16 (7 fraction bits), to nearest even, kept as a float whose low 16 bits are
+/// zero; NaN stays NaN.
+SOLDER_HD SOLDER_INLINE float round_bf16(float x) {
+  const std::uint32_t u = float_bits(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return bits_float(u | 0x00400000u);
+  return bits_float((u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u);
+}
+
+/// How a tiling multiplies.
+enum class product_math {
+  fp32,  // fused multiply-adds on each thread's own accumulators
+  tf32,  // tensor cores: mma.sync m16n8k8 on inputs rounded to TF32, fp32 accumulators
+  bf16,  // tensor cores: mma.sync m16n8k16 on inputs rounded to BF16, fp32 accumulators
+};
+
+/// Lane l of a warp in a tensor-core multiply: its group (l / 4, the row in a fragment) and its
+/// index in the group (l % 4).
+struct lane_of_warp {
+  unsigned group, index;
+  SOLDER_HD explicit lane_of_warp(unsigned lane) : group(lane / 4), index(lane % 4) {}
+};
+
+/// The warp-wide multiplies the fp32 tiling never calls: its team parameter.
+struct no_team {};
+
+/// A block's tile of C (BM x BN), the slice of K staged per step (BK), and each thread's
+/// sub-tile (TM x TN): (BM / TM) x (BN / TN) threads, each accumulating with fma in ascending
+/// k, so an element's bits do not depend on the tiling.
+template <unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
+struct product_tiling {
+  static_assert(BM % TM == 0 && BN % TN == 0, "solder::eval::cuda::product_tiling: a thread's sub-tile must divide the block's tile");
+  static constexpr product_math math = product_math::fp32;
+  static constexpr unsigned bm = BM, bn = BN, bk = BK, tm = TM, tn = TN;
+  static constexpr unsigned thread_cols = BN / TN;
+  static constexpr unsigned threads = (BM / TM) * thread_cols;
+  static_assert((BM * BK) % threads == 0 && (BK * BN) % threads == 0,
+                "solder::eval::cuda::product_tiling: every thread must stage the same number of panel elements");
+  /// Shared floats: the A' panel [BK][BM] and the B' panel [BK][BN], k-major.
+  static constexpr unsigned shared_floats = BK * (BM + BN);
+
+  struct accumulators {
+    float v[TM][TN];
+  };
+  SOLDER_HD static SOLDER_INLINE float round(float x) { return x; }
+
+  /// Thread t's sub-tile (rows ty * tm .., columns tx * tn ..) accumulates a slice's bk
+  /// products in ascending k.
+  template <class Team>
+  SOLDER_HD static SOLDER_INLINE void accumulate(unsigned t, const float* shared, accumulators& acc, const Team&) {
+    const unsigned ty = t / thread_cols, tx = t % thread_cols;
+    const float* as = shared;
+    const float* bs = shared + BK * BM;
+    for (unsigned k = 0; k < BK; ++k) {
+      float av[TM], bv[TN];
+      SOLDER_UNROLL
+      for (unsigned i = 0; i < TM; ++i) av[i] = as[k * BM + ty * TM + i];
+      SOLDER_UNROLL
+      for (unsigned j = 0; j < TN; ++j) bv[j] = bs[k * BN + tx * TN + j];
+      SOLDER_UNROLL
+      for (unsigned i = 0; i < TM; ++i)
+        SOLDER_UNROLL
+        for (unsigned j = 0; j < TN; ++j) acc.v[i][j] = fused_multiply_add(av[i], bv[j], acc.v[i][j]);
+    }
+  }
+  /// f(row, col, value) for each of thread t's accumulators, at its coordinates in the tile.
+  template <class F>
+  SOLDER_HD static SOLDER_INLINE void for_each(unsigned t, const accumulators& acc, F&& f) {
+    const unsigned ty = t / thread_cols, tx = t % thread_cols;
+    SOLDER_UNROLL
+    for (unsigned i = 0; i < TM; ++i)
+      SOLDER_UNROLL
+      for (unsigned j = 0; j < TN; ++j) f(ty * TM + i, tx * TN + j, acc.v[i][j]);
+  }
+};
+
+/// A block's tile of C (BM x BN) cut into warp tiles (WM x WN) of 16 x 8 tensor-core
+/// fragments, K staged BK at a time. Math tf32 or bf16: the panels are rounded while staged
+/// and each warp issues mma.sync over them (Team::mma_tf32 / mma_bf16: the instruction on the
+/// device, an exchange of the 32 lanes' fragments on the host). The fragments follow the PTX
+/// layouts of mma.m16n8k8 (.tf32) and mma.m16n8k16 (.bf16), row.col: lane l holds A at rows
+/// l / 4 (+ 8) and k l % 4 (+ 4) (pairs of k for bf16), B at column l / 4, and C at row l / 4
+/// (+ 8), columns 2 (l % 4) and 2 (l % 4) + 1.
+template <unsigned BM, unsigned BN, unsigned BK, unsigned WM, unsigned WN, product_math Math>
+struct mma_tiling {
+  static_assert(Math != product_math::fp32, "solder::eval::cuda::mma_tiling: tensor cores multiply tf32 or bf16");
+  static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 8 == 0,
+                "solder::eval::cuda::mma_tiling: warp tiles must divide the block's tile into 16 x 8 fragments");
+  static constexpr product_math math = Math;
+  /// K of one mma instruction.
+  static constexpr unsigned mk = Math == product_math::tf32 ? 8 : 16;
+  static_assert(BK % mk == 0, "solder::eval::cuda::mma_tiling: the staged slice must hold whole mma steps of K");
+  static constexpr unsigned bm = BM, bn = BN, bk = BK;
+  static constexpr unsigned warp_cols = BN / WN;
+  static constexpr unsigned warps = (BM / WM) * warp_cols;
+  static constexpr unsigned threads = warps * 32;
+  static constexpr unsigned frag_rows = WM / 16, frag_cols = WN / 8;
+  static_assert((BM * BK) % threads == 0 && (BK * BN) % threads == 0,
+                "solder::eval::cuda::mma_tiling: every thread must stage the same number of panel elements");
+  static constexpr unsigned shared_floats = BK * (BM + BN);
+
+  struct accumulators {
+    float v[frag_rows][frag_cols][4];
+  };
+  SOLDER_HD static SOLDER_INLINE float round(float x) {
+    return Math == product_math::tf32 ? round_tf32(x) : round_bf16(x);
+  }
+
+  /// One lane's registers of one mma step: A for each fragment row, B for each fragment column.
+  struct fragments {
+    std::uint32_t a[frag_rows][4];
+    std::uint32_t b[frag_cols][2];
+  };
+
+  /// Thread t (lane t % 32 of warp t / 32) loads its fragments of the mma step at k0 of the slice.
+  SOLDER_HD static SOLDER_INLINE void load(unsigned t, const float* shared, unsigned k0, fragments& f) {
+    const unsigned w = t / 32, wr = w / warp_cols, wc = w % warp_cols;
+    const lane_of_warp l(t % 32);
+    const float* as = shared;
+    const float* bs = shared + BK * BM;
+    SOLDER_UNROLL
+    for (unsigned i = 0; i < frag_rows; ++i) {
+      const unsigned row = wr * WM + i * 16 + l.group;
+      SOLDER_UNROLL
+      for (unsigned r = 0; r < 4; ++r) f.a[i][r] = a_word(as, row + 8 * (r % 2), k0, l.index + 4 * (r / 2));
+    }
+    SOLDER_UNROLL
+    for (unsigned j = 0; j < frag_cols; ++j) {
+      const unsigned col = wc * WN + j * 8 + l.group;
+      SOLDER_UNROLL
+      for (unsigned r = 0; r < 2; ++r) f.b[j][r] = b_word(bs, col, k0, l.index + 4 * r);
+    }
+  }
+
+  /// Thread t's warp multiplies the slice, mma step by mma step in ascending k: each lane loads
+  /// its fragments, then the warp issues one mma per fragment of its tile (Team: the
+  /// instructions; the host's test support emulates the warp instead of calling this).
+  template <class Team>
+  SOLDER_HD static SOLDER_INLINE void accumulate(unsigned t, const float* shared, accumulators& acc, const Team& team) {
+    for (unsigned k0 = 0; k0 < BK; k0 += mk) {
+      fragments f;
+      load(t, shared, k0, f);
+      SOLDER_UNROLL
+      for (unsigned i = 0; i < frag_rows; ++i)
+        SOLDER_UNROLL
+        for (unsigned j = 0; j < frag_cols; ++j) {
+          if constexpr (Math == product_math::tf32)
+            team.mma_tf32(acc.v[i][j], f.a[i], f.b[j]);
+          else
+            team.mma_bf16(acc.v[i][j], f.a[i], f.b[j]);
+        }
+    }
+  }
+  template <class F>
+  SOLDER_HD static SOLDER_INLINE void for_each(unsigned t, const accumulators& acc, F&& f) {
+    const unsigned w = t / 32, wr = w / warp_cols, wc = w % warp_cols;
+    const lane_of_warp l(t % 32);
+    SOLDER_UNROLL
+    for (unsigned i = 0; i < frag_rows; ++i)
+      SOLDER_UNROLL
+      for (unsigned j = 0; j < frag_cols; ++j)
+        SOLDER_UNROLL
+        for (unsigned r = 0; r < 4; ++r)
+          f(wr * WM + i * 16 + l.group + 8 * (r / 2), wc * WN + j * 8 + 2 * l.index + r % 2, acc.v[i][j][r]);
+  }
+
+ private:
+  /// The register word of A at (row, fragment k index q): one tf32, or the bf16 pair of k 2q and
+  /// 2q + 1 (the lower k in the low half).
+  SOLDER_HD static SOLDER_INLINE std::uint32_t a_word(const float* as, unsigned row, unsigned k0, unsigned q) {
+    if constexpr (Math == product_math::tf32)
+      return float_bits(as[(k0 + q) * BM + row]);
+    else
+      return (float_bits(as[(k0 + 2 * q) * BM + row]) >> 16) | (float_bits(as[(k0 + 2 * q + 1) * BM + row]) & 0xFFFF0000u);
+  }
+  SOLDER_HD static SOLDER_INLINE std::uint32_t b_word(const float* bs, unsigned col, unsigned k0, unsigned q) {
+    if constexpr (Math == product_math::tf32)
+      return float_bits(bs[(k0 + q) * BN + col]);
+    else
+      return (float_bits(bs[(k0 + 2 * q) * BN + col]) >> 16) | (float_bits(bs[(k0 + 2 * q + 1) * BN + col]) & 0xFFFF0000u);
+  }
+};
+
+/// The tiling for a product with N static columns: 128 x 128 tiles of 8 x 8 per thread where
+/// N fills them, 64 x 64 of 4 x 4 otherwise (a narrow layer would leave most threads idle).
+template <std::size_t N>
+using product_tiling_for = std::conditional_t<(N >= 128), product_tiling<128, 128, 8, 8, 8>, product_tiling<64, 64, 16, 4, 4>>;
+
+/// The tensor-core tiling for N static columns: 128 x 128 blocks of 8 warps (64 x 32 each) where
+/// N fills them, 64 x 64 blocks of 4 warps (32 x 32) otherwise.
+template <std::size_t N, product_math Math>
+using mma_tiling_for = std::conditional_t<(N >= 128), mma_tiling<128, 128, 32, 64, 32, Math>, mma_tiling<64, 64, 32, 32, 32, Math>>;
+
+// ---------------------------------------------------------------------------------------------
+// Operands: what a block's panel is copied from
+// ---------------------------------------------------------------------------------------------
+
+/// A' [M, K] or B' [K, N] stored row-major in device memory with row stride ld: element (r, c)
+/// at p[r * ld + c], or at p[c * ld + r] when Trans (a linear layer's weight W [N, K] read as
+/// W^T).
+template <bool Trans>
+struct matrix_operand {
+  static constexpr bool transposed = Trans;
+  const float* p;
+  std::size_t ld;
+  SOLDER_HD SOLDER_INLINE float at(std::size_t r, std::size_t c) const { return Trans ? p[c * ld + r] : p[r * ld + c]; }
+  /// Whether consecutive c are consecutive in memory (the panel's copy walks that index fastest).
+  static constexpr bool cols_contiguous = !Trans;
+};
+
+/// One term of a sign sketch (expr/operand.hpp, sign_sketch): [TR, TC] entries of +scale or
+/// -scale, entry e = r * TC + c with random::sketch_sign(seed, term, e); read transposed when
+/// Trans. Regenerated while staging, never stored: the same signs as the CPU's packing.
+template <std::size_t TR, std::size_t TC, bool Trans>
+struct sign_operand {
+  static constexpr bool transposed = Trans;
+  std::uint64_t seed, term;
+  float scale;
+  SOLDER_HD SOLDER_INLINE float at(std::size_t r, std::size_t c) const {
+    const std::size_t e = Trans ? c * TC + r : r * TC + c;
+    return scale * random::sketch_sign(seed, term, e);
+  }
+  static constexpr bool cols_contiguous = !Trans;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The epilogue: the write's expression with the product as a leaf
+// ---------------------------------------------------------------------------------------------
+
+/// The product's value inside an epilogue expression, of the product's shape S ([M, N], M the
+/// batch when dynamic): in a thread's finish(), the accumulator of the element being stored.
+template <class S>
+struct accumulator_leaf {
+  using expression_tag = solder::expression_tag;
+  using value_type = float;
+  using shape_type = S;
+  using space_type = device;
+  std::size_t batch_ = 1;
+  std::size_t batch() const { return batch_; }
+};
+
+/// The product's value in an epilogue for a product of `batch` rows.
+template <class S>
+accumulator_leaf<S> product_value(std::size_t batch = 1) {
+  return {batch};
+}
+
+template <class S, class Lay>
+struct reader<accumulator_leaf<S>, Lay> {
+  using value_type = float;
+  float value = 0;
+  explicit reader(const accumulator_leaf<S>&) {}
+  SOLDER_HD SOLDER_INLINE void seek(std::size_t) {}
+  SOLDER_HD SOLDER_INLINE float at(std::size_t) const { return value; }
+  const void* address() const { return nullptr; }
+};
+
+template <class E>
+inline constexpr bool device_readable_in_epilogue = device_readable<E>;
+template <class S>
+inline constexpr bool device_readable_in_epilogue<accumulator_leaf<S>> = true;
+template <class Op, class... Args>
+inline constexpr bool device_readable_in_epilogue<map_node<Op, Args...>> = (device_readable_in_epilogue<Args> && ...);
+
+/// How many accumulator leaves E holds.
+template <class E>
+inline constexpr std::size_t accumulator_leaves = 0;
+template <class S>
+inline constexpr std::size_t accumulator_leaves<accumulator_leaf<S>> = 1;
+template <class Op, class... Args>
+inline constexpr std::size_t accumulator_leaves<map_node<Op, Args...>> = (accumulator_leaves<Args> + ... + 0);
+
+/// Sets the accumulator leaf of a reader tree to v.
+template <class R>
+SOLDER_HD SOLDER_INLINE void set_accumulator(R& r, float v);
+
+namespace detail {
+template <class R, std::size_t... I>
+SOLDER_HD SOLDER_INLINE void set_accumulator_args(R& r, float v, std::index_sequence<I...>) {
+  (set_accumulator(std::get<I>(r.args), v), ...);
+}
+template <class R>
+struct is_accumulator_reader : std::false_type {};
+template <class S, class Lay>
+struct is_accumulator_reader<reader<accumulator_leaf<S>, Lay>> : std::true_type {};
+}  // namespace detail
+
+template <class R>
+SOLDER_HD SOLDER_INLINE void set_accumulator(R& r, float v) {
+  if constexpr (detail::is_accumulator_reader<R>::value)
+    r.value = v;
+  else if constexpr (requires { r.args; })
+    detail::set_accumulator_args(r, v, std::make_index_sequence<std::tuple_size_v<decltype(r.args)>>{});
+}
+
+/// Stores a write's expression at output element (row, col), given the element's accumulator.
+template <class W>
+struct product_epilogue;
+
+template <class T, class S, class E>
+struct product_epilogue<write_target<T, S, E, device>> {
+  static_assert(S::rank == 2, "solder::eval::cuda::product: the product's output must be a matrix [rows, cols]");
+  static_assert(std::is_same_v<shape_of<E>, S>,
+                "solder::eval::cuda::product: the epilogue expression must have the output's shape");
+  static_assert(accumulator_leaves<E> == 1,
+                "solder::eval::cuda::product: the epilogue expression must read the product (product_value) exactly once");
+  static_assert(device_readable_in_epilogue<E>,
+                "solder::eval::cuda::product: the epilogue may hold device tensors, constants, dropout masks, "
+                "elementwise ops and the product's value only");
+  static constexpr std::size_t cols = S::last;
+  using walk_type = walk<S, false>;  // element by element: a thread's elements are not whole mask groups
+  reader<E, walk_type> root;
+  T* out;
+  std::size_t rows;
+
+  explicit product_epilogue(const write_target<T, S, E, device>& w)
+      : root(w.expr), out(w.out.data()), rows(S::extents[0] == dyn ? w.out.batch() : S::extents[0]) {}
+
+  SOLDER_HD SOLDER_INLINE void put(std::size_t row, std::size_t col, float acc) {
+    set_accumulator(root, acc);
+    const std::size_t i = row * cols + col;
+    out[i] = T(root.at(i));
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The product pass
+// ---------------------------------------------------------------------------------------------
+
+/// C [M, N] = A' [M, K] B' [K, N], every element through the epilogue. Grid: ceil(N / bn) x
+/// ceil(M / bm) blocks of Tiling::threads threads; blocks (bx, by) own columns bx * bn and rows
+/// by * bm.
+template <class Tiling, class A, class B, class W>
+struct product_pass {
+  using tiling = Tiling;
+  static constexpr unsigned bm = Tiling::bm, bn = Tiling::bn, bk = Tiling::bk;
+  static constexpr unsigned threads = Tiling::threads;
+  static constexpr unsigned shared_floats = Tiling::shared_floats;
+  using epilogue_type = product_epilogue<W>;
+  static constexpr std::size_t N = epilogue_type::cols;
+
+  A a;
+  B b;
+  epilogue_type epilogue;
+  std::size_t M, K;
+
+  using accumulators = typename Tiling::accumulators;
+
+  SOLDER_HD SOLDER_INLINE accumulators start() const { return accumulators{}; }
+  SOLDER_HD std::size_t grid_cols() const { return (N + bn - 1) / bn; }
+  SOLDER_HD std::size_t grid_rows() const { return (M + bm - 1) / bm; }
+  SOLDER_HD std::size_t slices() const { return (K + bk - 1) / bk; }
+
+  /// Phase 1 of slice s: thread t copies its share of A'[by * bm .., s * bk ..] into
+  /// shared[k * bm + m] and of B'[s * bk .., bx * bn ..] into shared[bk * bm + k * bn + n],
+  /// rounded as the tiling multiplies; elements past M, N or K are zero. Consecutive threads
+  /// read consecutive addresses of each operand (along whichever index is contiguous in its
+  /// memory).
+  SOLDER_HD SOLDER_INLINE void stage(unsigned bx, unsigned by, unsigned t, std::size_t s, float* shared) const {
+    const std::size_t m0 = std::size_t(by) * bm, n0 = std::size_t(bx) * bn, k0 = s * bk;
+    constexpr unsigned a_per = bm * bk / threads, b_per = bk * bn / threads;
+    for (unsigned q = 0; q < a_per; ++q) {
+      const unsigned idx = q * threads + t;
+      unsigned m, k;
+      if constexpr (A::cols_contiguous) {
+        m = idx / bk;
+        k = idx % bk;
+      } else {
+        k = idx / bm;
+        m = idx % bm;
+      }
+      const bool in = m0 + m < M && k0 + k < K;
+      shared[k * bm + m] = in ? Tiling::round(a.at(m0 + m, k0 + k)) : 0.0f;
+    }
+    float* bs = shared + bk * bm;
+    for (unsigned q = 0; q < b_per; ++q) {
+      const unsigned idx = q * threads + t;
+      unsigned k, n;
+      if constexpr (B::cols_contiguous) {
+        k = idx / bn;
+        n = idx % bn;
+      } else {
+        n = idx / bk;
+        k = idx % bk;
+      }
+      const bool in = k0 + k < K && n0 + n < N;
+      bs[k * bn + n] = in ? Tiling::round(b.at(k0 + k, n0 + n)) : 0.0f;
+    }
+  }
+
+  /// Phase 2 of a slice: thread t's accumulators take the slice's products (Team: the warp's
+  /// tensor-core multiplies, unused by the fp32 tiling).
+  template <class Team = no_team>
+  SOLDER_HD SOLDER_INLINE void accumulate(unsigned t, const float* shared, accumulators& acc, const Team& team = {}) const {
+    Tiling::accumulate(t, shared, acc, team);
+  }
+
+  /// Phase 3: thread t stores its elements that lie inside C through the epilogue.
+  SOLDER_HD SOLDER_INLINE void finish(unsigned bx, unsigned by, unsigned t, const accumulators& acc) {
+    const std::size_t m0 = std::size_t(by) * bm, n0 = std::size_t(bx) * bn;
+    Tiling::for_each(t, acc, [&](unsigned r, unsigned c, float v) {
+      if (m0 + r < M && n0 + c < N) epilogue.put(m0 + r, n0 + c, v);
+    });
+  }
+};
+
+/// The product of operands a' [M, K] and b' [K, N] through the epilogue write w, whose
+/// expression reads the product as product_value<shape<M, N>>(M) (for example
+/// write(y, dropout(relu(product_value<S>(M) + b), p, rng))).
+template <class Tiling, class A, class B, class W>
+product_pass<Tiling, A, B, W> product(const A& a, const B& b, std::size_t M, std::size_t K, const W& w) {
+  product_pass<Tiling, A, B, W> p{a, b, product_epilogue<W>(w), M, K};
+  if (p.epilogue.rows != M)
+    solder::detail::fail("solder::eval::cuda::product: the output has " + std::to_string(p.epilogue.rows) +
+                         " rows and the product " + std::to_string(M));
+  return p;
+}
+
+}  // namespace solder::eval::cuda

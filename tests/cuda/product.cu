@@ -1,0 +1,130 @@
+// tests/cuda/product.cu: the CUDA backend's matrix product with its epilogue
+// (eval/cuda/product_kernel.hpp) on the device, against the same pass run on the host over its
+// whole grid (support/grid.hpp): the same bits for the fp32 tilings, since every element is
+// the same fma chain in the same order and the epilogue the same op definitions and mask, and
+// within a rounding per mma step for the tensor-core tilings (TF32, BF16); tails in every
+// extent, a transposed left operand, generated signs, and the bias + ReLU + dropout epilogue. Exits 77 (ctest's skip code) where no CUDA device is present.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "../support/data.hpp"
+#include "../support/device_vector.hpp"
+#include "../support/gpu_program.hpp"
+#include "../support/grid.hpp"
+#include "solder/eval/cuda/product_kernel.hpp"
+#include "solder/expr/operators.hpp"
+
+namespace {
+
+namespace cu = solder::eval::cuda;
+using solder::device;
+using solder::dyn;
+using solder::shape;
+using solder::tensor_ref;
+using solder::test::fill_uniform;
+using solder::test::gpu::device_vector;
+using solder::test::gpu::expect;
+
+using small_tiles = cu::product_tiling<64, 64, 16, 4, 4>;
+using large_tiles = cu::product_tiling<128, 128, 8, 8, 8>;
+using tf32_tiles = cu::mma_tiling<128, 128, 32, 64, 32, cu::product_math::tf32>;
+using bf16_tiles = cu::mma_tiling<64, 64, 32, 32, 32, cu::product_math::bf16>;
+
+constexpr solder::philox_state rng{0x5eed5eedULL, 3};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+/// Tensor cores add a fragment's products in their own order: the device's sums may differ
+/// from the host emulation's by a rounding per mma step, K / 8 of them at most, each relative
+/// to the magnitude (a dropped element, zero on one side only, is off by far more).
+bool close_to(const std::vector<float>& got, const std::vector<float>& want, std::size_t K, float magnitude) {
+  if (got.size() != want.size()) return false;
+  const double tol = double(K / 8 + 2) * 0x1p-23 * magnitude;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(double(got[i]) - double(want[i])) <= tol)) return false;
+  return true;
+}
+
+/// y = dropout(relu(x W^T + b)) for x [M, K], W [N, K], b [N] on the device and on the host.
+template <class Tiling, std::size_t N, std::size_t K>
+void linear_epilogue(std::size_t M) {
+  std::vector<float> x(M * K), w(N * K), b(N);
+  fill_uniform(x, -1, 1, 1);
+  fill_uniform(w, -1, 1, 2);
+  fill_uniform(b, -0.5, 0.5, 3);
+  using S = shape<dyn, N>;
+  const auto write_to = [&](float* y, const float* bias) {
+    return solder::write(tensor_ref<float, S, device>(y, M),
+                         solder::dropout(solder::relu(cu::product_value<S>(M) + tensor_ref<const float, shape<N>, device>(bias)),
+                                         0.2f, rng));
+  };
+  std::vector<float> host(M * N);
+  solder::test::run_product(cu::product<Tiling>(cu::matrix_operand<false>{x.data(), K},
+                                                cu::matrix_operand<true>{w.data(), K}, M, K, write_to(host.data(), b.data())));
+
+  device_vector<float> dx(x), dw(w), db(b), dy(M * N);
+  cu::run_product(nullptr, cu::product<Tiling>(cu::matrix_operand<false>{dx.get(), K}, cu::matrix_operand<true>{dw.get(), K},
+                                               M, K, write_to(dy.get(), db.get())));
+  if constexpr (Tiling::math == cu::product_math::fp32)
+    expect(same_bits(dy.read(), host), "dropout(relu(x W^T + b)): device and host differ");
+  else  // |x w| <= 1 per term; the dropout scale 1.25
+    expect(close_to(dy.read(), host, K, 1.25f * float(K)), "dropout(relu(x W^T + b)) on tensor cores: device and host differ");
+}
+
+/// dW = g^T x: the left operand transposed, the batch as the inner extent.
+void weight_gradient() {
+  constexpr std::size_t Out = 70, In = 90;
+  const std::size_t batch = 300;
+  std::vector<float> g(batch * Out), x(batch * In);
+  fill_uniform(g, -1, 1, 4);
+  fill_uniform(x, -1, 1, 5);
+  using S = shape<Out, In>;
+  std::vector<float> host(Out * In);
+  solder::test::run_product(cu::product<small_tiles>(cu::matrix_operand<true>{g.data(), Out}, cu::matrix_operand<false>{x.data(), In},
+                                                     Out, batch,
+                                                     solder::write(tensor_ref<float, S, device>(host.data()), cu::product_value<S>())));
+  device_vector<float> dg(g), dx(x), ddw(Out * In);
+  cu::run_product(nullptr, cu::product<small_tiles>(cu::matrix_operand<true>{dg.get(), Out}, cu::matrix_operand<false>{dx.get(), In},
+                                                    Out, batch,
+                                                    solder::write(tensor_ref<float, S, device>(ddw.get()), cu::product_value<S>())));
+  expect(same_bits(ddw.read(), host), "g^T x: device and host differ");
+}
+
+/// x S for a generated sign term S [K, N].
+void signs() {
+  constexpr std::size_t K = 256, N = 64;
+  const std::size_t M = 100;
+  std::vector<float> x(M * K);
+  fill_uniform(x, -1, 1, 6);
+  using S = shape<dyn, N>;
+  const cu::sign_operand<K, N, false> sign{77, 1, 0.125f};
+  std::vector<float> host(M * N);
+  solder::test::run_product(cu::product<small_tiles>(cu::matrix_operand<false>{x.data(), K}, sign, M, K,
+                                                     solder::write(tensor_ref<float, S, device>(host.data(), M), cu::product_value<S>(M))));
+  device_vector<float> dx(x), dy(M * N);
+  cu::run_product(nullptr, cu::product<small_tiles>(cu::matrix_operand<false>{dx.get(), K}, sign, M, K,
+                                                    solder::write(tensor_ref<float, S, device>(dy.get(), M), cu::product_value<S>(M))));
+  expect(same_bits(dy.read(), host), "x S with generated signs: device and host differ");
+}
+
+}  // namespace
+
+int main() {
+  return solder::test::gpu::run("solder_cuda_product", "cuda:product: device products equal the host's bit for bit", [] {
+    linear_epilogue<small_tiles, 150, 37>(131);
+    linear_epilogue<large_tiles, 150, 37>(131);
+    linear_epilogue<large_tiles, 512, 300>(257);
+    linear_epilogue<tf32_tiles, 150, 70>(131);
+    linear_epilogue<bf16_tiles, 520, 96>(200);
+    weight_gradient();
+    signs();
+  });
+}

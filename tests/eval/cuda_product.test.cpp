@@ -1,0 +1,270 @@
+// tests/eval/cuda_product.test.cpp: the CUDA backend's matrix product with its epilogue
+// (eval/cuda/product.hpp), run over whole grids on the host (support/grid.hpp) as the kernel
+// runs it: against double references, with tails in every extent, for the operand forms
+// (stored, transposed, generated signs) and the tilings (fp32 per thread; TF32 and BF16 on
+// emulated tensor-core warps, against references of the rounded inputs); the fused epilogue
+// against the unfused composition (the product stored, then the CPU's elementwise pass) bit
+// for bit, the dropout mask included; the same bits for every fp32 tiling.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "solder/assign.hpp"
+#include "solder/eval/cuda/product.hpp"
+#include "solder/expr/operators.hpp"
+#include "solder/random/philox.hpp"
+#include "solder/random/sketch.hpp"
+#include "support/data.hpp"
+#include "support/grid.hpp"
+
+namespace {
+
+using namespace solder;
+namespace cu = solder::eval::cuda;
+using solder::test::bit_differences;
+
+template <class S>
+tensor_ref<const float, S, device> dev(const tensor<float, S>& t) {
+  return tensor_ref<const float, S, device>(t.data(), t.batch());
+}
+template <class S>
+tensor_ref<float, S, device> dev_out(tensor<float, S>& t) {
+  return tensor_ref<float, S, device>(t.data(), t.batch());
+}
+
+using small_tiles = cu::product_tiling<64, 64, 16, 4, 4>;
+using large_tiles = cu::product_tiling<128, 128, 8, 8, 8>;
+template <cu::product_math Math>
+using small_mma = cu::mma_tiling<64, 64, 32, 32, 32, Math>;
+template <cu::product_math Math>
+using large_mma = cu::mma_tiling<128, 128, 32, 64, 32, Math>;
+
+/// c[m][n] = sum_k a(m, k) b(k, n) in double, and sum_k |a b| (the scale of its rounding).
+template <class A, class B>
+void reference(const A& a, const B& b, std::size_t M, std::size_t N, std::size_t K, std::vector<double>& c,
+               std::vector<double>& mag) {
+  c.assign(M * N, 0.0);
+  mag.assign(M * N, 0.0);
+  for (std::size_t m = 0; m < M; ++m)
+    for (std::size_t n = 0; n < N; ++n)
+      for (std::size_t k = 0; k < K; ++k) {
+        const double p = double(a(m, k)) * double(b(k, n));
+        c[m * N + n] += p;
+        mag[m * N + n] += std::abs(p);
+      }
+}
+
+/// Elements of got farther from want than K float roundings of the magnitude allow.
+std::size_t far_from(const float* got, const std::vector<double>& want, const std::vector<double>& mag, std::size_t K) {
+  std::size_t bad = 0;
+  const double tol = double(K + 2) * 0x1p-24;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    if (!(std::abs(double(got[i]) - want[i]) <= tol * mag[i] + 1e-30)) ++bad;
+  return bad;
+}
+
+constexpr philox_state rng{0x5eed5eedULL, 3};
+
+}  // namespace
+
+TEST_CASE("cuda product: x W^T with tails in M, N and K, both tilings, the same bits", "[cuda][product]") {
+  constexpr std::size_t N = 150, K = 37;  // 150: two 64-column tiles and a tail, one 128 and a tail
+  const std::size_t M = 131;
+  tensor<float, shape<dyn, K>> x(M);
+  tensor<float, shape<N, K>> w;
+  test::fill_uniform(x, -1, 1, 11);
+  test::fill_uniform(w, -1, 1, 12);
+  using S = shape<dyn, N>;
+  tensor<float, S> y_small(M), y_large(M);
+  const cu::matrix_operand<false> a{x.data(), K};
+  const cu::matrix_operand<true> b{w.data(), K};  // W [N, K] read as W^T
+  test::run_product(cu::product<small_tiles>(a, b, M, K, write(dev_out(y_small), cu::product_value<S>(M))));
+  test::run_product(cu::product<large_tiles>(a, b, M, K, write(dev_out(y_large), cu::product_value<S>(M))));
+
+  std::vector<double> c, mag;
+  reference([&](std::size_t m, std::size_t k) { return x.data()[m * K + k]; },
+            [&](std::size_t k, std::size_t n) { return w.data()[n * K + k]; }, M, N, K, c, mag);
+  CHECK(far_from(y_small.data(), c, mag, K) == 0);
+  // Each element is the same fma chain over ascending k whatever the tiling.
+  CHECK(bit_differences(y_small.data(), y_large.data(), M * N) == 0);
+}
+
+TEST_CASE("cuda product: the bias + ReLU + dropout epilogue equals the product then the CPU's pass, bit for bit",
+          "[cuda][product]") {
+  constexpr std::size_t N = 200, K = 50;
+  const std::size_t M = 77;
+  using S = shape<dyn, N>;
+  tensor<float, shape<dyn, K>> x(M);
+  tensor<float, shape<N, K>> w;
+  tensor<float, shape<N>> bias;
+  test::fill_uniform(x, -1, 1, 21);
+  test::fill_uniform(w, -1, 1, 22);
+  test::fill_uniform(bias, -0.5, 0.5, 23);
+  const cu::matrix_operand<false> a{x.data(), K};
+  const cu::matrix_operand<true> b{w.data(), K};
+
+  tensor<float, S> fused(M), product(M);
+  test::run_product(cu::product<large_tiles>(
+      a, b, M, K, write(dev_out(fused), dropout(relu(cu::product_value<S>(M) + dev(bias)), 0.25f, rng))));
+  test::run_product(cu::product<large_tiles>(a, b, M, K, write(dev_out(product), cu::product_value<S>(M))));
+  // The unfused composition on the CPU: the same op definitions and the same mask.
+  tensor<float, S> unfused = dropout(relu(product + bias), 0.25f, rng);
+  CHECK(bit_differences(fused.data(), unfused.data(), M * N) == 0);
+
+  // The mask is random::bits16 at the flat output index: dropped elements are zero, kept ones
+  // the scaled ReLU, and about a quarter are dropped.
+  const std::uint32_t t = random::threshold16(0.25f);
+  std::size_t dropped = 0, wrong = 0;
+  for (std::size_t i = 0; i < M * N; ++i) {
+    const bool keep = random::bits16(rng.seed, rng.offset, i) >= t;
+    dropped += !keep;
+    if (!keep && fused.data()[i] != 0.0f) ++wrong;
+    if (keep && product.data()[i] + bias.data()[i % N] > 0.0f && fused.data()[i] == 0.0f) ++wrong;
+  }
+  CHECK(wrong == 0);
+  CHECK(std::abs(double(dropped) / double(M * N) - 0.25) < 0.02);
+}
+
+TEST_CASE("cuda product: g^T x, the batch as the inner extent (a weight gradient)", "[cuda][product]") {
+  constexpr std::size_t Out = 70, In = 90;
+  const std::size_t batch = 45;
+  tensor<float, shape<dyn, Out>> g(batch);
+  tensor<float, shape<dyn, In>> x(batch);
+  test::fill_uniform(g, -1, 1, 31);
+  test::fill_uniform(x, -1, 1, 32);
+  using S = shape<Out, In>;
+  tensor<float, S> dw;
+  const cu::matrix_operand<true> a{g.data(), Out};   // g [batch, Out] read as g^T [Out, batch]
+  const cu::matrix_operand<false> b{x.data(), In};   // x [batch, In]
+  test::run_product(cu::product<small_tiles>(a, b, Out, batch, write(dev_out(dw), cu::product_value<S>())));
+  std::vector<double> c, mag;
+  reference([&](std::size_t m, std::size_t k) { return g.data()[k * Out + m]; },
+            [&](std::size_t k, std::size_t n) { return x.data()[k * In + n]; }, Out, In, batch, c, mag);
+  CHECK(far_from(dw.data(), c, mag, batch) == 0);
+}
+
+TEST_CASE("cuda product: a sign sketch as the right operand, its signs regenerated from Philox", "[cuda][product]") {
+  // x [M, 40] times a [40, 24] term of random signs (scale 1/sqrt(24)), read as stored and as
+  // the transpose of a [24, 40] term.
+  constexpr std::size_t K = 40, N = 24;
+  const std::size_t M = 19;
+  tensor<float, shape<dyn, K>> x(M);
+  test::fill_uniform(x, -1, 1, 41);
+  using S = shape<dyn, N>;
+  const float scale = 1.0f / std::sqrt(float(N));
+  const cu::matrix_operand<false> a{x.data(), K};
+
+  tensor<float, S> y(M), yt(M);
+  test::run_product(cu::product<small_tiles>(a, cu::sign_operand<K, N, false>{99, 2, scale}, M, K,
+                                             write(dev_out(y), cu::product_value<S>(M))));
+  test::run_product(cu::product<small_tiles>(a, cu::sign_operand<N, K, true>{99, 2, scale}, M, K,
+                                             write(dev_out(yt), cu::product_value<S>(M))));
+  std::vector<double> c, mag, ct, magt;
+  reference([&](std::size_t m, std::size_t k) { return x.data()[m * K + k]; },
+            [&](std::size_t k, std::size_t n) { return scale * random::sketch_sign(99, 2, k * N + n); }, M, N, K, c, mag);
+  reference([&](std::size_t m, std::size_t k) { return x.data()[m * K + k]; },
+            [&](std::size_t k, std::size_t n) { return scale * random::sketch_sign(99, 2, n * K + k); }, M, N, K, ct,
+            magt);
+  CHECK(far_from(y.data(), c, mag, K) == 0);
+  CHECK(far_from(yt.data(), ct, magt, K) == 0);
+  // Both signs occur, so a constant sign would fail the references above.
+  std::size_t negative = 0;
+  for (std::size_t e = 0; e < K * N; ++e) negative += random::sketch_sign(99, 2, e) < 0;
+  CHECK(negative > K * N / 4);
+  CHECK(negative < 3 * K * N / 4);
+}
+
+TEST_CASE("cuda product: an output whose rows differ from the product's is refused, naming both", "[cuda][product]") {
+  constexpr std::size_t N = 8, K = 4;
+  tensor<float, shape<dyn, K>> x(5);
+  tensor<float, shape<N, K>> w;
+  using S = shape<dyn, N>;
+  tensor<float, S> y(6);
+  const cu::matrix_operand<false> a{x.data(), K};
+  const cu::matrix_operand<true> b{w.data(), K};
+  REQUIRE_THROWS_WITH(cu::product<small_tiles>(a, b, 5, K, write(dev_out(y), cu::product_value<S>(5))),
+                      Catch::Contains("6 rows") && Catch::Contains("product 5"));
+}
+
+TEST_CASE("cuda product: TF32 and BF16 rounding, to nearest (TF32 ties away, BF16 ties to even)", "[cuda][product]") {
+  const float one = 1.0f;
+  CHECK(cu::round_tf32(one + 0x1p-11f) == one + 0x1p-10f);          // a tie: away from zero
+  CHECK(cu::round_tf32(-(one + 0x1p-11f)) == -(one + 0x1p-10f));
+  CHECK(cu::round_tf32(one + 0x1p-12f) == one);
+  CHECK(cu::round_bf16(one + 0x1p-8f) == one);                      // a tie: to the even 1
+  CHECK(cu::round_bf16(one + 0x1p-7f + 0x1p-8f) == one + 0x1p-6f);  // a tie: to the even 1 + 2^-6
+  CHECK(cu::round_bf16(one + 0x1p-7f + 0x1p-9f) == one + 0x1p-7f);
+  CHECK(cu::round_bf16(std::numeric_limits<float>::max()) == INFINITY);  // past BF16's largest
+  CHECK(cu::round_tf32(INFINITY) == INFINITY);
+  CHECK(std::isnan(cu::round_tf32(NAN)));
+  CHECK(std::isnan(cu::round_bf16(NAN)));
+  CHECK(std::isnan(cu::round_bf16(-NAN)));
+}
+
+namespace {
+
+/// x W^T on an mma tiling, against the double product of the rounded inputs; returns the
+/// largest difference from the unrounded product relative to its magnitude.
+template <class Tiling, std::size_t N, std::size_t K>
+double mma_linear(std::size_t M, std::uint32_t seed) {
+  tensor<float, shape<dyn, K>> x(M);
+  tensor<float, shape<N, K>> w;
+  test::fill_uniform(x, -1, 1, seed);
+  test::fill_uniform(w, -1, 1, seed + 1);
+  using S = shape<dyn, N>;
+  tensor<float, S> y(M);
+  test::run_product(cu::product<Tiling>(cu::matrix_operand<false>{x.data(), K}, cu::matrix_operand<true>{w.data(), K}, M, K,
+                                        write(dev_out(y), cu::product_value<S>(M))));
+  std::vector<double> c, mag, exact, exact_mag;
+  reference([&](std::size_t m, std::size_t k) { return Tiling::round(x.data()[m * K + k]); },
+            [&](std::size_t k, std::size_t n) { return Tiling::round(w.data()[n * K + k]); }, M, N, K, c, mag);
+  CHECK(far_from(y.data(), c, mag, K) == 0);
+  reference([&](std::size_t m, std::size_t k) { return x.data()[m * K + k]; },
+            [&](std::size_t k, std::size_t n) { return w.data()[n * K + k]; }, M, N, K, exact, exact_mag);
+  double worst = 0;
+  for (std::size_t i = 0; i < exact.size(); ++i) worst = std::max(worst, std::abs(double(y.data()[i]) - exact[i]) / exact_mag[i]);
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("cuda product: TF32 tensor-core warps, tails in M, N and K, both tilings", "[cuda][product][mma]") {
+  const double small = mma_linear<small_mma<cu::product_math::tf32>, 72, 40>(37, 51);
+  const double large = mma_linear<large_mma<cu::product_math::tf32>, 150, 70>(131, 52);
+  // The inputs were rounded to 10 fraction bits: the result is off the exact product by about
+  // 2^-11 of the magnitude, far more than fp32's rounding, and never more than 2 roundings.
+  CHECK(small > 0x1p-16);
+  CHECK(large > 0x1p-16);
+  CHECK(small < 0x1p-9);
+  CHECK(large < 0x1p-9);
+}
+
+TEST_CASE("cuda product: BF16 tensor-core warps with the bias + ReLU + dropout epilogue, fused equal to unfused",
+          "[cuda][product][mma]") {
+  const double err = mma_linear<small_mma<cu::product_math::bf16>, 40, 48>(21, 61);
+  CHECK(err > 0x1p-13);  // 7 fraction bits
+  CHECK(err < 0x1p-6);
+
+  constexpr std::size_t N = 136, K = 64;
+  const std::size_t M = 70;
+  using S = shape<dyn, N>;
+  using Tiles = large_mma<cu::product_math::bf16>;
+  tensor<float, shape<dyn, K>> x(M);
+  tensor<float, shape<N, K>> w;
+  tensor<float, shape<N>> bias;
+  test::fill_uniform(x, -1, 1, 62);
+  test::fill_uniform(w, -1, 1, 63);
+  test::fill_uniform(bias, -0.5, 0.5, 64);
+  const cu::matrix_operand<false> a{x.data(), K};
+  const cu::matrix_operand<true> b{w.data(), K};
+  tensor<float, S> fused(M), product(M);
+  test::run_product(
+      cu::product<Tiles>(a, b, M, K, write(dev_out(fused), dropout(relu(cu::product_value<S>(M) + dev(bias)), 0.5f, rng))));
+  test::run_product(cu::product<Tiles>(a, b, M, K, write(dev_out(product), cu::product_value<S>(M))));
+  tensor<float, S> unfused = dropout(relu(product + bias), 0.5f, rng);
+  CHECK(bit_differences(fused.data(), unfused.data(), M * N) == 0);
+}
