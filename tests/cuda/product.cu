@@ -17,6 +17,7 @@
 #include "../support/device_vector.hpp"
 #include "../support/gpu_program.hpp"
 #include "../support/grid.hpp"
+#include "solder/cuda.hpp"
 #include "solder/eval/cuda/product_kernel.hpp"
 #include "solder/expr/operators.hpp"
 
@@ -115,6 +116,35 @@ void signs() {
   expect(same_bits(dy.read(), host), "x S with generated signs: device and host differ");
 }
 
+/// y = dropout(relu(x W^T + b)) assigned into a device tensor from the expression alone: the
+/// executor runs one product with the rest as its epilogue.
+void device_tensor_assignment() {
+  constexpr std::size_t In = 96, Out = 200;
+  const std::size_t batch = 130;
+  std::vector<float> x(batch * In), w(Out * In), b(Out);
+  fill_uniform(x, -1, 1, 7);
+  fill_uniform(w, -1, 1, 8);
+  fill_uniform(b, -0.5, 0.5, 9);
+  using S = shape<dyn, Out>;
+  std::vector<float> host(batch * Out);
+  solder::test::run_product(cu::product_of(solder::write(
+      tensor_ref<float, S, device>(host.data(), batch),
+      solder::dropout(solder::relu(solder::matmul(tensor_ref<const float, shape<dyn, In>, device>(x.data(), batch),
+                                                  solder::transpose(tensor_ref<const float, shape<Out, In>, device>(w.data()))) +
+                                   tensor_ref<const float, shape<Out>, device>(b.data())),
+                      0.2f, rng))));
+  device_vector<float> dx(x), dw(w), db(b);
+  solder::tensor<float, S, device> y(batch);
+  y = solder::dropout(solder::relu(solder::matmul(tensor_ref<const float, shape<dyn, In>, device>(dx.get(), batch),
+                                                  solder::transpose(tensor_ref<const float, shape<Out, In>, device>(dw.get()))) +
+                                   tensor_ref<const float, shape<Out>, device>(db.get())),
+                      0.2f, rng);
+  std::vector<float> got(batch * Out);
+  cu::check(cudaDeviceSynchronize(), "the product");
+  cu::check(cudaMemcpy(got.data(), y.data(), got.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy to the host");
+  expect(same_bits(got, host), "a device tensor assigned dropout(relu(matmul(x, transpose(w)) + b)): device and host differ");
+}
+
 }  // namespace
 
 int main() {
@@ -126,5 +156,6 @@ int main() {
     linear_epilogue<bf16_tiles, 520, 96>(200);
     weight_gradient();
     signs();
+    device_tensor_assignment();
   });
 }

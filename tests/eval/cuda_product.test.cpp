@@ -268,3 +268,56 @@ TEST_CASE("cuda product: BF16 tensor-core warps with the bias + ReLU + dropout e
   tensor<float, S> unfused = dropout(relu(product + bias), 0.5f, rng);
   CHECK(bit_differences(fused.data(), unfused.data(), M * N) == 0);
 }
+
+TEST_CASE("cuda product: matmul expressions on device tensors run as one product, the rest as its epilogue",
+          "[cuda][product][matmul]") {
+  constexpr std::size_t In = 48, Out = 80;
+  const std::size_t batch = 66;
+  tensor<float, shape<dyn, In>> x(batch);
+  tensor<float, shape<Out, In>> w;
+  tensor<float, shape<Out>> b;
+  test::fill_uniform(x, -1, 1, 71);
+  test::fill_uniform(w, -1, 1, 72);
+  test::fill_uniform(b, -0.5, 0.5, 73);
+  using S = shape<dyn, Out>;
+
+  // y = dropout(relu(x W^T + b)): the CPU's product, then the same epilogue; the device form
+  // as a product pass from the expression alone.
+  tensor<float, S> cpu = dropout(relu(matmul(x, transpose(w)) + b), 0.3f, rng);
+  tensor<float, S> gpu(batch), product_only(batch);
+  const auto w_fused = write(dev_out(gpu), dropout(relu(matmul(dev(x), transpose(dev(w))) + dev(b)), 0.3f, rng));
+  STATIC_REQUIRE(cu::holds_product<decltype(w_fused)>);
+  test::run_product(cu::product_of(w_fused));
+  test::run_product(cu::product_of(write(dev_out(product_only), matmul(dev(x), transpose(dev(w))))));
+  // The epilogue equals the CPU's elementwise pass over the device's product, bit for bit.
+  tensor<float, S> unfused = dropout(relu(product_only + b), 0.3f, rng);
+  CHECK(bit_differences(gpu.data(), unfused.data(), batch * Out) == 0);
+  // And the CPU's fused result within the products' rounding: the same elements dropped.
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < batch * Out; ++i) {
+    if ((cpu.data()[i] == 0.0f) != (gpu.data()[i] == 0.0f) && std::abs(cpu.data()[i] - gpu.data()[i]) > 1e-4f) ++bad;
+    if (std::abs(cpu.data()[i] - gpu.data()[i]) > 1e-4f * (1.0f + std::abs(cpu.data()[i]))) ++bad;
+  }
+  CHECK(bad == 0);
+
+  // dW = g^T x: the batch as the inner extent; a batch mismatch is refused, naming both.
+  tensor<float, shape<dyn, Out>> g(batch);
+  test::fill_uniform(g, -1, 1, 74);
+  tensor<float, shape<Out, In>> dw, dw_cpu = matmul(transpose(g), x);
+  test::run_product(cu::product_of(write(dev_out(dw), matmul(transpose(dev(g)), dev(x)))));
+  std::vector<double> c, mag;
+  reference([&](std::size_t m, std::size_t k) { return g.data()[k * Out + m]; },
+            [&](std::size_t k, std::size_t n) { return x.data()[k * In + n]; }, Out, In, batch, c, mag);
+  CHECK(far_from(dw.data(), c, mag, batch) == 0);
+  tensor<float, shape<dyn, In>> x_short(batch - 1);
+  REQUIRE_THROWS_WITH(cu::product_of(write(dev_out(dw), matmul(transpose(dev(g)), dev(x_short)))),
+                      Catch::Contains("66") && Catch::Contains("65"));
+
+  // A tensor-core tiling named for the same expression.
+  tensor<float, S> tf(batch);
+  test::run_product(cu::product_of<large_mma<cu::product_math::tf32>>(write(dev_out(tf), matmul(dev(x), transpose(dev(w))))));
+  std::size_t far = 0;
+  for (std::size_t i = 0; i < batch * Out; ++i)
+    far += std::abs(tf.data()[i] - product_only.data()[i]) > 0x1p-9f * float(In);
+  CHECK(far == 0);
+}

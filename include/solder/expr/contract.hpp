@@ -6,11 +6,14 @@
 #pragma once
 
 #include <cstddef>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "solder/backend.hpp"
 #include "solder/diagnostic.hpp"
 #include "solder/expr/expression.hpp"
+#include "solder/expr/map.hpp"
 #include "solder/expr/operand.hpp"
 #include "solder/shape.hpp"
 #include "solder/tensor.hpp"
@@ -68,6 +71,8 @@ constexpr bool check_product() {
 /// both operands' batches, which must agree).
 template <class A, class B>
 struct contract_node {
+  using a_type = A;
+  using b_type = B;
   using a_traits = detail::operand_traits<A>;
   using b_traits = detail::operand_traits<B>;
   static_assert(detail::check_product<a_traits, b_traits>());
@@ -96,6 +101,77 @@ auto matmul(const A& a, const B& b) {
   using OA = decltype(detail::as_operand(a));
   using OB = decltype(detail::as_operand(b));
   return contract_node<OA, OB>{detail::as_operand(a), detail::as_operand(b)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding and replacing the product in an expression tree (for every backend)
+// ---------------------------------------------------------------------------------------------
+
+template <class Combine, class Keep, class Result, class E>
+struct reduce_node;
+
+namespace detail {
+/// The first of Ts that is not void (void if all are).
+template <class... Ts>
+struct first_non_void {
+  using type = void;
+};
+template <class T, class... Ts>
+struct first_non_void<T, Ts...> {
+  using type = std::conditional_t<std::is_void_v<T>, typename first_non_void<Ts...>::type, T>;
+};
+}  // namespace detail
+
+/// How many product nodes E holds, and the first one's type (void if none).
+template <class E>
+struct find_contract {
+  static constexpr std::size_t count = 0;
+  using type = void;
+};
+template <class A, class B>
+struct find_contract<contract_node<A, B>> {
+  static constexpr std::size_t count = 1;
+  using type = contract_node<A, B>;
+};
+template <class Op, class... Args>
+struct find_contract<map_node<Op, Args...>> {
+  static constexpr std::size_t count = (find_contract<Args>::count + ... + 0);
+  using type = typename detail::first_non_void<typename find_contract<Args>::type...>::type;
+};
+template <class C, class K, class R, class E>
+struct find_contract<reduce_node<C, K, R, E>> : find_contract<E> {};
+
+/// The product node inside e (an elementwise tree holding exactly one).
+template <class E>
+const auto& contract_of(const E& e) {
+  if constexpr (requires { typename E::a_traits; }) {
+    return e;
+  } else {
+    constexpr std::size_t i = []<class... Args>(std::type_identity<std::tuple<Args...>>) {
+      constexpr bool holds[] = {(find_contract<Args>::count != 0)...};
+      std::size_t k = 0;
+      while (!holds[k]) ++k;
+      return k;
+    }(std::type_identity<decltype(e.args)>{});
+    return contract_of(std::get<i>(e.args));
+  }
+}
+
+/// e with its product replaced by `leaf`, an expression of the product's shape that stands
+/// for the backend's accumulators in an epilogue.
+template <class E, class Leaf>
+auto replace_contract(const E& e, const Leaf& leaf) {
+  if constexpr (requires { typename E::a_traits; }) {
+    return leaf;
+  } else if constexpr (find_contract<E>::count == 0) {
+    return e;
+  } else {
+    return std::apply(
+        [&](const auto&... a) {
+          return map_node<decltype(e.op), decltype(replace_contract(a, leaf))...>(e.op, replace_contract(a, leaf)...);
+        },
+        e.args);
+  }
 }
 
 }  // namespace solder

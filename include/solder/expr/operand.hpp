@@ -21,15 +21,16 @@ namespace solder {
 template <std::size_t N, std::size_t K, bool TransB>
 class packed_matrix;
 
-/// A stored [R, C] matrix read as its transpose [C, R] (a view; nothing is copied). Only a
-/// product's operand may be transposed: the product reads it transposed while packing. R may
-/// be the dynamic batch, which then becomes the product's inner extent.
-template <class S>
+/// A stored [R, C] matrix read as its transpose [C, R] (a view; nothing is copied), in host or
+/// device memory. Only a product's operand may be transposed: the product reads it transposed
+/// while packing or staging. R may be the dynamic batch, which then becomes the product's inner
+/// extent.
+template <class S, class Space = host>
 struct transposed {
   static_assert(S::rank == 2, "solder::transpose: only a [rows, cols] matrix can be transposed (a product's operand)");
   using stored_shape = S;
-  using space_type = host;
-  tensor_ref<const float, S> ref;
+  using space_type = Space;
+  tensor_ref<const float, S, Space> ref;
   std::size_t batch() const { return ref.batch(); }
 };
 
@@ -90,21 +91,21 @@ enum class operand_form {
 
 template <class X>
 struct operand_traits;
-template <class S>
-struct operand_traits<tensor_ref<const float, S>> {
+template <class S, class Space>
+struct operand_traits<tensor_ref<const float, S, Space>> {
   static constexpr std::size_t rank = S::rank;
   static constexpr std::size_t rows = S::extents[0], cols = S::last;
   static constexpr bool trans = false;
   static constexpr operand_form form = operand_form::stored;
-  static std::size_t batch(const tensor_ref<const float, S>& t) { return t.batch(); }
+  static std::size_t batch(const tensor_ref<const float, S, Space>& t) { return t.batch(); }
 };
-template <class S>
-struct operand_traits<transposed<S>> {
+template <class S, class Space>
+struct operand_traits<transposed<S, Space>> {
   static constexpr std::size_t rank = 2;
   static constexpr std::size_t rows = S::extents[1], cols = S::extents[0];
   static constexpr bool trans = true;
   static constexpr operand_form form = operand_form::stored;
-  static std::size_t batch(const transposed<S>& t) { return t.batch(); }
+  static std::size_t batch(const transposed<S, Space>& t) { return t.batch(); }
 };
 template <class S, std::size_t C0, std::size_t C1, bool Trans>
 struct operand_traits<column_block<S, C0, C1, Trans>> {
@@ -145,13 +146,13 @@ struct operand_traits<operand_concat<A, B, Axis>> {
   static std::size_t batch(const operand_concat<A, B, Axis>&) { return 1; }
 };
 
-template <class T, class S>
-tensor_ref<const float, S> as_operand(tensor_ref<T, S> t) {
+template <class T, class S, class Space>
+tensor_ref<const float, S, Space> as_operand(tensor_ref<T, S, Space> t) {
   static_assert(std::is_same_v<std::remove_const_t<T>, float>, "solder::matmul: products are implemented for float");
-  return tensor_ref<const float, S>(t);
+  return tensor_ref<const float, S, Space>(t);
 }
-template <class T, class S>
-tensor_ref<const float, S> as_operand(const tensor<T, S>& t) {
+template <class T, class S, class Space>
+tensor_ref<const float, S, Space> as_operand(const tensor<T, S, Space>& t) {
   return as_operand(t.ref());
 }
 template <std::size_t N, std::size_t K, bool TransB>
@@ -210,17 +211,17 @@ column_block<S, C0, C1> columns(const tensor<T, S>& t) {
 }
 
 /// transpose(w) for a matrix operand of matmul: w [N, K] (PyTorch's linear weight) read as [K, N].
-template <class S>
-transposed<S> transpose(const tensor<float, S>& t) {
+template <class S, class Space>
+transposed<S, Space> transpose(const tensor<float, S, Space>& t) {
   return {t.ref()};
 }
-template <class T, class S>
-transposed<S> transpose(tensor_ref<T, S> t) {
+template <class T, class S, class Space>
+transposed<S, Space> transpose(tensor_ref<T, S, Space> t) {
   static_assert(std::is_same_v<std::remove_const_t<T>, float>, "solder::transpose: products are implemented for float");
-  return {tensor_ref<const float, S>(t)};
+  return {tensor_ref<const float, S, Space>(t)};
 }
-template <class S>
-tensor_ref<const float, S> transpose(const transposed<S>& t) {
+template <class S, class Space>
+tensor_ref<const float, S, Space> transpose(const transposed<S, Space>& t) {
   return t.ref;
 }
 template <class S, std::size_t C0, std::size_t C1, bool Trans>

@@ -22,35 +22,6 @@ namespace solder::eval::cpu {
 // Finding and replacing the product in an expression tree
 // ---------------------------------------------------------------------------------------------
 
-/// The first of Ts that is not void (void if all are).
-template <class... Ts>
-struct first_non_void {
-  using type = void;
-};
-template <class T, class... Ts>
-struct first_non_void<T, Ts...> {
-  using type = std::conditional_t<std::is_void_v<T>, typename first_non_void<Ts...>::type, T>;
-};
-
-/// How many product nodes E holds, and the first one's type (void if none).
-template <class E>
-struct find_contract {
-  static constexpr std::size_t count = 0;
-  using type = void;
-};
-template <class A, class B>
-struct find_contract<contract_node<A, B>> {
-  static constexpr std::size_t count = 1;
-  using type = contract_node<A, B>;
-};
-template <class Op, class... Args>
-struct find_contract<map_node<Op, Args...>> {
-  static constexpr std::size_t count = (find_contract<Args>::count + ... + 0);
-  using type = typename first_non_void<typename find_contract<Args>::type...>::type;
-};
-template <class C, class K, class R, class E>
-struct find_contract<reduce_node<C, K, R, E>> : find_contract<E> {};
-
 template <class W>
 using write_expr_t = std::remove_cvref_t<decltype(std::declval<W>().expr)>;
 template <class W>
@@ -59,22 +30,6 @@ inline constexpr std::size_t contracts_in = find_contract<write_expr_t<W>>::coun
 /// True when some write of a pass holds a product: assign_all then runs assign_contract.
 template <class... Ws>
 inline constexpr bool has_contract = ((contracts_in<Ws> + ...) > 0);
-
-/// The product node inside e (e holds exactly one).
-template <class E>
-const auto& contract_of(const E& e) {
-  if constexpr (requires { typename E::a_traits; }) {
-    return e;
-  } else {
-    constexpr std::size_t i = []<class... Args>(std::type_identity<std::tuple<Args...>>) {
-      constexpr bool holds[] = {(find_contract<Args>::count != 0)...};
-      std::size_t k = 0;
-      while (!holds[k]) ++k;
-      return k;
-    }(std::type_identity<decltype(e.args)>{});
-    return contract_of(std::get<i>(e.args));
-  }
-}
 
 /// Stands for the product inside an epilogue: reads the accumulator tile of the current call.
 template <class S>
@@ -90,14 +45,8 @@ struct tile_leaf {
 /// e with its product replaced by a tile leaf.
 template <class E>
 auto with_tile(const E& e) {
-  if constexpr (requires { typename E::a_traits; }) {
-    return tile_leaf<typename E::shape_type>{e.batch()};
-  } else if constexpr (find_contract<E>::count == 0) {
-    return e;
-  } else {
-    return std::apply([&](const auto&... a) { return map_node<decltype(e.op), decltype(with_tile(a))...>(e.op, with_tile(a)...); },
-                      e.args);
-  }
+  const auto& c = contract_of(e);
+  return replace_contract(e, tile_leaf<typename std::remove_cvref_t<decltype(c)>::shape_type>{c.batch()});
 }
 
 /// Whole Philox groups (128 elements' 16-bit draws) kept per thread across epilogue calls: a
@@ -280,7 +229,7 @@ void assign_contract(const W0& w0, const Ws&... ws) {
   static_assert(!write_traits<W0>::reduces && (!write_traits<Ws>::reduces && ...),
                 "solder::assign_all: a reduction of a matrix product is not fused into the product; assign the "
                 "product to a tensor first, then reduce it");
-  using C = typename first_non_void<typename find_contract<write_expr_t<W0>>::type,
+  using C = typename solder::detail::first_non_void<typename find_contract<write_expr_t<W0>>::type,
                                     typename find_contract<write_expr_t<Ws>>::type...>::type;
   using Iter = typename write_traits<W0>::iter_shape;
   static_assert(std::is_same_v<Iter, typename C::shape_type>,

@@ -17,6 +17,7 @@
 #include "solder/eval/cuda/error.hpp"
 #include "solder/eval/cuda/memory.hpp"
 #include "solder/eval/cuda/pass.hpp"
+#include "solder/eval/cuda/product_kernel.hpp"
 
 namespace solder::eval::cuda {
 
@@ -138,12 +139,19 @@ struct device_runner {
 };
 
 /// Evaluates the writes in one pass (and, for reductions, a short final kernel) on `stream`:
-/// the CUDA form of solder::assign_all. Returns once the kernels are queued.
+/// the CUDA form of solder::assign_all. A write holding a matrix product runs as one product
+/// whose epilogue is the rest of its expression. Returns once the kernels are queued.
 template <class W0, class... Ws>
 void run_writes(cudaStream_t stream, const W0& w0, const Ws&... ws) {
   require_device_once();
-  device_runner runner{stream};
-  dispatch(runner, w0, ws...);
+  if constexpr (holds_product<W0> || (holds_product<Ws> || ...)) {
+    static_assert(sizeof...(Ws) == 0,
+                  "solder::assign_all (CUDA): a write holding a matrix product runs alone; assign the other writes separately");
+    run_product(stream, product_of(w0));
+  } else {
+    device_runner runner{stream};
+    dispatch(runner, w0, ws...);
+  }
 }
 
 }  // namespace solder::eval::cuda

@@ -26,6 +26,8 @@
 #include "solder/config.hpp"
 #include "solder/diagnostic.hpp"
 #include "solder/eval/cuda/element.hpp"
+#include "solder/expr/contract.hpp"
+#include "solder/expr/operand.hpp"
 #include "solder/expr/write.hpp"
 #include "solder/random/sketch.hpp"
 
@@ -483,6 +485,87 @@ product_pass<Tiling, A, B, W> product(const A& a, const B& b, std::size_t M, std
     solder::detail::fail("solder::eval::cuda::product: the output has " + std::to_string(p.epilogue.rows) +
                          " rows and the product " + std::to_string(M));
   return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// From an expression holding matmul (expr/contract.hpp) to a product pass
+// ---------------------------------------------------------------------------------------------
+
+/// How the CUDA backend stages a product operand of expr/operand.hpp, or nothing (void) for a
+/// form it does not take yet.
+template <class X>
+struct device_operand {
+  using type = void;
+};
+template <class S>
+struct device_operand<tensor_ref<const float, S, device>> {
+  using type = matrix_operand<false>;
+  static type of(const tensor_ref<const float, S, device>& t) { return {t.data(), S::last}; }
+};
+template <class S>
+struct device_operand<transposed<S, device>> {
+  using type = matrix_operand<true>;
+  static type of(const transposed<S, device>& t) { return {t.ref.data(), S::last}; }
+};
+template <std::size_t TR, std::size_t TC, sketch_stack Stack, bool Trans>
+struct device_operand<sign_sketch<TR, TC, 1, Stack, Trans>> {
+  using type = sign_operand<TR, TC, Trans>;
+  static type of(const sign_sketch<TR, TC, 1, Stack, Trans>& u) { return {u.seed, 0, u.scale}; }
+};
+
+namespace detail {
+template <class W>
+inline constexpr bool holds_product = false;
+template <class T, class S, class E>
+inline constexpr bool holds_product<write_target<T, S, E, device>> = find_contract<E>::count > 0;
+}  // namespace detail
+
+/// Whether a write's expression holds a matrix product (run by product_of, not a pass).
+template <class W>
+inline constexpr bool holds_product = detail::holds_product<std::remove_cvref_t<W>>;
+
+/// The tiling the CUDA backend takes for an output of N static columns (fp32: the same bits as
+/// any other fp32 tiling; the tensor-core tilings are chosen by naming them).
+template <std::size_t N>
+using default_product_tiling = product_tiling_for<N>;
+
+template <class T, class S, class E>
+constexpr bool check_product_write() {
+  using C = typename find_contract<E>::type;
+  if constexpr (find_contract<E>::count != 1) {
+    return diagnostic<"solder::assign (CUDA): an expression may hold one matrix product; assign the others to device tensors first", E>::reported;
+  } else if constexpr (std::is_void_v<typename device_operand<typename C::a_type>::type> ||
+                       std::is_void_v<typename device_operand<typename C::b_type>::type>) {
+    return diagnostic<"solder::assign (CUDA): a product's operands must be device matrices, their transposes, or a one-term sign sketch",
+                      typename C::a_type, typename C::b_type>::reported;
+  } else if constexpr (!std::is_same_v<typename C::shape_type, S>) {
+    return diagnostic<"solder::assign (CUDA): an output holding a matrix product must have the product's shape", typename C::shape_type,
+                      S>::reported;
+  } else {
+    return true;
+  }
+}
+
+/// The product pass of a write whose expression holds one matmul: its operands staged as
+/// device_operand says, the rest of the expression its epilogue. Throws solder::error where the
+/// inner extents' batches differ.
+template <class Tiling = void, class T, class S, class E>
+auto product_of(const write_target<T, S, E, device>& w) {
+  static_assert(check_product_write<T, S, E>());
+  const auto& c = contract_of(w.expr);
+  using C = std::remove_cvref_t<decltype(c)>;
+  using A = device_operand<typename C::a_type>;
+  using B = device_operand<typename C::b_type>;
+  using Tl = std::conditional_t<std::is_void_v<Tiling>, default_product_tiling<S::last>, Tiling>;
+  if constexpr (C::K == dyn) {
+    const std::size_t ka = C::a_traits::batch(c.a), kb = C::b_traits::batch(c.b);
+    if (ka != kb)
+      solder::detail::fail("solder::assign (CUDA): the product's operands have batches " + std::to_string(ka) + " and " +
+                           std::to_string(kb) + "; the inner extent must agree");
+  }
+  const std::size_t M = c.rows();
+  auto epilogue = write(w.out, replace_contract(w.expr, accumulator_leaf<typename C::shape_type>{c.batch()}));
+  return product<Tl>(A::of(c.a), B::of(c.b), M, c.inner(), epilogue);
 }
 
 }  // namespace solder::eval::cuda
