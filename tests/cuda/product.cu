@@ -20,6 +20,7 @@
 #include "solder/cuda.hpp"
 #include "solder/eval/cuda/product_kernel.hpp"
 #include "solder/expr/operators.hpp"
+#include "solder/nn/conv2d.hpp"
 
 namespace {
 
@@ -145,6 +146,29 @@ void device_tensor_assignment() {
   expect(same_bits(got, host), "a device tensor assigned dropout(relu(matmul(x, transpose(w)) + b)): device and host differ");
 }
 
+/// relu(conv2d(x) + b) of NCHW images as a product over implicit im2col, NHWC output.
+void convolution() {
+  constexpr std::size_t Cin = 16, Cout = 32, Kh = 3, Kw = 3, H = 14, W = 14, Batch = 4;
+  using G = solder::nn::detail::conv2d_geometry<H, W, Kh, Kw, 1, 1, 1>;
+  constexpr std::size_t K = Cin * Kh * Kw;
+  const std::size_t M = Batch * G::out_plane;
+  std::vector<float> x(Batch * Cin * H * W), w(Cout * K), b(Cout);
+  fill_uniform(x, -1, 1, 10);
+  fill_uniform(w, -0.2, 0.2, 11);
+  fill_uniform(b, -0.5, 0.5, 12);
+  using S = shape<dyn, Cout>;
+  const auto pass = [&](const float* xp, const float* wp, const float* bp, float* yp) {
+    return cu::product<small_tiles>(cu::im2col_operand<G, Cin, Kh, Kw, false>{xp}, cu::matrix_operand<true>{wp, K}, M, K,
+                                    solder::write(tensor_ref<float, S, device>(yp, M),
+                                                  solder::relu(cu::product_value<S>(M) + tensor_ref<const float, shape<Cout>, device>(bp))));
+  };
+  std::vector<float> host(M * Cout);
+  solder::test::run_product(pass(x.data(), w.data(), b.data(), host.data()));
+  device_vector<float> dx(x), dw(w), db(b), dy(M * Cout);
+  cu::run_product(nullptr, pass(dx.get(), dw.get(), db.get(), dy.get()));
+  expect(same_bits(dy.read(), host), "relu(conv2d(x) + b) over implicit im2col: device and host differ");
+}
+
 }  // namespace
 
 int main() {
@@ -157,5 +181,6 @@ int main() {
     weight_gradient();
     signs();
     device_tensor_assignment();
+    convolution();
   });
 }

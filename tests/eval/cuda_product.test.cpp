@@ -16,6 +16,7 @@
 #include "solder/assign.hpp"
 #include "solder/eval/cuda/product.hpp"
 #include "solder/expr/operators.hpp"
+#include "solder/nn/conv2d.hpp"
 #include "solder/random/philox.hpp"
 #include "solder/random/sketch.hpp"
 #include "support/data.hpp"
@@ -320,4 +321,88 @@ TEST_CASE("cuda product: matmul expressions on device tensors run as one product
   for (std::size_t i = 0; i < batch * Out; ++i)
     far += std::abs(tf.data()[i] - product_only.data()[i]) > 0x1p-9f * float(In);
   CHECK(far == 0);
+}
+
+TEST_CASE("cuda product: a convolution as a product over implicit im2col, NCHW and NHWC inputs, BN folded into it",
+          "[cuda][product][conv]") {
+  // conv2d<5, 12, 3, 3, stride 2, padding 1> on [3, 5, 9, 11]: windows off every edge.
+  constexpr std::size_t Cin = 5, Cout = 12, Kh = 3, Kw = 3, H = 9, W = 11, Batch = 3;
+  using Conv = nn::conv2d<Cin, Cout, Kh, Kw, 2, 1>;
+  using G = nn::detail::conv2d_geometry<H, W, Kh, Kw, 2, 1, 1>;
+  constexpr std::size_t Ho = G::out_height, Wo = G::out_width, K = Cin * Kh * Kw;
+  Conv conv(7);
+  tensor<float, shape<dyn, Cin, H, W>> x(Batch);
+  test::fill_uniform(x, -1, 1, 81);
+  tensor<float, shape<dyn, H, W, Cin>> x_last(Batch);  // the same images channels-last
+  for (std::size_t n = 0; n < Batch; ++n)
+    for (std::size_t c = 0; c < Cin; ++c)
+      for (std::size_t h = 0; h < H; ++h)
+        for (std::size_t w = 0; w < W; ++w) x_last.data()[((n * H + h) * W + w) * Cin + c] = x.data()[((n * Cin + c) * H + h) * W + w];
+
+  // The CPU layer's output, NCHW, as the reference of the plain convolution.
+  tensor<float, shape<dyn, Cout, Ho, Wo>> y_cpu(Batch);
+  conv.forward(x, y_cpu);
+
+  using S = shape<dyn, Cout>;  // [batch Ho Wo, Cout]: NHWC
+  const std::size_t M = Batch * Ho * Wo;
+  const cu::matrix_operand<true> wt{conv.weight.data(), K};
+  tensor<float, S> y_nchw_in(M), y_nhwc_in(M);
+  test::run_product(cu::product<small_tiles>(cu::im2col_operand<G, Cin, Kh, Kw, false>{x.data()}, wt, M, K,
+                                             write(dev_out(y_nchw_in), cu::product_value<S>(M) + dev(conv.bias))));
+  test::run_product(cu::product<small_tiles>(cu::im2col_operand<G, Cin, Kh, Kw, true>{x_last.data()}, wt, M, K,
+                                             write(dev_out(y_nhwc_in), cu::product_value<S>(M) + dev(conv.bias))));
+  // Both layouts stage the same values in the same order: the same bits.
+  CHECK(bit_differences(y_nchw_in.data(), y_nhwc_in.data(), M * Cout) == 0);
+  std::size_t bad = 0;
+  for (std::size_t n = 0; n < Batch; ++n)
+    for (std::size_t c = 0; c < Cout; ++c)
+      for (std::size_t p = 0; p < Ho * Wo; ++p) {
+        const float want = y_cpu.data()[(n * Cout + c) * Ho * Wo + p], got = y_nchw_in.data()[(n * Ho * Wo + p) * Cout + c];
+        bad += !(std::abs(got - want) <= 1e-5f * float(K));
+      }
+  CHECK(bad == 0);
+
+  // Evaluation-mode batch norm and ReLU after the convolution, folded into its weights and bias
+  // (W' = W g / sqrt(var + eps), b' = (b - mean) g / sqrt(var + eps) + beta): one product with
+  // a bias + ReLU epilogue, against the unfolded composition in double.
+  tensor<float, shape<Cout>> gamma, beta, mean, var, b_folded;
+  test::fill_uniform(gamma, 0.5, 1.5, 82);
+  test::fill_uniform(beta, -0.5, 0.5, 83);
+  test::fill_uniform(mean, -0.2, 0.2, 84);
+  test::fill_uniform(var, 0.5, 2.0, 85);
+  const double eps = 1e-5;
+  tensor<float, shape<Cout, Cin, Kh, Kw>> w_folded;
+  for (std::size_t c = 0; c < Cout; ++c) {
+    const double s = double(gamma[c]) / std::sqrt(double(var[c]) + eps);
+    for (std::size_t k = 0; k < K; ++k) w_folded.data()[c * K + k] = float(double(conv.weight.data()[c * K + k]) * s);
+    b_folded[c] = float((double(conv.bias[c]) - double(mean[c])) * s + double(beta[c]));
+  }
+  tensor<float, S> y_bn(M);
+  test::run_product(cu::product<small_tiles>(cu::im2col_operand<G, Cin, Kh, Kw, false>{x.data()},
+                                             cu::matrix_operand<true>{w_folded.data(), K}, M, K,
+                                             write(dev_out(y_bn), relu(cu::product_value<S>(M) + dev(b_folded)))));
+  std::size_t far = 0, zeros = 0;
+  for (std::size_t n = 0; n < Batch; ++n)
+    for (std::size_t c = 0; c < Cout; ++c)
+      for (std::size_t ho = 0; ho < Ho; ++ho)
+        for (std::size_t wo = 0; wo < Wo; ++wo) {
+          double z = conv.bias[c], mag = std::abs(double(conv.bias[c]));
+          for (std::size_t ci = 0; ci < Cin; ++ci)
+            for (std::size_t kh = 0; kh < Kh; ++kh)
+              for (std::size_t kw = 0; kw < Kw; ++kw) {
+                const std::size_t hi = ho * 2 + kh - 1, wi = wo * 2 + kw - 1;  // wraps past the top or left edge
+                if (hi >= H || wi >= W) continue;
+                const double t = double(conv.weight.data()[c * K + (ci * Kh + kh) * Kw + kw]) * double(x.data()[((n * Cin + ci) * H + hi) * W + wi]);
+                z += t;
+                mag += std::abs(t);
+              }
+          const double s = double(gamma[c]) / std::sqrt(double(var[c]) + eps);
+          const double want = std::max(0.0, (z - double(mean[c])) * s + double(beta[c]));
+          const float got = y_bn.data()[((n * Ho + ho) * Wo + wo) * Cout + c];
+          zeros += got == 0.0f;
+          far += !(std::abs(double(got) - want) <= 1e-5 * (mag * s + std::abs(double(beta[c])) + 1.0));
+        }
+  CHECK(far == 0);
+  CHECK(zeros > 0);          // the ReLU cut some
+  CHECK(zeros < M * Cout);   // and kept others
 }

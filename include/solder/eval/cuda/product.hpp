@@ -294,6 +294,28 @@ struct sign_operand {
   static constexpr bool cols_contiguous = !Trans;
 };
 
+/// A' [batch Ho Wo, Cin Kh Kw] of a convolution (one group), never stored: row r is output
+/// pixel (n, ho, wo), column c = (ci Kh + kh) Kw + kw, PyTorch's order of a weight [Cout, Cin,
+/// Kh, Kw], so B' = W^T is matrix_operand<true>{w, Cin Kh Kw} and C [batch Ho Wo, Cout] is the
+/// output channels-last (NHWC). Element (r, c) is the input value tap (kh, kw) of window (ho, wo)
+/// reads in channel ci, 0 in the padding; the input is NCHW, or NHWC when ChannelsLast. G: the
+/// convolution's geometry (H, W, strides, padding, dilation: nn::detail::conv2d_geometry).
+template <class G, std::size_t Cin, std::size_t Kh, std::size_t Kw, bool ChannelsLast>
+struct im2col_operand {
+  static constexpr bool transposed = false;
+  /// Staged along rows: neighbouring output pixels read neighbouring inputs (stride apart).
+  static constexpr bool cols_contiguous = false;
+  static constexpr std::size_t cols = Cin * Kh * Kw;
+  const float* x;
+  SOLDER_HD SOLDER_INLINE float at(std::size_t r, std::size_t c) const {
+    const std::size_t n = r / G::out_plane, p = r % G::out_plane;
+    const std::size_t ci = c / (Kh * Kw), t = c % (Kh * Kw);
+    const std::size_t hi = G::in_row(p / G::out_width, t / Kw), wi = G::in_col(p % G::out_width, t % Kw);
+    if (!(hi < G::height && wi < G::width)) return 0.0f;
+    return ChannelsLast ? x[((n * G::height + hi) * G::width + wi) * Cin + ci] : x[((n * Cin + ci) * G::height + hi) * G::width + wi];
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // The epilogue: the write's expression with the product as a leaf
 // ---------------------------------------------------------------------------------------------
