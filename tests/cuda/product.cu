@@ -18,6 +18,8 @@
 #include "../support/gpu_program.hpp"
 #include "../support/grid.hpp"
 #include "solder/cuda.hpp"
+#include "solder/eval/cuda/col2im.hpp"
+#include "solder/eval/cuda/conv_kernels.hpp"
 #include "solder/eval/cuda/product_kernel.hpp"
 #include "solder/expr/operators.hpp"
 #include "solder/nn/conv2d.hpp"
@@ -169,6 +171,40 @@ void convolution() {
   expect(same_bits(dy.read(), host), "relu(conv2d(x) + b) over implicit im2col: device and host differ");
 }
 
+/// A convolution's backward: dW = g^T im2col(x) and dx gathered from dcol = g W.
+void convolution_backward() {
+  constexpr std::size_t Cin = 8, Cout = 16, Kh = 3, Kw = 3, H = 12, W = 10, Batch = 3;
+  using G = solder::nn::detail::conv2d_geometry<H, W, Kh, Kw, 2, 1, 1>;
+  constexpr std::size_t K = Cin * Kh * Kw;
+  const std::size_t M = Batch * G::out_plane;
+  std::vector<float> x(Batch * Cin * H * W), w(Cout * K), g(M * Cout);
+  fill_uniform(x, -1, 1, 13);
+  fill_uniform(w, -0.2, 0.2, 14);
+  fill_uniform(g, -1, 1, 15);
+  using WS = shape<Cout, K>;
+  using CS = shape<dyn, K>;
+  const auto dw_pass = [&](const float* gp, const float* xp, float* out) {
+    return cu::product<small_tiles>(cu::matrix_operand<true>{gp, Cout}, cu::im2col_operand<G, Cin, Kh, Kw, false>{xp}, Cout, M,
+                                    solder::write(tensor_ref<float, WS, device>(out), cu::product_value<WS>()));
+  };
+  const auto dcol_pass = [&](const float* gp, const float* wp, float* out) {
+    return cu::product<small_tiles>(cu::matrix_operand<false>{gp, Cout}, cu::matrix_operand<false>{wp, K}, M, Cout,
+                                    solder::write(tensor_ref<float, CS, device>(out, M), cu::product_value<CS>(M)));
+  };
+  std::vector<float> dw(Cout * K), dcol(M * K), dx(x.size());
+  solder::test::run_product(dw_pass(g.data(), x.data(), dw.data()));
+  solder::test::run_product(dcol_pass(g.data(), w.data(), dcol.data()));
+  const cu::col2im_pass<G, Cin, Kh, Kw> gather{dcol.data(), dx.data(), Batch};
+  for (std::size_t i = 0; i < gather.elements(); ++i) gather.element(i);
+
+  device_vector<float> dg(g), dxs(x), dws(w), ddw(Cout * K), ddcol(M * K), ddx(x.size());
+  cu::run_product(nullptr, dw_pass(dg.get(), dxs.get(), ddw.get()));
+  cu::run_product(nullptr, dcol_pass(dg.get(), dws.get(), ddcol.get()));
+  cu::run_col2im(nullptr, cu::col2im_pass<G, Cin, Kh, Kw>{ddcol.get(), ddx.get(), Batch});
+  expect(same_bits(ddw.read(), dw), "conv dW = g^T im2col(x): device and host differ");
+  expect(same_bits(ddx.read(), dx), "conv dx gathered from g W: device and host differ");
+}
+
 }  // namespace
 
 int main() {
@@ -182,5 +218,6 @@ int main() {
     signs();
     device_tensor_assignment();
     convolution();
+    convolution_backward();
   });
 }

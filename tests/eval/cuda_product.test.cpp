@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "solder/assign.hpp"
+#include "solder/eval/cuda/col2im.hpp"
 #include "solder/eval/cuda/product.hpp"
 #include "solder/expr/operators.hpp"
 #include "solder/nn/conv2d.hpp"
@@ -405,4 +406,52 @@ TEST_CASE("cuda product: a convolution as a product over implicit im2col, NCHW a
   CHECK(far == 0);
   CHECK(zeros > 0);          // the ReLU cut some
   CHECK(zeros < M * Cout);   // and kept others
+}
+
+TEST_CASE("cuda product: a convolution's backward, dW = g^T im2col(x) and dx gathered from g W, against the CPU layer",
+          "[cuda][product][conv]") {
+  constexpr std::size_t Cin = 4, Cout = 6, Kh = 3, Kw = 2, H = 8, W = 9, Batch = 2;
+  using Conv = nn::conv2d<Cin, Cout, Kh, Kw, 2, 1, 2>;  // stride 2, padding 1, dilation 2
+  using G = nn::detail::conv2d_geometry<H, W, Kh, Kw, 2, 1, 2>;
+  constexpr std::size_t Ho = G::out_height, Wo = G::out_width, K = Cin * Kh * Kw, P = Ho * Wo;
+  Conv conv(9);
+  tensor<float, shape<dyn, Cin, H, W>> x(Batch), dx_cpu(Batch), dx(Batch);
+  tensor<float, shape<dyn, Cout, Ho, Wo>> y(Batch), dy(Batch);
+  test::fill_uniform(x, -1, 1, 91);
+  test::fill_uniform(dy, -1, 1, 92);
+  conv.forward(x, y);
+  conv.backward(x, y, dy, dx_cpu);
+
+  // g: dy channels-last, [batch Ho Wo, Cout], as the forward product leaves its output.
+  using Rows = shape<dyn, Cout>;
+  const std::size_t M = Batch * P;
+  tensor<float, Rows> g(M);
+  for (std::size_t n = 0; n < Batch; ++n)
+    for (std::size_t c = 0; c < Cout; ++c)
+      for (std::size_t p = 0; p < P; ++p) g.data()[(n * P + p) * Cout + c] = dy.data()[(n * Cout + c) * P + p];
+
+  // dW [Cout, Cin Kh Kw] = g^T im2col(x): the im2col operand as the right operand, the pixels
+  // of the batch the inner extent.
+  using WS = shape<Cout, K>;
+  tensor<float, WS> dw;
+  test::run_product(cu::product<small_tiles>(cu::matrix_operand<true>{g.data(), Cout}, cu::im2col_operand<G, Cin, Kh, Kw, false>{x.data()},
+                                             Cout, M, write(dev_out(dw), cu::product_value<WS>())));
+  // dcol [batch Ho Wo, Cin Kh Kw] = g W, then dx gathered per input element.
+  using CS = shape<dyn, K>;
+  tensor<float, CS> dcol(M);
+  test::run_product(cu::product<small_tiles>(cu::matrix_operand<false>{g.data(), Cout}, cu::matrix_operand<false>{conv.weight.data(), K},
+                                             M, Cout, write(dev_out(dcol), cu::product_value<CS>(M))));
+  const cu::col2im_pass<G, Cin, Kh, Kw> gather{dcol.data(), dx.data(), Batch};
+  for (std::size_t i = 0; i < gather.elements(); ++i) gather.element(i);
+
+  std::size_t bad_w = 0, bad_x = 0;
+  for (std::size_t i = 0; i < Cout * K; ++i) bad_w += !(std::abs(dw.data()[i] - conv.weight_grad.data()[i]) <= 1e-5f * float(M));
+  for (std::size_t i = 0; i < x.size(); ++i) bad_x += !(std::abs(dx.data()[i] - dx_cpu.data()[i]) <= 1e-5f * float(Cout * Kh * Kw));
+  CHECK(bad_w == 0);
+  CHECK(bad_x == 0);
+  // Some inputs are read by no window (stride 2, dilation 2): their gradient is exactly zero.
+  std::size_t unread = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) unread += dx.data()[i] == 0.0f && dx_cpu.data()[i] == 0.0f;
+  CHECK(unread > 0);
+  CHECK(unread < x.size());
 }
