@@ -1,5 +1,5 @@
-// eval/cuda/conv_kernels.hpp: the CUDA backend's convolution kernels besides the product, nvcc
-// only: the gather of a convolution's input gradient (col2im.hpp) and its launch.
+// eval/cuda/conv_kernels.hpp: convolution kernels besides the product (nvcc only): the gather of
+// a convolution's input gradient (col2im.hpp) and its launch.
 #pragma once
 
 #include <cuda_runtime.h>
