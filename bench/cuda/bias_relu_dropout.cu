@@ -2,189 +2,31 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <map>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common.cuh"
 #include "solder/cuda.hpp"
 #include "solder/nn/elementwise_block.hpp"
 
 namespace {
 
-using solder::eval::cuda::check;
+using namespace solder_bench::gpu;
 
 constexpr float drop_p = 0.1f;
 
 /// Seeds of the data, fixed so every run sees the same numbers.
 enum seed : std::uint64_t { seed_x = 1, seed_b = 2, seed_dy = 4 };
 
-/// Untimed passes before the timed ones: at least this many, and two over every buffer set.
-constexpr std::size_t warmup_passes = 5;
-/// Data that passes through L2 between two uses of one buffer set, in multiples of L2's size.
-constexpr std::size_t rotation_l2_multiple = 2;
-
-// ---------------------------------------------------------------------------------------------
-// The device
-// ---------------------------------------------------------------------------------------------
-
-struct device_info {
-  std::string name;
-  int memory_clock_mhz = 0, bus_bits = 0;
-  double peak_gbps = 0;  // 2 (double data rate) x memory clock x bus width: the data sheet's figure
-  std::size_t l2_bytes = 0;
-  int multiprocessors = 0;
-};
-
-device_info& device() {
-  static device_info d;
-  return d;
-}
-
-device_info read_device() {
-  int dev = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  cudaDeviceProp p{};
-  check(cudaGetDeviceProperties(&p, dev), "cudaGetDeviceProperties");
-  int mem_clock_khz = 0;  // cudaDeviceProp lost memoryClockRate in CUDA 13; the attribute remains
-  check(cudaDeviceGetAttribute(&mem_clock_khz, cudaDevAttrMemoryClockRate, dev), "cudaDeviceGetAttribute");
-  device_info d;
-  d.name = p.name;
-  d.memory_clock_mhz = mem_clock_khz / 1000;
-  d.bus_bits = p.memoryBusWidth;
-  d.peak_gbps = 2.0 * mem_clock_khz * 1e3 * (p.memoryBusWidth / 8.0) * 1e-9;
-  d.l2_bytes = static_cast<std::size_t>(p.l2CacheSize);
-  d.multiprocessors = p.multiProcessorCount;
-  return d;
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-
-/// How many buffer sets of `set_bytes` to cycle so that rotation_l2_multiple x L2 of other data
-/// passes between two uses of one set (at least 2), as many as fit in 90% of the free memory.
-std::size_t rotation_sets(std::size_t set_bytes) {
-  const std::size_t spread = rotation_l2_multiple * device().l2_bytes;
-  std::size_t sets = 1 + std::max<std::size_t>(1, (spread + set_bytes - 1) / set_bytes);
-  std::size_t free = 0, total = 0;
-  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
-  return std::max<std::size_t>(1, std::min(sets, free / 10 * 9 / set_bytes));
-}
-
-// ---------------------------------------------------------------------------------------------
-// Data and timing
-// ---------------------------------------------------------------------------------------------
-
-/// p[i] uniform in [lo, hi) from a hash of (seed, i) (splitmix64): made on the device, fast at 1 GiB.
-__global__ void fill_uniform_kernel(float* p, std::size_t n, std::uint64_t seed, float lo, float hi) {
-  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
-    std::uint64_t z = seed * 0x9e3779b97f4a7c15ull + i;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    p[i] = lo + (hi - lo) * float(z >> 40) * 0x1p-24f;
-  }
-}
-
-void fill_uniform(float* p, std::size_t n, std::uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  fill_uniform_kernel<<<unsigned(device().multiprocessors * 8), 256, 0, solder::current_stream()>>>(p, n, seed, lo, hi);
-  check(cudaGetLastError(), "fill_uniform_kernel");
-}
-
-/// Holds the stream until the host sets *release (or limit_ns passes: then *expired = 1), so the
-/// events and the pass behind it are all queued before the GPU reaches them.
-__global__ void hold_kernel(const volatile int* release, volatile int* expired, unsigned long long limit_ns) {
-  unsigned long long t0 = 0, t = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  while (*release == 0) {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    if (t - t0 > limit_ns) {
-      *expired = 1;
-      return;
-    }
-  }
-}
-
-/// Times single passes on the GPU with CUDA events on the current stream. Each pass is queued
-/// behind hold_kernel, released once its start event, the pass and its stop event are queued:
-/// the time between the events is the pass's alone, without the launch latency (microseconds,
-/// against tens of them for a 4096x4096 forward) that recording the start event first would add.
-class gpu_timer {
- public:
-  gpu_timer() : stream_(solder::current_stream()) {
-    check(cudaEventCreate(&start_), "cudaEventCreate");
-    check(cudaEventCreate(&stop_), "cudaEventCreate");
-    check(cudaHostAlloc(reinterpret_cast<void**>(&flags_), 2 * sizeof(int), cudaHostAllocMapped), "cudaHostAlloc");
-    check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_flags_), flags_, 0), "cudaHostGetDevicePointer");
-  }
-  ~gpu_timer() {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-    cudaFreeHost(flags_);
-  }
-  gpu_timer(const gpu_timer&) = delete;
-  gpu_timer& operator=(const gpu_timer&) = delete;
-
-  /// Seconds `pass` (which queues work on the current stream) takes on the GPU.
-  template <class F>
-  double seconds(F&& pass) {
-    volatile int* flags = flags_;
-    flags[0] = 0;
-    flags[1] = 0;
-    hold_kernel<<<1, 1, 0, stream_>>>(device_flags_, device_flags_ + 1, hold_limit_ns);
-    check(cudaGetLastError(), "hold_kernel");
-    try {
-      check(cudaEventRecord(start_, stream_), "cudaEventRecord");
-      pass();
-      check(cudaEventRecord(stop_, stream_), "cudaEventRecord");
-    } catch (...) {
-      flags[0] = 1;
-      throw;
-    }
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    flags[0] = 1;
-    check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
-    if (flags[1] != 0) throw std::runtime_error("queueing one pass took over 0.5 s: the time would not be the GPU's");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
-    return ms * 1e-3;
-  }
-
- private:
-  static constexpr unsigned long long hold_limit_ns = 500'000'000;
-  cudaStream_t stream_;
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;
-  int* flags_ = nullptr;  // [0] release, [1] expired; host memory the GPU reads
-  int* device_flags_ = nullptr;
-};
-
-/// Warm-up over every set, then Google Benchmark's iterations, each one pass on set k (cycling)
-/// timed by gpu_timer. Sets bytes, GBps and peak_fraction; returns GBps.
+/// Times the passes (timed_seconds) and sets bytes, GBps and peak_fraction; returns GBps.
 template <class Pass>
 double run_timed(benchmark::State& state, std::size_t sets, double bytes, Pass&& pass) {
-  gpu_timer timer;
-  for (std::size_t w = 0; w < std::max(warmup_passes, 2 * sets); ++w) pass(w % sets);
-  check(cudaStreamSynchronize(solder::current_stream()), "cudaStreamSynchronize");
-  double total = 0;
-  std::size_t k = 0;
-  for (auto _ : state) {
-    const double s = timer.seconds([&] { pass(k); });
-    state.SetIterationTime(s);
-    total += s;
-    k = (k + 1) % sets;
-  }
-  const double gbps = bytes * static_cast<double>(state.iterations()) / total * 1e-9;
+  const double gbps = bytes / timed_seconds(state, sets, pass) * 1e-9;
   state.counters["bytes"] = bytes;
   state.counters["GBps"] = gbps;
   state.counters["peak_fraction"] = gbps / device().peak_gbps;
@@ -195,17 +37,6 @@ double run_timed(benchmark::State& state, std::size_t sets, double bytes, Pass&&
 std::map<std::pair<std::size_t, std::size_t>, double>& copy_rates() {
   static std::map<std::pair<std::size_t, std::size_t>, double> rates;
   return rates;
-}
-
-/// Rows `rows` of a device matrix of `cols` columns, copied to the host once the current stream
-/// has finished (it does not wait for the legacy default stream that cudaMemcpy uses).
-std::vector<float> host_rows(const float* device_data, std::size_t cols, const std::vector<std::size_t>& rows) {
-  check(cudaStreamSynchronize(solder::current_stream()), "cudaStreamSynchronize");
-  std::vector<float> out(rows.size() * cols);
-  for (std::size_t i = 0; i < rows.size(); ++i)
-    check(cudaMemcpy(out.data() + i * cols, device_data + rows[i] * cols, cols * sizeof(float), cudaMemcpyDeviceToHost),
-          "cudaMemcpy");
-  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -280,12 +111,8 @@ struct cases {
     auto& rates = copy_rates();
     if (auto it = rates.find({rows, N}); it != rates.end()) return it->second;
     auto sets = copy_sets(rows);
-    for (std::size_t w = 0; w < std::max(warmup_passes, 2 * sets.size()); ++w) copy_pass(sets[w % sets.size()]);
-    gpu_timer timer;
-    std::vector<double> t;
-    for (std::size_t i = 0; i < 31; ++i) t.push_back(timer.seconds([&] { copy_pass(sets[i % sets.size()]); }));
-    std::nth_element(t.begin(), t.begin() + 15, t.end());
-    return rates[{rows, N}] = copy_bytes(rows) / t[15] * 1e-9;
+    const double seconds = median_seconds(sets.size(), 31, [&](std::size_t k) { copy_pass(sets[k]); });
+    return rates[{rows, N}] = copy_bytes(rows) / seconds * 1e-9;
   }
 
   static void set_roofline(benchmark::State& state, double gbps, std::size_t rows) {
@@ -417,37 +244,9 @@ void register_shape(std::size_t rows) {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  int count = 0;
-  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
-    std::printf("solder CUDA bench: no CUDA device (%s); nothing measured\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found 0 devices");
-    return 0;
-  }
+  if (!have_device("solder CUDA bench")) return 0;
   try {
-    device() = read_device();
-    // Freed blocks stay in the stream-ordered pool (as in PyTorch's caching allocator), so the
-    // backward's scratch comes from it, not from the driver, in every iteration.
-    cudaMemPool_t pool = nullptr;
-    int dev = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    check(cudaDeviceGetDefaultMemPool(&pool, dev), "cudaDeviceGetDefaultMemPool");
-    std::uint64_t keep_all = UINT64_MAX;
-    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all), "cudaMemPoolSetAttribute");
-    int runtime = 0, driver = 0;
-    cudaRuntimeGetVersion(&runtime);
-    cudaDriverGetVersion(&driver);
-
-    const device_info& d = device();
-    char peak[96];
-    std::snprintf(peak, sizeof peak, "%.0f (2 x %d MHz memory clock x %d-bit bus)", d.peak_gbps, d.memory_clock_mhz,
-                  d.bus_bits);
-    benchmark::AddCustomContext("cuda_device", d.name);
-    benchmark::AddCustomContext("cuda_peak_GBps", peak);
-    benchmark::AddCustomContext("cuda_l2_MiB", std::to_string(d.l2_bytes >> 20));
-    benchmark::AddCustomContext("cuda_multiprocessors", std::to_string(d.multiprocessors));
-    benchmark::AddCustomContext("cuda_runtime_driver", std::to_string(runtime) + " / " + std::to_string(driver));
-    benchmark::AddCustomContext("cpu_model", cpu_model());
-
+    start_device();
     solder::stream s;
     solder::stream_guard on(s);
     register_shape<4096>(4096);

@@ -9,7 +9,10 @@
 # cache names another source path), the binary is run as it is, with a warning.
 # Environment: REPETITIONS (5), PYTHON (python3), TORCH_ARGS (extra arguments of torch_bench.py,
 # e.g. --no-compile), BENCH_ARGS (extra arguments of the C++ binary, e.g. --benchmark_filter=fwd).
-# Writes OUT_DIR/{nvidia-smi.txt, bias_relu_dropout.txt, bias_relu_dropout.json, torch.txt, torch.json}.
+# BENCHES: the binaries to run, by name (default: bias_relu_dropout linear_bias_relu_dropout).
+# Writes OUT_DIR/nvidia-smi.txt, OUT_DIR/<name>.{txt,json} per binary, and OUT_DIR/torch.{txt,json}.
+# linear_bias_relu_dropout needs CUDA 13's libcublasLt.so.13 (from the toolkit's lib directory,
+# which its RPATH names, or LD_LIBRARY_PATH).
 set -uo pipefail
 
 if [[ $# -lt 1 || $# -gt 2 ]]; then
@@ -21,7 +24,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${2:-${SOLDER_BUILD_DIR:-$root/build/bench-cuda}}
 repetitions=${REPETITIONS:-5}
 python=${PYTHON:-python3}
-bin=$build/bench/cuda/solder_bench_cuda_bias_relu_dropout
+read -r -a benches <<<"${BENCHES:-bias_relu_dropout linear_bias_relu_dropout}"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
@@ -30,12 +33,14 @@ if [[ ! -f $build/CMakeCache.txt ]]; then
     -DSOLDER_BUILD_BENCH=ON -DSOLDER_BUILD_CUDA=ON || { echo "run.sh: configuring $build failed" >&2; exit 1; }
 fi
 if ! cmake --build "$build" --target solder_bench_cuda -j "$(nproc)"; then
-  if [[ -x $bin ]]; then
-    echo "run.sh: WARNING: building in $build failed; running the binary already there, which may predate the sources" >&2
-  else
-    echo "run.sh: building in $build failed and there is no $bin" >&2
-    exit 1
-  fi
+  for name in "${benches[@]}"; do
+    bin=$build/bench/cuda/solder_bench_cuda_$name
+    if [[ ! -x $bin ]]; then
+      echo "run.sh: building in $build failed and there is no $bin" >&2
+      exit 1
+    fi
+  done
+  echo "run.sh: WARNING: building in $build failed; running the binaries already there, which may predate the sources" >&2
 fi
 
 if command -v nvidia-smi >/dev/null; then
@@ -43,10 +48,12 @@ if command -v nvidia-smi >/dev/null; then
 fi
 
 status=0
-# shellcheck disable=SC2086  # BENCH_ARGS and TORCH_ARGS are word lists
-"$bin" --benchmark_repetitions="$repetitions" --benchmark_report_aggregates_only=true \
-  --benchmark_out="$out/bias_relu_dropout.json" --benchmark_out_format=json ${BENCH_ARGS:-} \
-  2>&1 | tee "$out/bias_relu_dropout.txt" || status=1
+for name in "${benches[@]}"; do
+  # shellcheck disable=SC2086  # BENCH_ARGS and TORCH_ARGS are word lists
+  "$build/bench/cuda/solder_bench_cuda_$name" --benchmark_repetitions="$repetitions" --benchmark_report_aggregates_only=true \
+    --benchmark_out="$out/$name.json" --benchmark_out_format=json ${BENCH_ARGS:-} \
+    2>&1 | tee "$out/$name.txt" || status=1
+done
 # shellcheck disable=SC2086
 PYTHONUNBUFFERED=1 "$python" "$root/bench/cuda/torch_bench.py" --repetitions "$repetitions" \
   --json "$out/torch.json" ${TORCH_ARGS:-} 2>&1 | tee "$out/torch.txt" || status=1

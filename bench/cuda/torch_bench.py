@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""bench/cuda/torch_bench.py: the PyTorch peer of solder_bench_cuda_bias_relu_dropout, on a CUDA device.
+"""bench/cuda/torch_bench.py: the PyTorch peer of solder_bench_cuda_bias_relu_dropout and
+solder_bench_cuda_linear_bias_relu_dropout, on a CUDA device.
 
 Cases, at B x N = 4096x4096 and 16384x16384 float32, p = 0.1, training mode:
 
@@ -14,7 +15,24 @@ Cases, at B x N = 4096x4096 and 16384x16384 float32, p = 0.1, training mode:
 
 Counters as the C++ binary: bytes (fwd and copy: 2 B N 4, bwd: 3 B N 4), GBps, roofline (GBps /
 this process's copy GBps for the shape), peak_fraction (GBps / 2 x memory clock x bus width, where
-pynvml reads them). Each call is timed alone with CUDA events, queued behind a spin kernel so host
+pynvml reads them).
+
+Linear cases, y = dropout(relu(x W^T + b)), p = 0.1, training mode, at (M, N, K) = (4096, 4096,
+4096) and (256, 2048, 1024): M batch rows, N out features, K in features; x [M, K], W [N, K], b [N]:
+
+  BM_cuda_gemm_peak/torch_<prec>/8192x8192x8192              torch.mm(a, w.t()): the measured peak of
+                                                             prec (fp32, tf32, bf16: bf16 tensors)
+  BM_cuda_linear_bias_relu_dropout_fwd/<impl>_<math>/<M>x<N>x<K>
+      F.dropout(torch.relu(F.linear(x, W, b)), 0.1), x, W and b requiring grad
+
+  impl  torch, torch_compile (Inductor)
+  math  fp32            torch.backends.cuda.matmul.allow_tf32 = False
+        tf32            allow_tf32 = True
+        bf16_autocast   under torch.autocast("cuda", torch.bfloat16): x, W, b cast to bf16 in the
+                        call, y bf16
+
+Counters: flops (2 M N K), TFLOPs, peak_TFLOPs (the peak row of the same precision, measured in
+this process) and peak_fraction = TFLOPs / peak_TFLOPs. Each call is timed alone with CUDA events, queued behind a spin kernel so host
 overhead is not counted; see bench/README.md, "CUDA benchmarks".
 
     python3 bench/cuda/torch_bench.py [--filter REGEX] [--repetitions 5] [--min-time 0.2]
@@ -36,6 +54,9 @@ torch = F = None
 
 P = 0.1
 SHAPES = [(4096, 4096), (16384, 16384)]
+LINEAR_SHAPES = [(4096, 4096, 4096), (256, 2048, 1024)]  # (M, N, K): batch rows, out features, in features
+LINEAR_MATHS = {"fp32": "fp32", "tf32": "tf32", "bf16_autocast": "bf16"}  # row's math -> its peak's precision
+PEAK_EXTENT = 8192  # the square GEMM whose rate is the measured peak
 ROTATION_L2_MULTIPLE = 2  # data passing through L2 between two uses of one buffer set, in L2 sizes
 HOLD_SECONDS = 200e-6  # first length of the spin kernel; doubled while the host falls behind it
 
@@ -165,6 +186,43 @@ def check_backward(y, dy, dx, db):
         raise CheckFailed("db is not the column sum of dx")
 
 
+def linear_tol(math_name, k):
+    """Tolerance of an element of x W^T + b relative to sum_k |x_k W_nk| + |b_n| (as the C++
+    binary's): fp32 K roundings of 2^-24; tensor cores 4 ulps per addition (their own order and
+    width) plus the inputs' rounding: TF32 up to 2^-10 per input (truncated), BF16 2^-8."""
+    accumulation = (k + 1) * 2.0 ** -22
+    if math_name == "fp32":
+        return (k + 1) * 2.0 ** -24
+    if math_name == "tf32":
+        return 2.0 ** -9 + 2.0 ** -20 + accumulation
+    return 2.0 ** -7 + 2.0 ** -16 + accumulation
+
+
+def check_linear(x, w, b, y, math_name):
+    """Rows first, middle and last of y against relu(x W^T + b) / (1 - p) in float64 where
+    nonzero (bf16 autocast: plus two bf16 roundings of the result, the linear's and dropout's),
+    zero where x W^T + b is clearly negative, and the dropped fraction of the clearly positive
+    ones p within 0.05. Torch draws its own mask, so masks are not compared with solder's."""
+    rows = sorted({0, x.shape[0] // 2, x.shape[0] - 1})
+    xr, wd, bd = x.detach()[rows].double(), w.detach().double(), b.detach().double()
+    pre = xr @ wd.t() + bd
+    band = linear_tol(math_name, x.shape[1]) * (xr.abs() @ wd.abs().t() + bd.abs())
+    got = y.detach()[rows].double()
+    scale = 1 / (1 - P)
+    want = pre.clamp(min=0) * scale
+    out_rel = 2.0 ** -7 if math_name == "bf16_autocast" else 0.0
+    kept = got != 0
+    bad = kept & ((got - want).abs() > band * scale + out_rel * want.abs())
+    if bad.any():
+        raise CheckFailed(f"{int(bad.sum())} kept elements differ from relu(x W^T + b) / (1 - p)")
+    if (kept & (pre < -band)).any():
+        raise CheckFailed("nonzero elements where x W^T + b is negative")
+    positive = pre > band
+    fraction = float((~kept & positive).sum()) / max(1, int(positive.sum()))
+    if abs(fraction - P) > 0.05:
+        raise CheckFailed(f"drops {fraction:.3f} of the positive elements, expected {P}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Cases
 # ---------------------------------------------------------------------------------------------
@@ -178,12 +236,23 @@ def from_output(y, dy):
     return g, g.sum(0)
 
 
+def linear_forward(x, w, b):
+    return F.dropout(torch.relu(F.linear(x, w, b)), p=P, training=True)
+
+
+def linear_forward_bf16(x, w, b):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        return linear_forward(x, w, b)
+
+
 class Case:
     """setup(l2_bytes) returns (run_once, warm-up calls); run_once(timer) makes one call and
-    returns the seconds of its timed part."""
+    returns the seconds of its timed part. A case with flops reports TFLOP/s against the peak
+    row of its precision instead of GB/s."""
 
-    def __init__(self, name, bytes_moved, shape, setup):
+    def __init__(self, name, bytes_moved, shape, setup, flops=None, precision=None):
         self.name, self.bytes, self.shape, self.setup = name, bytes_moved, shape, setup
+        self.flops, self.precision = flops, precision
 
 
 def copy_case(rows, cols):
@@ -275,6 +344,61 @@ def bwd_case(impl, rows, cols):
     return Case(f"BM_cuda_bias_relu_dropout_bwd/{impl}/{rows}x{cols}", moved, (rows, cols), setup)
 
 
+def peak_case(precision):
+    e = PEAK_EXTENT
+    size = 2 if precision == "bf16" else 4
+    moved = e * e * (2 * size + size)  # reads a and w, writes the product
+
+    def setup(l2):
+        torch.manual_seed(0)
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        sets = [(uniform(e, e).to(dtype), uniform(e, e, bound=e ** -0.5).to(dtype))
+                for _ in range(rotation_sets(moved, l2))]
+        outs = collections.deque(maxlen=len(sets))
+        k = [0]
+
+        def run_once(timer):
+            i = k[0] = (k[0] + 1) % len(sets)
+            a, w = sets[i]
+            s, y = timer.seconds(lambda: torch.mm(a, w.t()))
+            outs.append(y)
+            return s
+        return run_once, 2 * len(sets)
+    return Case(f"BM_cuda_gemm_peak/torch_{precision}/{e}x{e}x{e}", moved, (e, e, e), setup,
+                flops=2 * e ** 3, precision=precision)
+
+
+def linear_case(math_name, compiled, m, n, k):
+    impl = ("torch_compile_" if compiled else "torch_") + math_name
+    moved = 4 * (m * k + n * k + n + m * n)  # reads x, W, b, writes y: sizes the rotation
+
+    def setup(l2):
+        torch.manual_seed(0)
+        torch.backends.cuda.matmul.allow_tf32 = math_name == "tf32"
+        fn = linear_forward_bf16 if math_name == "bf16_autocast" else linear_forward
+        if compiled:
+            torch._dynamo.reset()  # compiled again under this case's allow_tf32
+            fn = torch.compile(fn, dynamic=False)
+        # x in [-1, 1), W in +-1/sqrt(K) (nn.Linear's range), b in [-0.5, 0.5), as the C++ cases.
+        sets = [(uniform(m, k).requires_grad_(True), uniform(n, k, bound=k ** -0.5).requires_grad_(True),
+                 uniform(n, bound=0.5).requires_grad_(True)) for _ in range(rotation_sets(moved, l2))]
+        check_linear(*sets[0], fn(*sets[0]), math_name)
+        # The last len(sets) outputs stay alive, so a call's y is not written where the previous
+        # call's was.
+        outs = collections.deque(maxlen=len(sets))
+        i_ = [0]
+
+        def run_once(timer):
+            i = i_[0] = (i_[0] + 1) % len(sets)
+            s, y = timer.seconds(lambda: fn(*sets[i]))
+            outs.append(y)
+            return s
+        return run_once, 2 * len(sets)
+    return Case(f"BM_cuda_linear_bias_relu_dropout_fwd/{impl}/{m}x{n}x{k}", moved, (m, n, k), setup,
+                flops=2 * m * n * k, precision=LINEAR_MATHS[math_name])
+
+
 def all_cases(compile_too):
     compiled = ["torch_compile"] if compile_too else []
     cases = []
@@ -284,6 +408,10 @@ def all_cases(compile_too):
             cases.append(fwd_case(impl, rows, cols))
         for impl in ["torch"] + compiled + ["torch_from_output"] + [c + "_from_output" for c in compiled]:
             cases.append(bwd_case(impl, rows, cols))
+    cases += [peak_case(p) for p in ["fp32", "tf32", "bf16"]]  # first: the linear rows divide by them
+    for m, n, k in LINEAR_SHAPES:
+        for compiled in [False] + ([True] if compile_too else []):
+            cases += [linear_case(math_name, compiled, m, n, k) for math_name in LINEAR_MATHS]
     return cases
 
 
@@ -327,11 +455,11 @@ def main():
                "repetitions": args.repetitions, "min_time": args.min_time}
     for key, value in context.items():
         print(f"{key}: {value}")
-    header = f"{'Benchmark':<64} {'Time':>13} {'Iterations':>10}  Counters"
+    header = f"{'Benchmark':<88} {'Time':>13} {'Iterations':>10}  Counters"
     print(header)
     print("-" * len(header))
 
-    copy_rate, rows_out, failed = {}, [], 0
+    copy_rate, peak_tflops, rows_out, failed = {}, {}, [], 0
     for case in cases:
         error = None
         try:
@@ -345,20 +473,29 @@ def main():
         gc.collect()
         torch.cuda.empty_cache()
         if error is not None:
-            print(f"{case.name:<64} ERROR OCCURRED: '{error}'", flush=True)
+            print(f"{case.name:<88} ERROR OCCURRED: '{error}'", flush=True)
             failed += 1
             continue
-        gbps = case.bytes / seconds * 1e-9
-        if case.name.startswith("BM_cuda_copy/"):
-            copy_rate[case.shape] = gbps
-        values = {"bytes": case.bytes, "GBps": gbps}
-        if case.shape in copy_rate:
-            values["copy_GBps"] = copy_rate[case.shape]
-            values["roofline"] = gbps / copy_rate[case.shape]
-        if peak:
-            values["peak_fraction"] = gbps / peak
+        if case.flops:
+            tflops = case.flops / seconds * 1e-12
+            if case.name.startswith("BM_cuda_gemm_peak/"):
+                peak_tflops[case.precision] = tflops
+            values = {"flops": case.flops, "TFLOPs": tflops}
+            if case.precision in peak_tflops:
+                values["peak_TFLOPs"] = peak_tflops[case.precision]
+                values["peak_fraction"] = tflops / peak_tflops[case.precision]
+        else:
+            gbps = case.bytes / seconds * 1e-9
+            if case.name.startswith("BM_cuda_copy/"):
+                copy_rate[case.shape] = gbps
+            values = {"bytes": case.bytes, "GBps": gbps}
+            if case.shape in copy_rate:
+                values["copy_GBps"] = copy_rate[case.shape]
+                values["roofline"] = gbps / copy_rate[case.shape]
+            if peak:
+                values["peak_fraction"] = gbps / peak
         shown = "  ".join(f"{key}={value:.4g}" for key, value in values.items())
-        print(f"{case.name + '_median':<64} {seconds * 1e6:>10.1f} us {calls:>10}  {shown}", flush=True)
+        print(f"{case.name + '_median':<88} {seconds * 1e6:>10.1f} us {calls:>10}  {shown}", flush=True)
         rows_out.append({"name": case.name, "aggregate": "median", "real_time_us": seconds * 1e6,
                          "iterations": calls, "repetitions": args.repetitions, **values})
 
