@@ -3,9 +3,11 @@
 // A chain's type is its whole specification. The planner (nn/plan.hpp) groups its layers; for
 // every group the .cu instantiates the kernel templates of eval/cuda/ on exactly the expression
 // the CPU block evaluates, and defines extern "C" launchers that code built by any C or C++
-// compiler can call. solder_add_cuda_chains (solder_cuda_chains.cmake) compiles a small program
-// around this header and runs it at build time; docs/cuda.md describes the files. The text
-// depends on the types alone, so every run writes the same bytes.
+// compiler can call; a chain of product groups also gets launchers of the whole chain (its
+// forward, its backward, and a training step with the cross-entropy and an optimizer).
+// solder_add_cuda_chains (solder_cuda_chains.cmake) compiles a small program around this header
+// and runs it at build time; docs/cuda.md describes the files. The text depends on the types
+// alone, so every run writes the same bytes.
 #pragma once
 
 #include <algorithm>
@@ -1040,6 +1042,418 @@ inline std::vector<group_text> distinct_groups(const chain_desc& c) {
   return out;
 }
 
+// ---- the chain-level launchers: forward, backward and a training step of a whole chain --------
+
+/// One group as the chain-level launchers run it: through its own definitions or those of an
+/// identical earlier group, its parameters' places in the flat arrays, its output's place in
+/// `hidden`, and its dropouts' places among the chain's streams.
+struct chain_step {
+  const group_desc* g;
+  std::string prefix;         // the definitions it runs through: "g0_"
+  std::size_t weight_at = 0;  // its weight's first float in the flat parameter array
+  std::size_t bias_at = 0;    // its bias's (where it has one)
+  std::size_t hidden_at = 0;  // its output's first float in a row of `hidden` (every group but the last)
+  std::vector<std::pair<std::size_t, std::size_t>> dropouts;  // (position in its tail, index among the chain's)
+};
+
+/// A chain of product groups as the chain-level launchers lay it out in flat device arrays.
+struct chain_layout {
+  std::vector<chain_step> steps;
+  std::vector<const layer_desc*> dropouts;  // the chain's dropout layers, in order
+  std::size_t param_floats = 0;             // the parameters (and gradients, and each optimizer state)
+  std::size_t hidden_floats = 0;            // per row: the outputs of every group but the last
+  std::size_t widest_out = 0;               // per row of the backward's scratch: the widest gate
+  std::size_t widest_inner = 0;             // and the widest gradient of a hidden output
+};
+
+/// Whether a chain gets chain-level launchers: an nn::chain whose every group is a product
+/// group (an MLP of nn::linear layers and their elementwise tails).
+inline bool has_chain_launchers(const chain_desc& c) {
+  if (c.kind != spec_kind::chain || c.groups.empty()) return false;
+  for (const auto& g : c.groups)
+    if (!g.product) return false;
+  return true;
+}
+
+/// The chain's layout; `distinct` are the groups that have definitions of their own.
+inline chain_layout layout_of(const chain_desc& c, const std::vector<group_text>& distinct) {
+  chain_layout l;
+  for (std::size_t k = 0; k < c.groups.size(); ++k) {
+    const group_desc& g = c.groups[k];
+    const group_text t{c, g, "", launcher_name(g)};
+    chain_step s{&g, "", 0, 0, 0, {}};
+    for (const auto& d : distinct)
+      if (s.prefix.empty() && d.launcher == t.launcher && d.block_type() == t.block_type()) s.prefix = d.prefix;
+    // torch's named_parameters() order, which the CPU chain's params() keeps: weight, then bias.
+    s.weight_at = l.param_floats;
+    l.param_floats += g.width * g.in_width;
+    s.bias_at = l.param_floats;
+    if (g.product_bias) l.param_floats += g.width;
+    for (const auto* d : t.of(role::dropout)) {
+      s.dropouts.push_back({t.held_at(*d), l.dropouts.size()});
+      l.dropouts.push_back(d);
+    }
+    if (k + 1 < c.groups.size()) {
+      s.hidden_at = l.hidden_floats;
+      l.hidden_floats += g.width;
+    }
+    if (k > 0) l.widest_inner = std::max(l.widest_inner, g.in_width);
+    l.widest_out = std::max(l.widest_out, g.width);
+    l.steps.push_back(std::move(s));
+  }
+  return l;
+}
+
+/// `base`, or `base + batch * floats` (a block of rows `floats` floats into a row-blocked array).
+inline std::string rows_at(const std::string& base, std::size_t floats) {
+  return floats == 0 ? base : base + " + batch * " + std::to_string(floats);
+}
+/// `base`, or `base + at` (a parameter in a flat array).
+inline std::string flat_at(const std::string& base, std::size_t at) {
+  return at == 0 ? base : base + " + " + std::to_string(at);
+}
+
+/// The chain-level launchers' parameters.
+inline std::vector<param> chain_forward_params(const chain_layout& l) {
+  std::vector<param> p{{"const float* x", "x"}, {"const float* params", "params"}};
+  if (l.hidden_floats) p.push_back({"float* hidden", "hidden"});
+  p.insert(p.end(), {{"float* y", "y"}, {"size_t batch", "batch"}});
+  if (!l.dropouts.empty()) p.insert(p.end(), {{"const uint64_t* seeds", "seeds"}, {"uint64_t* offsets", "offsets"}});
+  p.push_back({"cudaStream_t stream", "stream"});
+  return p;
+}
+inline std::vector<param> chain_backward_params(const chain_layout& l) {
+  std::vector<param> p{{"const float* x", "x"}, {"const float* params", "params"}};
+  if (l.hidden_floats) p.push_back({"const float* hidden", "hidden"});
+  p.insert(p.end(), {{"const float* y", "y"},
+                     {"const float* dy", "dy"},
+                     {"float* grads", "grads"},
+                     {"size_t batch", "batch"},
+                     {"cudaStream_t stream", "stream"}});
+  return p;
+}
+inline std::vector<param> train_step_params(const chain_layout& l) {
+  std::vector<param> p{{"const float* x", "x"},
+                       {"const int32_t* labels", "labels"},
+                       {"float* params", "params"},
+                       {"float* grads", "grads"},
+                       {"float* optimizer_state", "optimizer_state"},
+                       {"solder_optimizer* optimizer", "optimizer"}};
+  if (l.hidden_floats) p.push_back({"float* hidden", "hidden"});
+  p.insert(p.end(), {{"float* y", "y"}, {"size_t batch", "batch"}});
+  if (!l.dropouts.empty()) p.insert(p.end(), {{"const uint64_t* seeds", "seeds"}, {"uint64_t* offsets", "offsets"}});
+  p.insert(p.end(), {{"float label_smoothing", "label_smoothing"}, {"float* loss", "loss"}, {"cudaStream_t stream", "stream"}});
+  return p;
+}
+
+/// The C header's optimizer settings, shared by every generated header (hence the guard).
+inline std::string optimizer_declarations() {
+  return R"(#ifndef SOLDER_GEN_OPTIMIZER
+#define SOLDER_GEN_OPTIMIZER
+/// The optimizers a chain's train_step runs: torch.optim.SGD, Adam and AdamW, with the math of
+/// solder's optim::sgd, optim::adam and optim::adamw (the update functors of ops/optimizer.hpp).
+typedef enum solder_optimizer_kind { solder_sgd = 0, solder_adam = 1, solder_adamw = 2 } solder_optimizer_kind;
+/// An optimizer's settings, with PyTorch's names (its defaults: SGD momentum, dampening,
+/// weight_decay 0, nesterov off; Adam beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0, AdamW
+/// 1e-2), and the steps it has taken. train_step reads it and adds 1 to steps; the caller may
+/// change lr between steps (a schedule).
+typedef struct solder_optimizer {
+  int kind;            /* a solder_optimizer_kind */
+  float lr;
+  float weight_decay;  /* SGD, Adam: L2 through the gradient; AdamW: decoupled, w *= 1 - lr weight_decay */
+  float momentum;      /* SGD */
+  float dampening;     /* SGD */
+  int nesterov;        /* SGD: nonzero for Nesterov momentum */
+  float beta1;         /* Adam, AdamW */
+  float beta2;         /* Adam, AdamW */
+  float eps;           /* Adam, AdamW */
+  int64_t steps;       /* steps taken so far (torch's state['step']); 0 before the first */
+} solder_optimizer;
+#endif  // SOLDER_GEN_OPTIMIZER
+)";
+}
+
+/// The chain's section of the .h: sizes, parameter places and the chain-level launchers.
+inline std::string chain_header(const chain_desc& c, const chain_layout& l, const std::string& stem) {
+  std::string upper = "SOLDER_";
+  for (char ch : stem) upper += char(ch >= 'a' && ch <= 'z' ? ch - 'a' + 'A' : ch);
+  const std::size_t in = c.groups.front().in_width, out = c.groups.back().width;
+  std::string h = "\n" + rule("the chain: every group in order") + "\n" + optimizer_declarations() + "\n";
+  h += comment("/// ", "Floats of the flat parameter array `params` (and of `grads`, and of each optimizer state array): "
+                       "the parameters in the CPU chain's params() order, torch's named_parameters() order. Each "
+                       "starts at the float its macro below names: a weight [out, in] (torch's Linear.weight), a "
+                       "bias [out].");
+  h += "#define " + upper + "_PARAM_FLOATS " + std::to_string(l.param_floats) + "\n";
+  for (const auto& s : l.steps) {
+    const std::string at = std::to_string(s.g->layers.front().index);
+    h += "#define " + upper + "_" + at + "_WEIGHT " + std::to_string(s.weight_at) + "  /* [" + std::to_string(s.g->width) +
+         ", " + std::to_string(s.g->in_width) + "] */\n";
+    if (s.g->product_bias)
+      h += "#define " + upper + "_" + at + "_BIAS " + std::to_string(s.bias_at) + "  /* [" + std::to_string(s.g->width) +
+           "] */\n";
+  }
+  if (l.hidden_floats) {
+    std::vector<std::string> parts;
+    for (std::size_t k = 0; k + 1 < l.steps.size(); ++k)
+      parts.push_back("group " + std::to_string(k) + "'s [batch, " + std::to_string(l.steps[k].g->width) + "] at " +
+                      rows_at("hidden", l.steps[k].hidden_at));
+    h += comment("/// ", "Floats per row of `hidden`, the outputs of every group but the last, which the backward "
+                         "reads: " + join(parts, ", ") + ".");
+    h += "#define " + upper + "_HIDDEN_FLOATS " + std::to_string(l.hidden_floats) + "\n";
+  }
+  if (!l.dropouts.empty()) {
+    std::vector<std::string> at;
+    for (const auto* d : l.dropouts) at.push_back(std::to_string(d->index));
+    h += comment("/// ", "Dropout streams: seeds[i], offsets[i] (host memory) are the Philox stream of the chain's i-th "
+                         "dropout (" + std::string(at.size() == 1 ? "layer " : "layers ") + join(at, ", ") + "), as nn::dropout's rng.");
+    h += "#define " + upper + "_DROPOUTS " + std::to_string(l.dropouts.size()) + "\n";
+  }
+  h += "\n";
+  const std::string streams = l.dropouts.empty()
+                                  ? ""
+                                  : " Each dropout's offset first moves on by 1, then its mask is Philox stream "
+                                    "(seeds[i], offsets[i]), as a training forward of the CPU chain moves and draws "
+                                    "it.";
+  const std::string kept = l.hidden_floats ? " Every group's output but the last goes to hidden, for the backward." : "";
+  h += comment("/// ", "y [batch, " + std::to_string(out) + "] = the chain on x [batch, " + std::to_string(in) +
+                           "] in training mode, as the CPU chain's forward: every group in order, one matrix product "
+                           "each, its tail in the epilogue." + kept + streams);
+  h += wrap_call("int solder_" + stem + "_forward", decls(chain_forward_params(l)), ";") + "\n";
+  h += comment("/// ", "grads (overwritten, laid out as params) from dy = dL/dy [batch, " + std::to_string(out) +
+                           "], after the forward of x that wrote y" + (l.hidden_floats ? " and hidden" : "") +
+                           ", as the CPU chain's backward: every group last to first, its gate pass with the bias "
+                           "gradient, then dW = g^T x and, but for the first group, dx = g W (the chain's input gets no "
+                           "gradient). Scratch of the stream-ordered allocator: " + std::to_string(l.widest_out + l.widest_inner) +
+                           " floats per row.");
+  h += wrap_call("int solder_" + stem + "_backward", decls(chain_backward_params(l)), ";") + "\n";
+  h += comment(
+      "/// ",
+      "One training step, as the CPU chain's train_step with nn::cross_entropy_loss and the optimizer: the forward "
+      "(as solder_" + stem + "_forward), the softmax cross-entropy of y against labels [batch] (device int32 in [0, " +
+          std::to_string(out) + ")) with torch's label_smoothing, mean over the batch, and its gradient; the backward "
+          "(as solder_" + stem + "_backward); then *optimizer's update of every parameter (its steps + 1). "
+          "optimizer_state (device, zero before the first step) holds m then v for Adam and AdamW (2 * PARAM_FLOATS), "
+          "the momentum buffer for SGD with momentum (PARAM_FLOATS), nothing for SGD without (it may be null). "
+          "Writes the mean loss to *loss (host): the launcher waits for the stream once, for the loss and the labels' "
+          "check; the backward and the update are queued after it.");
+  h += wrap_call("int solder_" + stem + "_train_step", decls(train_step_params(l)), ";") + "\n";
+  if (!l.dropouts.empty()) {
+    h += comment("/// ", "Writes seeds and offsets (host, " + upper + "_DROPOUTS each) as nn::chain(seed) and reseed(seed) "
+                         "set the dropouts' streams: seeds[i] is derive_seed(seed, the dropout's layer index), "
+                         "offsets[i] is 0.");
+    h += "int solder_" + stem + "_dropout_streams(uint64_t seed, uint64_t* seeds, uint64_t* offsets);\n";
+  }
+  return h;
+}
+
+/// The chain's lines of the files' opening comments.
+inline std::string chain_overview(const chain_desc& c, const chain_layout& l, const std::string& stem) {
+  const std::string p = "solder_" + stem;
+  std::string s = "// the chain, " + std::to_string(c.groups.size()) + (c.groups.size() == 1 ? " group" : " groups") + "\n";
+  s += "//   " + p + "_forward  every group in order, training mode\n";
+  s += "//   " + p + "_backward  every group last to first: every parameter's gradient\n";
+  s += "//   " + p + "_train_step  forward, softmax cross-entropy, backward, optimizer update\n";
+  if (!l.dropouts.empty()) s += "//   " + p + "_dropout_streams  the dropouts' streams as nn::chain(seed) sets them\n";
+  return s;
+}
+
+/// The definitions the chain-level launchers share with no chain: the optimizer's checks and update.
+inline std::string optimizer_definitions() {
+  return R"(
+/// Refuses what optim::sgd, optim::adam and optim::adamw refuse, and a missing state array where
+/// the optimizer keeps state.
+void check_optimizer(const solder_optimizer& o, const float* state) {
+  using solder::detail::fail;
+  const char* name = o.kind == solder_sgd ? "SGD" : o.kind == solder_adam ? "Adam" : o.kind == solder_adamw ? "AdamW" : nullptr;
+  if (!name) fail("optimizer->kind must be solder_sgd, solder_adam or solder_adamw, got " + std::to_string(o.kind));
+  const std::string who = std::string("optimizer (") + name + "): ";
+  if (!(o.lr >= 0.0f)) fail(who + "lr must be >= 0, got " + std::to_string(o.lr));
+  if (!(o.weight_decay >= 0.0f)) fail(who + "weight_decay must be >= 0, got " + std::to_string(o.weight_decay));
+  if (o.steps < 0) fail(who + "steps must be >= 0, got " + std::to_string(o.steps));
+  if (o.kind == solder_sgd) {
+    if (!(o.momentum >= 0.0f)) fail(who + "momentum must be >= 0, got " + std::to_string(o.momentum));
+    if (!(o.dampening == o.dampening)) fail(who + "dampening is NaN");
+    if (o.nesterov && (o.momentum <= 0.0f || o.dampening != 0.0f))
+      fail(who + "Nesterov momentum requires momentum > 0 and dampening = 0");
+    if (o.momentum != 0.0f && !state) fail(who + "optimizer_state is a null pointer; the momentum buffer lives there");
+    return;
+  }
+  if (!(o.beta1 >= 0.0f && o.beta1 < 1.0f)) fail(who + "beta1 must be in [0, 1), got " + std::to_string(o.beta1));
+  if (!(o.beta2 >= 0.0f && o.beta2 < 1.0f)) fail(who + "beta2 must be in [0, 1), got " + std::to_string(o.beta2));
+  if (!(o.eps >= 0.0f)) fail(who + "eps must be >= 0, got " + std::to_string(o.eps));
+  if (!state) fail(who + "optimizer_state is a null pointer; m and v live there");
+}
+
+/// One update of the n parameters from their gradients, as the CPU optimizer's step() with the
+/// same functor per element (one launch: every element's update is independent of the others):
+/// Adam and AdamW at step t = steps + 1, SGD's first step where steps is 0. Then steps + 1.
+void optimizer_step(solder_optimizer& o, float* params, const float* grads, float* state, std::size_t n,
+                    cudaStream_t stream) {
+  if (o.kind == solder_sgd) {
+    const solder::ops::sgd_update update(o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov != 0, o.steps == 0);
+    // torch keeps no momentum buffer where momentum is 0, and optim::sgd reads none.
+    if (o.momentum == 0.0f)
+      solder::eval::cuda::sgd_step(update, params, grads, n, stream);
+    else
+      solder::eval::cuda::sgd_step(update, params, grads, state, n, stream);
+  } else if (o.kind == solder_adam) {
+    const solder::ops::adam_update<false> update(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.steps + 1);
+    solder::eval::cuda::adam_step(update, params, grads, state, state + n, n, stream);
+  } else {
+    const solder::ops::adam_update<true> update(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.steps + 1);
+    solder::eval::cuda::adam_step(update, params, grads, state, state + n, n, stream);
+  }
+  ++o.steps;
+}
+)";
+}
+
+/// The chain's layout constants and its forward and backward over every group, in the .cu.
+inline std::string chain_definitions(const chain_desc& c, const chain_layout& l) {
+  const std::size_t n = l.steps.size();
+  std::string s = "\n" + rule("the chain: the optimizer's update; forward and backward over every group") + optimizer_definitions() + "\n";
+  s += "/// The flat parameter array: each linear layer's weight [out, in], then its bias, in layer order.\n";
+  s += "constexpr std::size_t param_floats = " + std::to_string(l.param_floats) + ";\n";
+  s += "/// The backward's scratch per row: the widest gate g, then the widest gradient of a hidden output.\n";
+  s += "constexpr std::size_t gate_floats = " + std::to_string(l.widest_out) +
+       ", inner_floats = " + std::to_string(l.widest_inner) + ";\n";
+
+  auto input_of = [&](std::size_t k) { return k == 0 ? std::string("x") : rows_at("hidden", l.steps[k - 1].hidden_at); };
+  auto output_of = [&](std::size_t k) { return k + 1 == n ? std::string("y") : rows_at("hidden", l.steps[k].hidden_at); };
+  auto title = [&](std::size_t k) {
+    const group_text t{c, *l.steps[k].g, "", ""};
+    return "  // group " + std::to_string(k) + ": " + t.layer_list() + "\n";
+  };
+
+  // The forward.
+  std::vector<std::string> args{"const float* x", "const float* params"};
+  if (l.hidden_floats) args.push_back("float* hidden");
+  args.insert(args.end(), {"float* y", "std::size_t batch"});
+  if (!l.dropouts.empty()) args.insert(args.end(), {"const std::uint64_t* seeds", "std::uint64_t* offsets"});
+  args.push_back("cudaStream_t stream");
+  s += "\n" + comment("/// ", "The chain's forward in training mode, as basic_chain::forward: every group in order, its "
+                              "output in hidden (every group but the last) or y." +
+                                  std::string(l.dropouts.empty() ? ""
+                                                                 : " Each dropout's stream first moves on, as the "
+                                                                   "CPU blocks' training forward moves it, then draws."));
+  s += wrap_call("void chain_forward", args, " {") + "\n";
+  if (!l.dropouts.empty())
+    s += "  for (std::size_t i = 0; i < " + std::to_string(l.dropouts.size()) + "; ++i) ++offsets[i];\n";
+  for (std::size_t k = 0; k < n; ++k) {
+    const chain_step& st = l.steps[k];
+    const std::string& p = st.prefix;
+    s += title(k) + "  {\n";
+    if (st.dropouts.empty()) {
+      s += "    const " + p + "tail_type tail{};\n";
+    } else {
+      s += "    " + p + "tail_type tail;\n";
+      for (const auto& [held, i] : st.dropouts)
+        s += "    std::get<" + std::to_string(held) + ">(tail.layers).rng = {seeds[" + std::to_string(i) + "], offsets[" +
+             std::to_string(i) + "]};\n";
+    }
+    std::vector<std::string> fargs{"tail", p + "in_rows(" + input_of(k) + ", batch)", flat_at("params", st.weight_at)};
+    if (st.g->product_bias) fargs.push_back(p + "features(" + flat_at("params", st.bias_at) + ")");
+    fargs.push_back(p + "rows_out(" + output_of(k) + ", batch)");
+    s += wrap_call("    run_product(stream, " + p + "forward", fargs, ");") + "\n  }\n";
+  }
+  s += "}\n";
+
+  // The backward.
+  args = {"const float* x", "const float* params"};
+  if (l.hidden_floats) args.push_back("const float* hidden");
+  args.insert(args.end(), {"const float* y", "const float* dy", "float* grads", "std::size_t batch", "cudaStream_t stream"});
+  s += "\n" + comment("/// ", "The chain's backward from dy = dL/dy, as basic_chain::backward: every group last to first, "
+                              "its gate pass g = dL/dz with db, then dW = g^T x and, but for the first group (whose "
+                              "input needs no gradient: backward_params), dx = g W, the dy of the group before. "
+                              "Gradients go to grads, laid out as the parameters.");
+  s += wrap_call("void chain_backward", args, " {") + "\n";
+  s += "  // g, and d: the gradient of a hidden output (written by a group's dx, read by the gate of the one\n"
+       "  // before). Freed on the stream after the passes that read them.\n";
+  s += "  const auto scratch = solder::eval::cuda::device_array<float>::allocate(batch * (gate_floats + inner_floats), "
+       "stream);\n";
+  s += "  float* const g = scratch.data();\n";
+  if (l.widest_inner) s += "  float* const d = g + batch * gate_floats;\n";
+  for (std::size_t kk = n; kk-- > 0;) {
+    const chain_step& st = l.steps[kk];
+    const std::string& p = st.prefix;
+    s += title(kk) + "  {\n    const " + p + "tail_type tail{};\n";
+    std::vector<std::string> gargs{"tail", p + "rows(" + output_of(kk) + ", batch)",
+                                   p + "rows(" + std::string(kk + 1 == n ? "dy" : "d") + ", batch)", p + "rows_out(g, batch)"};
+    if (st.g->product_bias) gargs.push_back(p + "features_out(" + flat_at("grads", st.bias_at) + ")");
+    s += wrap_call("    run(stream, " + p + "gate", gargs, ");") + "\n";
+    s += wrap_call("    run_product(stream, " + p + "weight_grad",
+                   {p + "rows(g, batch)", p + "in_rows(" + input_of(kk) + ", batch)",
+                    p + "weight_out(" + flat_at("grads", st.weight_at) + ")"},
+                   ");") +
+         "\n";
+    if (kk > 0)
+      s += wrap_call("    run_product(stream, " + p + "input_grad",
+                     {p + "rows(g, batch)", flat_at("params", st.weight_at), p + "in_rows_out(d, batch)"}, ");") +
+           "\n";
+    s += "  }\n";
+  }
+  s += "}\n";
+  return s;
+}
+
+/// The chain-level extern "C" launchers.
+inline std::string chain_launchers(const chain_desc& c, const chain_layout& l, const std::string& stem) {
+  const std::string p = "solder_" + stem;
+  const std::size_t out = c.groups.back().width;
+  auto names = [](const std::vector<param>& ps) {
+    std::vector<std::string> v;
+    for (const auto& q : ps) v.push_back(q.name);
+    return v;
+  };
+  auto open = [&](const std::string& name, const std::vector<param>& ps) {
+    return wrap_call("extern \"C\" int " + name, decls(ps), " {") + "\n  return guarded(\"" + name + "\", [&] {\n" +
+           check_call(ps) + "    solder::eval::cuda::require_device_once();\n";
+  };
+  const std::string close = "  });\n}\n";
+  auto without = [](std::vector<param> ps, const std::string& name) {
+    std::erase_if(ps, [&](const param& q) { return q.name == name; });
+    return ps;
+  };
+  std::string s;
+  const auto fwd = chain_forward_params(l);
+  s += open(p + "_forward", fwd);
+  s += wrap_call("    chain_forward", names(fwd), ";") + "\n" + close + "\n";
+
+  const auto bwd = chain_backward_params(l);
+  s += open(p + "_backward", bwd);
+  s += wrap_call("    chain_backward", names(bwd), ";") + "\n" + close + "\n";
+
+  const auto step = train_step_params(l);
+  s += wrap_call("extern \"C\" int " + p + "_train_step", decls(step), " {") + "\n  return guarded(\"" + p +
+       "_train_step\", [&] {\n" + check_call(without(step, "optimizer_state"));
+  s += "    check_optimizer(*optimizer, optimizer_state);\n";
+  s += "    solder::eval::cuda::require_device_once();\n";
+  s += wrap_call("    chain_forward", names(fwd), ";") + "\n";
+  s += "    // The loss's gradient, the dy of the backward; freed on the stream after the backward.\n";
+  s += "    const auto dy = solder::eval::cuda::device_array<float>::allocate(batch * " + std::to_string(out) + ", stream);\n";
+  s += wrap_call("    const double value = solder::eval::cuda::softmax_cross_entropy<" + std::to_string(out) + ">",
+                 {"y", "labels", "dy.data()", "batch", "label_smoothing", "stream"}, ";") +
+       "\n";
+  std::vector<std::string> bargs = names(bwd);
+  for (auto& a : bargs)
+    if (a == "dy") a = "dy.data()";
+  s += wrap_call("    chain_backward", bargs, ";") + "\n";
+  s += "    optimizer_step(*optimizer, params, grads, optimizer_state, param_floats, stream);\n";
+  s += "    *loss = float(value);  // as the CPU loss rounds its double mean\n" + close;
+
+  if (!l.dropouts.empty()) {
+    s += "\nextern \"C\" int " + p + "_dropout_streams(uint64_t seed, uint64_t* seeds, uint64_t* offsets) {\n";
+    s += "  return guarded(\"" + p + "_dropout_streams\", [&] {\n";
+    s += "    if (!seeds || !offsets) throw solder::error(\"seeds and offsets must not be null\");\n";
+    for (std::size_t i = 0; i < l.dropouts.size(); ++i)
+      s += "    seeds[" + std::to_string(i) + "] = solder::random::derive_seed(seed, " +
+           std::to_string(l.dropouts[i]->index) + ");  // layer " + std::to_string(l.dropouts[i]->index) + "\n";
+    s += "    for (std::size_t i = 0; i < " + std::to_string(l.dropouts.size()) + "; ++i) offsets[i] = 0;\n";
+    s += close;
+  }
+  return s;
+}
+
 }  // namespace detail
 
 /// The two files of one chain.
@@ -1056,6 +1470,8 @@ inline files generate(const chain_desc& c, const std::string& header) {
   const auto groups = distinct_groups(c);
   bool any_elementwise = false, any_row = false, any_product = false;
   for (const auto& t : groups) (t.g.product ? any_product : t.g.elementwise ? any_elementwise : any_row) = true;
+  const bool whole_chain = has_chain_launchers(c);
+  const chain_layout layout = whole_chain ? layout_of(c, groups) : chain_layout{};
 
   std::vector<std::string> layer_types;
   for (const auto& l : c.layers) layer_types.push_back(l.type);
@@ -1078,6 +1494,7 @@ inline files generate(const chain_desc& c, const std::string& header) {
   const std::string spec = comment("// ", "chain " + c.name + " (" + header + "):") + comment("//   ", chain_type);
   cu += "// " + stem + ".cu: CUDA kernels and extern \"C\" launchers of the chain " + c.name +
         "; generated by solder-gen, do not edit.\n//\n" + spec + "//\n" + overview;
+  if (whole_chain) cu += chain_overview(c, layout, stem);
   cu += "//\n// The launchers are declared in " + stem + ".h (C types only); docs/cuda.md describes them.\n\n";
   cu += "#include <cuda_runtime.h>\n\n";
   for (const char* h : {"cstddef", "cstdint", "string", "tuple", "type_traits", "utility"})
@@ -1085,9 +1502,11 @@ inline files generate(const chain_desc& c, const std::string& header) {
   cu += "\n#include \"" + header + "\"\n#include \"solder/device.hpp\"\n";
   cu += "#include \"solder/eval/cuda/launcher.hpp\"\n";
   if (any_product) cu += "#include \"solder/eval/cuda/memory.hpp\"\n#include \"solder/eval/cuda/product_kernel.hpp\"\n";
-  if (any_row) cu += "#include \"solder/eval/cuda/row_kernels.hpp\"\n";
+  if (any_row || whole_chain) cu += "#include \"solder/eval/cuda/row_kernels.hpp\"\n";
+  if (whole_chain) cu += "#include \"solder/eval/cuda/update_kernels.hpp\"\n";
   if (any_elementwise || any_product) cu += "#include \"solder/nn/elementwise_block.hpp\"\n";
   if (any_product) cu += "#include \"solder/nn/linear_block.hpp\"\n";
+  if (whole_chain) cu += "#include \"solder/ops/optimizer.hpp\"\n#include \"solder/random/seed.hpp\"\n";
   cu += "#include \"" + stem + ".h\"\n\n";
   cu += "namespace " + ns + " {\nnamespace {\n\n" + common_definitions(any_elementwise || any_product, any_product);
   for (const auto& t : groups) {
@@ -1096,13 +1515,18 @@ inline files generate(const chain_desc& c, const std::string& header) {
           : t.g.elementwise ? elementwise_definitions(t, header, stem)
                             : row_definitions(t, header, stem);
   }
+  if (whole_chain) cu += chain_definitions(c, layout);
   cu += "\n}  // namespace\n}  // namespace " + ns + "\n\n";
   cu += rule("kernels: every __global__ function the launchers start, instantiated here") + "\n";
   std::set<std::string> done;
   for (const auto& t : groups) cu += instantiations(t, ns, done);
+  if (whole_chain)
+    cu += "// the chain's loss and optimizer update: started by the launchers of eval/cuda/row_kernels.hpp and\n"
+          "// eval/cuda/update_kernels.hpp, which instantiate their kernels\n";
   cu += "\n" + rule("launchers (C linkage: global names, whatever the namespace)") + "\n";
   cu += "namespace " + ns + " {\n\n";
   for (const auto& t : groups) cu += launchers(t) + "\n";
+  if (whole_chain) cu += chain_launchers(c, layout, stem) + "\n";
   cu += "extern \"C\" const char* solder_" + stem + "_last_error(void) { return last_error.c_str(); }\n\n";
   cu += "}  // namespace " + ns + "\n";
 
@@ -1129,6 +1553,7 @@ inline files generate(const chain_desc& c, const std::string& header) {
     h += comment("/// ", backward_summary(t)) +
          wrap_call("int " + t.launcher + "_bwd", decls(backward_params(t)), ";") + "\n";
   }
+  if (whole_chain) h += chain_header(c, layout, stem);
   h += "\n/// The message of this thread's last call of a launcher above; \"\" when it succeeded.\n";
   h += "const char* solder_" + stem + "_last_error(void);\n";
   h += "\n#ifdef __cplusplus\n}  // extern \"C\"\n#endif\n\n#endif  // " + guard + "\n";

@@ -21,3 +21,10 @@ using layer_norm_gelu_dropout =
 /// dropout in the product's epilogue; backward from the output y.
 using linear_relu_dropout =
     solder::nn::chain<solder::nn::linear<256, 512>, solder::nn::relu, solder::nn::dropout<0.1f>>;
+
+/// The digits classifier of examples/digits_mlp.cpp: 64 -> 256 -> 128 -> 10, relu and dropout
+/// after the first two linear layers; three product groups. Its .cu also holds the chain-level
+/// launchers (forward, backward, a training step with the softmax cross-entropy and an optimizer).
+using digits_mlp = solder::nn::chain<solder::nn::linear<64, 256>, solder::nn::relu, solder::nn::dropout<0.1f>,
+                                     solder::nn::linear<256, 128>, solder::nn::relu, solder::nn::dropout<0.1f>,
+                                     solder::nn::linear<128, 10>>;

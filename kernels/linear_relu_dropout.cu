@@ -6,6 +6,11 @@
 // group 0, layers 0-2: linear<256, 512>, relu, dropout<0.1f> on [batch, 256] -> [batch, 512]
 //   solder_linear_relu_dropout_f32_256x512_fwd  y = dropout(relu(x W^T + b)), one product + epilogue
 //   solder_linear_relu_dropout_f32_256x512_bwd  g, db from y and dy, one pass; dx, dW, a product each
+// the chain, 1 group
+//   solder_linear_relu_dropout_forward  every group in order, training mode
+//   solder_linear_relu_dropout_backward  every group last to first: every parameter's gradient
+//   solder_linear_relu_dropout_train_step  forward, softmax cross-entropy, backward, optimizer update
+//   solder_linear_relu_dropout_dropout_streams  the dropouts' streams as nn::chain(seed) sets them
 //
 // The launchers are declared in linear_relu_dropout.h (C types only); docs/cuda.md describes them.
 
@@ -23,8 +28,12 @@
 #include "solder/eval/cuda/launcher.hpp"
 #include "solder/eval/cuda/memory.hpp"
 #include "solder/eval/cuda/product_kernel.hpp"
+#include "solder/eval/cuda/row_kernels.hpp"
+#include "solder/eval/cuda/update_kernels.hpp"
 #include "solder/nn/elementwise_block.hpp"
 #include "solder/nn/linear_block.hpp"
+#include "solder/ops/optimizer.hpp"
+#include "solder/random/seed.hpp"
 #include "linear_relu_dropout.h"
 
 namespace solder_gen_linear_relu_dropout {
@@ -120,6 +129,93 @@ using g0_gate_writes = returned<decltype(g0_gate)>::type;
 using g0_gate_pass = pass_of<true, g0_gate_writes>::type;
 using g0_gate_pass_unaligned = pass_of<false, g0_gate_writes>::type;
 
+// ---- the chain: the optimizer's update; forward and backward over every group -------------------
+
+/// Refuses what optim::sgd, optim::adam and optim::adamw refuse, and a missing state array where
+/// the optimizer keeps state.
+void check_optimizer(const solder_optimizer& o, const float* state) {
+  using solder::detail::fail;
+  const char* name = o.kind == solder_sgd ? "SGD" : o.kind == solder_adam ? "Adam" : o.kind == solder_adamw ? "AdamW" : nullptr;
+  if (!name) fail("optimizer->kind must be solder_sgd, solder_adam or solder_adamw, got " + std::to_string(o.kind));
+  const std::string who = std::string("optimizer (") + name + "): ";
+  if (!(o.lr >= 0.0f)) fail(who + "lr must be >= 0, got " + std::to_string(o.lr));
+  if (!(o.weight_decay >= 0.0f)) fail(who + "weight_decay must be >= 0, got " + std::to_string(o.weight_decay));
+  if (o.steps < 0) fail(who + "steps must be >= 0, got " + std::to_string(o.steps));
+  if (o.kind == solder_sgd) {
+    if (!(o.momentum >= 0.0f)) fail(who + "momentum must be >= 0, got " + std::to_string(o.momentum));
+    if (!(o.dampening == o.dampening)) fail(who + "dampening is NaN");
+    if (o.nesterov && (o.momentum <= 0.0f || o.dampening != 0.0f))
+      fail(who + "Nesterov momentum requires momentum > 0 and dampening = 0");
+    if (o.momentum != 0.0f && !state) fail(who + "optimizer_state is a null pointer; the momentum buffer lives there");
+    return;
+  }
+  if (!(o.beta1 >= 0.0f && o.beta1 < 1.0f)) fail(who + "beta1 must be in [0, 1), got " + std::to_string(o.beta1));
+  if (!(o.beta2 >= 0.0f && o.beta2 < 1.0f)) fail(who + "beta2 must be in [0, 1), got " + std::to_string(o.beta2));
+  if (!(o.eps >= 0.0f)) fail(who + "eps must be >= 0, got " + std::to_string(o.eps));
+  if (!state) fail(who + "optimizer_state is a null pointer; m and v live there");
+}
+
+/// One update of the n parameters from their gradients, as the CPU optimizer's step() with the
+/// same functor per element (one launch: every element's update is independent of the others):
+/// Adam and AdamW at step t = steps + 1, SGD's first step where steps is 0. Then steps + 1.
+void optimizer_step(solder_optimizer& o, float* params, const float* grads, float* state, std::size_t n,
+                    cudaStream_t stream) {
+  if (o.kind == solder_sgd) {
+    const solder::ops::sgd_update update(o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov != 0, o.steps == 0);
+    // torch keeps no momentum buffer where momentum is 0, and optim::sgd reads none.
+    if (o.momentum == 0.0f)
+      solder::eval::cuda::sgd_step(update, params, grads, n, stream);
+    else
+      solder::eval::cuda::sgd_step(update, params, grads, state, n, stream);
+  } else if (o.kind == solder_adam) {
+    const solder::ops::adam_update<false> update(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.steps + 1);
+    solder::eval::cuda::adam_step(update, params, grads, state, state + n, n, stream);
+  } else {
+    const solder::ops::adam_update<true> update(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.steps + 1);
+    solder::eval::cuda::adam_step(update, params, grads, state, state + n, n, stream);
+  }
+  ++o.steps;
+}
+
+/// The flat parameter array: each linear layer's weight [out, in], then its bias, in layer order.
+constexpr std::size_t param_floats = 131584;
+/// The backward's scratch per row: the widest gate g, then the widest gradient of a hidden output.
+constexpr std::size_t gate_floats = 512, inner_floats = 0;
+
+/// The chain's forward in training mode, as basic_chain::forward: every group in order, its output
+/// in hidden (every group but the last) or y. Each dropout's stream first moves on, as the CPU
+/// blocks' training forward moves it, then draws.
+void chain_forward(const float* x, const float* params, float* y, std::size_t batch,
+                   const std::uint64_t* seeds, std::uint64_t* offsets, cudaStream_t stream) {
+  for (std::size_t i = 0; i < 1; ++i) ++offsets[i];
+  // group 0: linear<256, 512>, relu, dropout<0.1f>
+  {
+    g0_tail_type tail;
+    std::get<1>(tail.layers).rng = {seeds[0], offsets[0]};
+    run_product(stream, g0_forward(tail, g0_in_rows(x, batch), params, g0_features(params + 131072),
+                                   g0_rows_out(y, batch)));
+  }
+}
+
+/// The chain's backward from dy = dL/dy, as basic_chain::backward: every group last to first, its
+/// gate pass g = dL/dz with db, then dW = g^T x and, but for the first group (whose input needs no
+/// gradient: backward_params), dx = g W, the dy of the group before. Gradients go to grads, laid
+/// out as the parameters.
+void chain_backward(const float* x, const float* params, const float* y, const float* dy, float* grads,
+                    std::size_t batch, cudaStream_t stream) {
+  // g, and d: the gradient of a hidden output (written by a group's dx, read by the gate of the one
+  // before). Freed on the stream after the passes that read them.
+  const auto scratch = solder::eval::cuda::device_array<float>::allocate(batch * (gate_floats + inner_floats), stream);
+  float* const g = scratch.data();
+  // group 0: linear<256, 512>, relu, dropout<0.1f>
+  {
+    const g0_tail_type tail{};
+    run(stream, g0_gate(tail, g0_rows(y, batch), g0_rows(dy, batch), g0_rows_out(g, batch),
+                        g0_features_out(grads + 131072)));
+    run_product(stream, g0_weight_grad(g0_rows(g, batch), g0_in_rows(x, batch), g0_weight_out(grads)));
+  }
+}
+
 }  // namespace
 }  // namespace solder_gen_linear_relu_dropout
 
@@ -147,6 +243,8 @@ template __global__ void solder::eval::cuda::product_kernel<
 template __global__ void solder::eval::cuda::product_kernel<
     solder_gen_linear_relu_dropout::g0_weight_grad_pass>(
     solder_gen_linear_relu_dropout::g0_weight_grad_pass);
+// the chain's loss and optimizer update: started by the launchers of eval/cuda/row_kernels.hpp and
+// eval/cuda/update_kernels.hpp, which instantiate their kernels
 
 // ---- launchers (C linkage: global names, whatever the namespace) --------------------------------
 
@@ -176,6 +274,57 @@ extern "C" int solder_linear_relu_dropout_f32_256x512_bwd(const float* x, const 
                         g0_features_out(db)));
     run_product(stream, g0_input_grad(g0_rows(g.data(), batch), w, g0_in_rows_out(dx, batch)));
     run_product(stream, g0_weight_grad(g0_rows(g.data(), batch), g0_in_rows(x, batch), g0_weight_out(dw)));
+  });
+}
+
+extern "C" int solder_linear_relu_dropout_forward(const float* x, const float* params, float* y, size_t batch,
+                                                  const uint64_t* seeds, uint64_t* offsets,
+                                                  cudaStream_t stream) {
+  return guarded("solder_linear_relu_dropout_forward", [&] {
+    check_arguments(batch, {{"x", x}, {"params", params}, {"y", y}, {"seeds", seeds}, {"offsets", offsets}});
+    solder::eval::cuda::require_device_once();
+    chain_forward(x, params, y, batch, seeds, offsets, stream);
+  });
+}
+
+extern "C" int solder_linear_relu_dropout_backward(const float* x, const float* params, const float* y,
+                                                   const float* dy, float* grads, size_t batch,
+                                                   cudaStream_t stream) {
+  return guarded("solder_linear_relu_dropout_backward", [&] {
+    check_arguments(batch, {{"x", x}, {"params", params}, {"y", y}, {"dy", dy}, {"grads", grads}});
+    solder::eval::cuda::require_device_once();
+    chain_backward(x, params, y, dy, grads, batch, stream);
+  });
+}
+
+extern "C" int solder_linear_relu_dropout_train_step(const float* x, const int32_t* labels, float* params,
+                                                     float* grads, float* optimizer_state,
+                                                     solder_optimizer* optimizer, float* y, size_t batch,
+                                                     const uint64_t* seeds, uint64_t* offsets,
+                                                     float label_smoothing, float* loss,
+                                                     cudaStream_t stream) {
+  return guarded("solder_linear_relu_dropout_train_step", [&] {
+    check_arguments(batch, {{"x", x}, {"labels", labels}, {"params", params}, {"grads", grads},
+                    {"optimizer", optimizer}, {"y", y}, {"seeds", seeds}, {"offsets", offsets},
+                    {"loss", loss}});
+    check_optimizer(*optimizer, optimizer_state);
+    solder::eval::cuda::require_device_once();
+    chain_forward(x, params, y, batch, seeds, offsets, stream);
+    // The loss's gradient, the dy of the backward; freed on the stream after the backward.
+    const auto dy = solder::eval::cuda::device_array<float>::allocate(batch * 512, stream);
+    const double value = solder::eval::cuda::softmax_cross_entropy<512>(
+        y, labels, dy.data(), batch, label_smoothing, stream);
+    chain_backward(x, params, y, dy.data(), grads, batch, stream);
+    optimizer_step(*optimizer, params, grads, optimizer_state, param_floats, stream);
+    *loss = float(value);  // as the CPU loss rounds its double mean
+  });
+}
+
+extern "C" int solder_linear_relu_dropout_dropout_streams(uint64_t seed, uint64_t* seeds, uint64_t* offsets) {
+  return guarded("solder_linear_relu_dropout_dropout_streams", [&] {
+    if (!seeds || !offsets) throw solder::error("seeds and offsets must not be null");
+    seeds[0] = solder::random::derive_seed(seed, 2);  // layer 2
+    for (std::size_t i = 0; i < 1; ++i) offsets[i] = 0;
   });
 }
 

@@ -38,6 +38,71 @@ int solder_linear_relu_dropout_f32_256x512_bwd(const float* x, const float* w, c
                                                const float* dy, float* dx, float* dw, float* db, size_t batch,
                                                cudaStream_t stream);
 
+// ---- the chain: every group in order ------------------------------------------------------------
+
+#ifndef SOLDER_GEN_OPTIMIZER
+#define SOLDER_GEN_OPTIMIZER
+/// The optimizers a chain's train_step runs: torch.optim.SGD, Adam and AdamW, with the math of
+/// solder's optim::sgd, optim::adam and optim::adamw (the update functors of ops/optimizer.hpp).
+typedef enum solder_optimizer_kind { solder_sgd = 0, solder_adam = 1, solder_adamw = 2 } solder_optimizer_kind;
+/// An optimizer's settings, with PyTorch's names (its defaults: SGD momentum, dampening,
+/// weight_decay 0, nesterov off; Adam beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0, AdamW
+/// 1e-2), and the steps it has taken. train_step reads it and adds 1 to steps; the caller may
+/// change lr between steps (a schedule).
+typedef struct solder_optimizer {
+  int kind;            /* a solder_optimizer_kind */
+  float lr;
+  float weight_decay;  /* SGD, Adam: L2 through the gradient; AdamW: decoupled, w *= 1 - lr weight_decay */
+  float momentum;      /* SGD */
+  float dampening;     /* SGD */
+  int nesterov;        /* SGD: nonzero for Nesterov momentum */
+  float beta1;         /* Adam, AdamW */
+  float beta2;         /* Adam, AdamW */
+  float eps;           /* Adam, AdamW */
+  int64_t steps;       /* steps taken so far (torch's state['step']); 0 before the first */
+} solder_optimizer;
+#endif  // SOLDER_GEN_OPTIMIZER
+
+/// Floats of the flat parameter array `params` (and of `grads`, and of each optimizer state array):
+/// the parameters in the CPU chain's params() order, torch's named_parameters() order. Each starts
+/// at the float its macro below names: a weight [out, in] (torch's Linear.weight), a bias [out].
+#define SOLDER_LINEAR_RELU_DROPOUT_PARAM_FLOATS 131584
+#define SOLDER_LINEAR_RELU_DROPOUT_0_WEIGHT 0  /* [512, 256] */
+#define SOLDER_LINEAR_RELU_DROPOUT_0_BIAS 131072  /* [512] */
+/// Dropout streams: seeds[i], offsets[i] (host memory) are the Philox stream of the chain's i-th
+/// dropout (layer 2), as nn::dropout's rng.
+#define SOLDER_LINEAR_RELU_DROPOUT_DROPOUTS 1
+
+/// y [batch, 512] = the chain on x [batch, 256] in training mode, as the CPU chain's forward: every
+/// group in order, one matrix product each, its tail in the epilogue. Each dropout's offset first
+/// moves on by 1, then its mask is Philox stream (seeds[i], offsets[i]), as a training forward of
+/// the CPU chain moves and draws it.
+int solder_linear_relu_dropout_forward(const float* x, const float* params, float* y, size_t batch,
+                                       const uint64_t* seeds, uint64_t* offsets, cudaStream_t stream);
+/// grads (overwritten, laid out as params) from dy = dL/dy [batch, 512], after the forward of x
+/// that wrote y, as the CPU chain's backward: every group last to first, its gate pass with the
+/// bias gradient, then dW = g^T x and, but for the first group, dx = g W (the chain's input gets no
+/// gradient). Scratch of the stream-ordered allocator: 512 floats per row.
+int solder_linear_relu_dropout_backward(const float* x, const float* params, const float* y, const float* dy,
+                                        float* grads, size_t batch, cudaStream_t stream);
+/// One training step, as the CPU chain's train_step with nn::cross_entropy_loss and the optimizer:
+/// the forward (as solder_linear_relu_dropout_forward), the softmax cross-entropy of y against
+/// labels [batch] (device int32 in [0, 512)) with torch's label_smoothing, mean over the batch, and
+/// its gradient; the backward (as solder_linear_relu_dropout_backward); then *optimizer's update of
+/// every parameter (its steps + 1). optimizer_state (device, zero before the first step) holds m
+/// then v for Adam and AdamW (2 * PARAM_FLOATS), the momentum buffer for SGD with momentum
+/// (PARAM_FLOATS), nothing for SGD without (it may be null). Writes the mean loss to *loss (host):
+/// the launcher waits for the stream once, for the loss and the labels' check; the backward and the
+/// update are queued after it.
+int solder_linear_relu_dropout_train_step(const float* x, const int32_t* labels, float* params, float* grads,
+                                          float* optimizer_state, solder_optimizer* optimizer, float* y,
+                                          size_t batch, const uint64_t* seeds, uint64_t* offsets,
+                                          float label_smoothing, float* loss, cudaStream_t stream);
+/// Writes seeds and offsets (host, SOLDER_LINEAR_RELU_DROPOUT_DROPOUTS each) as nn::chain(seed) and
+/// reseed(seed) set the dropouts' streams: seeds[i] is derive_seed(seed, the dropout's layer
+/// index), offsets[i] is 0.
+int solder_linear_relu_dropout_dropout_streams(uint64_t seed, uint64_t* seeds, uint64_t* offsets);
+
 /// The message of this thread's last call of a launcher above; "" when it succeeded.
 const char* solder_linear_relu_dropout_last_error(void);
 

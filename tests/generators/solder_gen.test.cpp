@@ -102,3 +102,85 @@ TEST_CASE("solder-gen: each linear layer of a chain is a group of its own", "[ge
   CHECK_FALSE(holds(f.cu, "using g1_gate_pass = "));
   CHECK(holds(f.cu, "using g1_gate_pass_unaligned = "));
 }
+
+// ---- chain-level launchers -----------------------------------------------------------------------
+
+namespace {
+using digits = nn::chain<nn::linear<64, 256>, nn::relu, nn::dropout<0.1f>, nn::linear<256, 128>, nn::relu,
+                         nn::dropout<0.1f>, nn::linear<128, 10>>;
+/// Two identical groups: the second runs through the first one's definitions, with its own stream.
+using twins = nn::chain<nn::linear<32, 32>, nn::relu, nn::dropout<0.2f>, nn::linear<32, 32>, nn::relu,
+                        nn::dropout<0.2f>, nn::linear<32, 4, false>>;
+using with_bias_group = nn::chain<nn::bias<16>, nn::relu, nn::linear<16, 4>>;
+}  // namespace
+
+TEST_CASE("solder-gen: chain-level launchers for chains of product groups only", "[gen]") {
+  CHECK(gen::detail::has_chain_launchers(gen::describe<digits>("digits")));
+  CHECK(gen::detail::has_chain_launchers(gen::describe<linear_alone>("linear_alone")));
+  CHECK_FALSE(gen::detail::has_chain_launchers(gen::describe<with_bias_group>("with_bias_group")));
+  const gen::files f = gen::generate(gen::describe<with_bias_group>("with_bias_group"), "chains.hpp");
+  CHECK_FALSE(holds(f.h, "solder_with_bias_group_train_step"));
+  CHECK_FALSE(holds(f.cu, "update_kernels.hpp"));
+}
+
+TEST_CASE("solder-gen: the chain-level launchers' C declarations and layout", "[gen]") {
+  const gen::files f = gen::generate(gen::describe<digits>("digits"), "chains.hpp");
+  CHECK(holds(f.h, "int solder_digits_forward(const float* x, const float* params, float* hidden, float* y, "
+                   "size_t batch,"));
+  CHECK(holds(f.h, "const uint64_t* seeds, uint64_t* offsets, cudaStream_t stream);"));
+  CHECK(holds(f.h, "int solder_digits_backward(const float* x, const float* params, const float* hidden, "
+                   "const float* y,"));
+  CHECK(holds(f.h, "int solder_digits_train_step(const float* x, const int32_t* labels, float* params, float* grads,"));
+  CHECK(holds(f.h, "float* optimizer_state, solder_optimizer* optimizer, float* hidden, float* y,"));
+  CHECK(holds(f.h, "uint64_t* offsets, float label_smoothing,"));
+  CHECK(holds(f.h, "float* loss, cudaStream_t stream);"));
+  CHECK(holds(f.h, "int solder_digits_dropout_streams(uint64_t seed, uint64_t* seeds, uint64_t* offsets);"));
+  // The optimizer's settings, once for every generated header a program includes.
+  CHECK(holds(f.h, "#ifndef SOLDER_GEN_OPTIMIZER\n#define SOLDER_GEN_OPTIMIZER\n"));
+  CHECK(holds(f.h, "typedef enum solder_optimizer_kind { solder_sgd = 0, solder_adam = 1, solder_adamw = 2 }"));
+  CHECK(holds(f.h, "  int64_t steps;"));
+  // torch's named_parameters() order, flat: 64 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10.
+  CHECK(holds(f.h, "#define SOLDER_DIGITS_PARAM_FLOATS 50826\n"));
+  CHECK(holds(f.h, "#define SOLDER_DIGITS_0_BIAS 16384 "));
+  CHECK(holds(f.h, "#define SOLDER_DIGITS_3_WEIGHT 16640 "));
+  CHECK(holds(f.h, "#define SOLDER_DIGITS_6_BIAS 50816 "));
+  CHECK(holds(f.h, "#define SOLDER_DIGITS_HIDDEN_FLOATS 384\n"));
+  CHECK(holds(f.h, "#define SOLDER_DIGITS_DROPOUTS 2\n"));
+}
+
+TEST_CASE("solder-gen: the chain's forward, backward and training step", "[gen]") {
+  const gen::files f = gen::generate(gen::describe<digits>("digits"), "chains.hpp");
+  // Forward: the streams move on first, then each group draws its own; outputs into hidden, then y.
+  CHECK(holds(f.cu, "  for (std::size_t i = 0; i < 2; ++i) ++offsets[i];\n  // group 0"));
+  CHECK(holds(f.cu, "std::get<1>(tail.layers).rng = {seeds[1], offsets[1]};"));
+  CHECK(holds(f.cu, "g1_forward(tail, g1_in_rows(hidden, batch), params + 16640,"));
+  CHECK(holds(f.cu, "g1_features(params + 49408), g1_rows_out(hidden + batch * 256, batch)"));
+  CHECK(holds(f.cu, "g2_rows_out(y, batch)"));
+  // Backward: last group first, from dy; the first group's input gets no gradient.
+  CHECK(f.cu.find("// group 2: linear<128, 10>\n  {\n    const g2_tail_type tail{};\n    run(stream, g2_gate") <
+        f.cu.find("// group 0: linear<64, 256>, relu, dropout<0.1f>\n  {\n    const g0_tail_type tail{};"));
+  CHECK(holds(f.cu, "g2_gate(tail, g2_rows(y, batch), g2_rows(dy, batch), g2_rows_out(g, batch),"));
+  CHECK(holds(f.cu, "g1_rows(d, batch), g1_rows_out(g, batch)"));
+  CHECK(holds(f.cu, "g0_weight_grad(g0_rows(g, batch), g0_in_rows(x, batch), g0_weight_out(grads))"));
+  CHECK_FALSE(holds(f.cu, "run_product(stream, g0_input_grad(g0_rows(g, batch), params"));
+  // The step: loss and gradient by the row kernels, the update by the shared functors.
+  CHECK(holds(f.cu, "solder::eval::cuda::softmax_cross_entropy<10>("));
+  CHECK(holds(f.cu, "optimizer_step(*optimizer, params, grads, optimizer_state, param_floats, stream);"));
+  CHECK(holds(f.cu, "solder::ops::adam_update<true> update(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.steps + 1);"));
+  CHECK(holds(f.cu, "solder::ops::sgd_update update(o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov != 0, "
+                    "o.steps == 0);"));
+  CHECK(holds(f.cu, "seeds[1] = solder::random::derive_seed(seed, 5);"));
+  CHECK(holds(f.cu, "#include \"solder/eval/cuda/update_kernels.hpp\""));
+}
+
+TEST_CASE("solder-gen: identical groups of a chain share definitions, not streams", "[gen]") {
+  const gen::chain_desc c = gen::describe<twins>("twins");
+  REQUIRE(c.groups.size() == 3);
+  const gen::files f = gen::generate(c, "chains.hpp");
+  CHECK_FALSE(holds(f.cu, "using g1_block"));
+  CHECK(holds(f.cu, "std::get<1>(tail.layers).rng = {seeds[1], offsets[1]};"));
+  CHECK(holds(f.cu, "g0_forward(tail, g0_in_rows(hidden, batch), params + 1056,"));
+  // No bias on the last layer: 2 * (32 * 32 + 32) + 4 * 32 parameters, no db.
+  CHECK(holds(f.h, "#define SOLDER_TWINS_PARAM_FLOATS 2240\n"));
+  CHECK_FALSE(holds(f.h, "SOLDER_TWINS_6_BIAS"));
+}
