@@ -1257,53 +1257,17 @@ inline std::string chain_overview(const chain_desc& c, const chain_layout& l, co
   return s;
 }
 
-/// The definitions the chain-level launchers share with no chain: the optimizer's checks and update.
+/// The definitions the chain-level launchers share with no chain: the C optimizer struct read
+/// as the library's settings (eval/cuda/optimizer_step.hpp checks them and runs the update).
 inline std::string optimizer_definitions() {
   return R"(
-/// Refuses what optim::sgd, optim::adam and optim::adamw refuse, and a missing state array where
-/// the optimizer keeps state.
-void check_optimizer(const solder_optimizer& o, const float* state) {
-  using solder::detail::fail;
-  const char* name = o.kind == solder_sgd ? "SGD" : o.kind == solder_adam ? "Adam" : o.kind == solder_adamw ? "AdamW" : nullptr;
-  if (!name) fail("optimizer->kind must be solder_sgd, solder_adam or solder_adamw, got " + std::to_string(o.kind));
-  const std::string who = std::string("optimizer (") + name + "): ";
-  if (!(o.lr >= 0.0f)) fail(who + "lr must be >= 0, got " + std::to_string(o.lr));
-  if (!(o.weight_decay >= 0.0f)) fail(who + "weight_decay must be >= 0, got " + std::to_string(o.weight_decay));
-  if (o.steps < 0) fail(who + "steps must be >= 0, got " + std::to_string(o.steps));
-  if (o.kind == solder_sgd) {
-    if (!(o.momentum >= 0.0f)) fail(who + "momentum must be >= 0, got " + std::to_string(o.momentum));
-    if (!(o.dampening == o.dampening)) fail(who + "dampening is NaN");
-    if (o.nesterov && (o.momentum <= 0.0f || o.dampening != 0.0f))
-      fail(who + "Nesterov momentum requires momentum > 0 and dampening = 0");
-    if (o.momentum != 0.0f && !state) fail(who + "optimizer_state is a null pointer; the momentum buffer lives there");
-    return;
-  }
-  if (!(o.beta1 >= 0.0f && o.beta1 < 1.0f)) fail(who + "beta1 must be in [0, 1), got " + std::to_string(o.beta1));
-  if (!(o.beta2 >= 0.0f && o.beta2 < 1.0f)) fail(who + "beta2 must be in [0, 1), got " + std::to_string(o.beta2));
-  if (!(o.eps >= 0.0f)) fail(who + "eps must be >= 0, got " + std::to_string(o.eps));
-  if (!state) fail(who + "optimizer_state is a null pointer; m and v live there");
-}
-
-/// One update of the n parameters from their gradients, as the CPU optimizer's step() with the
-/// same functor per element (one launch: every element's update is independent of the others):
-/// Adam and AdamW at step t = steps + 1, SGD's first step where steps is 0. Then steps + 1.
-void optimizer_step(solder_optimizer& o, float* params, const float* grads, float* state, std::size_t n,
-                    cudaStream_t stream) {
-  if (o.kind == solder_sgd) {
-    const solder::ops::sgd_update update(o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov != 0, o.steps == 0);
-    // torch keeps no momentum buffer where momentum is 0, and optim::sgd reads none.
-    if (o.momentum == 0.0f)
-      solder::eval::cuda::sgd_step(update, params, grads, n, stream);
-    else
-      solder::eval::cuda::sgd_step(update, params, grads, state, n, stream);
-  } else if (o.kind == solder_adam) {
-    const solder::ops::adam_update<false> update(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.steps + 1);
-    solder::eval::cuda::adam_step(update, params, grads, state, state + n, n, stream);
-  } else {
-    const solder::ops::adam_update<true> update(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.steps + 1);
-    solder::eval::cuda::adam_step(update, params, grads, state, state + n, n, stream);
-  }
-  ++o.steps;
+/// The caller's optimizer as the library's settings; an unknown kind is refused.
+solder::eval::cuda::optimizer_settings settings_of(const solder_optimizer& o) {
+  using kind = solder::eval::cuda::optimizer_kind;
+  if (o.kind != solder_sgd && o.kind != solder_adam && o.kind != solder_adamw)
+    solder::detail::fail("optimizer->kind must be solder_sgd, solder_adam or solder_adamw, got " + std::to_string(o.kind));
+  return {o.kind == solder_sgd ? kind::sgd : o.kind == solder_adam ? kind::adam : kind::adamw,
+          o.lr, o.weight_decay, o.momentum, o.dampening, o.nesterov != 0, o.beta1, o.beta2, o.eps, o.steps};
 }
 )";
 }
@@ -1426,7 +1390,8 @@ inline std::string chain_launchers(const chain_desc& c, const chain_layout& l, c
   const auto step = train_step_params(l);
   s += wrap_call("extern \"C\" int " + p + "_train_step", decls(step), " {") + "\n  return guarded(\"" + p +
        "_train_step\", [&] {\n" + check_call(without(step, "optimizer_state"));
-  s += "    check_optimizer(*optimizer, optimizer_state);\n";
+  s += "    auto settings = settings_of(*optimizer);\n";
+  s += "    solder::eval::cuda::check_optimizer(settings, optimizer_state);\n";
   s += "    solder::eval::cuda::require_device_once();\n";
   s += wrap_call("    chain_forward", names(fwd), ";") + "\n";
   s += "    // The loss's gradient, the dy of the backward; freed on the stream after the backward.\n";
@@ -1438,7 +1403,8 @@ inline std::string chain_launchers(const chain_desc& c, const chain_layout& l, c
   for (auto& a : bargs)
     if (a == "dy") a = "dy.data()";
   s += wrap_call("    chain_backward", bargs, ";") + "\n";
-  s += "    optimizer_step(*optimizer, params, grads, optimizer_state, param_floats, stream);\n";
+  s += "    solder::eval::cuda::optimizer_step(settings, params, grads, optimizer_state, param_floats, stream);\n";
+  s += "    optimizer->steps = settings.steps;\n";
   s += "    *loss = float(value);  // as the CPU loss rounds its double mean\n" + close;
 
   if (!l.dropouts.empty()) {
@@ -1503,10 +1469,10 @@ inline files generate(const chain_desc& c, const std::string& header) {
   cu += "#include \"solder/eval/cuda/launcher.hpp\"\n";
   if (any_product) cu += "#include \"solder/eval/cuda/memory.hpp\"\n#include \"solder/eval/cuda/product_kernel.hpp\"\n";
   if (any_row || whole_chain) cu += "#include \"solder/eval/cuda/row_kernels.hpp\"\n";
-  if (whole_chain) cu += "#include \"solder/eval/cuda/update_kernels.hpp\"\n";
+  if (whole_chain) cu += "#include \"solder/eval/cuda/optimizer_step.hpp\"\n";
   if (any_elementwise || any_product) cu += "#include \"solder/nn/elementwise_block.hpp\"\n";
   if (any_product) cu += "#include \"solder/nn/linear_block.hpp\"\n";
-  if (whole_chain) cu += "#include \"solder/ops/optimizer.hpp\"\n#include \"solder/random/seed.hpp\"\n";
+  if (whole_chain) cu += "#include \"solder/random/seed.hpp\"\n";
   cu += "#include \"" + stem + ".h\"\n\n";
   cu += "namespace " + ns + " {\nnamespace {\n\n" + common_definitions(any_elementwise || any_product, any_product);
   for (const auto& t : groups) {
@@ -1522,7 +1488,7 @@ inline files generate(const chain_desc& c, const std::string& header) {
   for (const auto& t : groups) cu += instantiations(t, ns, done);
   if (whole_chain)
     cu += "// the chain's loss and optimizer update: started by the launchers of eval/cuda/row_kernels.hpp and\n"
-          "// eval/cuda/update_kernels.hpp, which instantiate their kernels\n";
+          "// eval/cuda/optimizer_step.hpp, which instantiate their kernels\n";
   cu += "\n" + rule("launchers (C linkage: global names, whatever the namespace)") + "\n";
   cu += "namespace " + ns + " {\n\n";
   for (const auto& t : groups) cu += launchers(t) + "\n";

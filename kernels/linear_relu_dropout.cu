@@ -29,10 +29,9 @@
 #include "solder/eval/cuda/memory.hpp"
 #include "solder/eval/cuda/product_kernel.hpp"
 #include "solder/eval/cuda/row_kernels.hpp"
-#include "solder/eval/cuda/update_kernels.hpp"
+#include "solder/eval/cuda/optimizer_step.hpp"
 #include "solder/nn/elementwise_block.hpp"
 #include "solder/nn/linear_block.hpp"
-#include "solder/ops/optimizer.hpp"
 #include "solder/random/seed.hpp"
 #include "linear_relu_dropout.h"
 
@@ -131,50 +130,13 @@ using g0_gate_pass_unaligned = pass_of<false, g0_gate_writes>::type;
 
 // ---- the chain: the optimizer's update; forward and backward over every group -------------------
 
-/// Refuses what optim::sgd, optim::adam and optim::adamw refuse, and a missing state array where
-/// the optimizer keeps state.
-void check_optimizer(const solder_optimizer& o, const float* state) {
-  using solder::detail::fail;
-  const char* name = o.kind == solder_sgd ? "SGD" : o.kind == solder_adam ? "Adam" : o.kind == solder_adamw ? "AdamW" : nullptr;
-  if (!name) fail("optimizer->kind must be solder_sgd, solder_adam or solder_adamw, got " + std::to_string(o.kind));
-  const std::string who = std::string("optimizer (") + name + "): ";
-  if (!(o.lr >= 0.0f)) fail(who + "lr must be >= 0, got " + std::to_string(o.lr));
-  if (!(o.weight_decay >= 0.0f)) fail(who + "weight_decay must be >= 0, got " + std::to_string(o.weight_decay));
-  if (o.steps < 0) fail(who + "steps must be >= 0, got " + std::to_string(o.steps));
-  if (o.kind == solder_sgd) {
-    if (!(o.momentum >= 0.0f)) fail(who + "momentum must be >= 0, got " + std::to_string(o.momentum));
-    if (!(o.dampening == o.dampening)) fail(who + "dampening is NaN");
-    if (o.nesterov && (o.momentum <= 0.0f || o.dampening != 0.0f))
-      fail(who + "Nesterov momentum requires momentum > 0 and dampening = 0");
-    if (o.momentum != 0.0f && !state) fail(who + "optimizer_state is a null pointer; the momentum buffer lives there");
-    return;
-  }
-  if (!(o.beta1 >= 0.0f && o.beta1 < 1.0f)) fail(who + "beta1 must be in [0, 1), got " + std::to_string(o.beta1));
-  if (!(o.beta2 >= 0.0f && o.beta2 < 1.0f)) fail(who + "beta2 must be in [0, 1), got " + std::to_string(o.beta2));
-  if (!(o.eps >= 0.0f)) fail(who + "eps must be >= 0, got " + std::to_string(o.eps));
-  if (!state) fail(who + "optimizer_state is a null pointer; m and v live there");
-}
-
-/// One update of the n parameters from their gradients, as the CPU optimizer's step() with the
-/// same functor per element (one launch: every element's update is independent of the others):
-/// Adam and AdamW at step t = steps + 1, SGD's first step where steps is 0. Then steps + 1.
-void optimizer_step(solder_optimizer& o, float* params, const float* grads, float* state, std::size_t n,
-                    cudaStream_t stream) {
-  if (o.kind == solder_sgd) {
-    const solder::ops::sgd_update update(o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov != 0, o.steps == 0);
-    // torch keeps no momentum buffer where momentum is 0, and optim::sgd reads none.
-    if (o.momentum == 0.0f)
-      solder::eval::cuda::sgd_step(update, params, grads, n, stream);
-    else
-      solder::eval::cuda::sgd_step(update, params, grads, state, n, stream);
-  } else if (o.kind == solder_adam) {
-    const solder::ops::adam_update<false> update(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.steps + 1);
-    solder::eval::cuda::adam_step(update, params, grads, state, state + n, n, stream);
-  } else {
-    const solder::ops::adam_update<true> update(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.steps + 1);
-    solder::eval::cuda::adam_step(update, params, grads, state, state + n, n, stream);
-  }
-  ++o.steps;
+/// The caller's optimizer as the library's settings; an unknown kind is refused.
+solder::eval::cuda::optimizer_settings settings_of(const solder_optimizer& o) {
+  using kind = solder::eval::cuda::optimizer_kind;
+  if (o.kind != solder_sgd && o.kind != solder_adam && o.kind != solder_adamw)
+    solder::detail::fail("optimizer->kind must be solder_sgd, solder_adam or solder_adamw, got " + std::to_string(o.kind));
+  return {o.kind == solder_sgd ? kind::sgd : o.kind == solder_adam ? kind::adam : kind::adamw,
+          o.lr, o.weight_decay, o.momentum, o.dampening, o.nesterov != 0, o.beta1, o.beta2, o.eps, o.steps};
 }
 
 /// The flat parameter array: each linear layer's weight [out, in], then its bias, in layer order.
@@ -244,7 +206,7 @@ template __global__ void solder::eval::cuda::product_kernel<
     solder_gen_linear_relu_dropout::g0_weight_grad_pass>(
     solder_gen_linear_relu_dropout::g0_weight_grad_pass);
 // the chain's loss and optimizer update: started by the launchers of eval/cuda/row_kernels.hpp and
-// eval/cuda/update_kernels.hpp, which instantiate their kernels
+// eval/cuda/optimizer_step.hpp, which instantiate their kernels
 
 // ---- launchers (C linkage: global names, whatever the namespace) --------------------------------
 
@@ -307,7 +269,8 @@ extern "C" int solder_linear_relu_dropout_train_step(const float* x, const int32
     check_arguments(batch, {{"x", x}, {"labels", labels}, {"params", params}, {"grads", grads},
                     {"optimizer", optimizer}, {"y", y}, {"seeds", seeds}, {"offsets", offsets},
                     {"loss", loss}});
-    check_optimizer(*optimizer, optimizer_state);
+    auto settings = settings_of(*optimizer);
+    solder::eval::cuda::check_optimizer(settings, optimizer_state);
     solder::eval::cuda::require_device_once();
     chain_forward(x, params, y, batch, seeds, offsets, stream);
     // The loss's gradient, the dy of the backward; freed on the stream after the backward.
@@ -315,7 +278,8 @@ extern "C" int solder_linear_relu_dropout_train_step(const float* x, const int32
     const double value = solder::eval::cuda::softmax_cross_entropy<512>(
         y, labels, dy.data(), batch, label_smoothing, stream);
     chain_backward(x, params, y, dy.data(), grads, batch, stream);
-    optimizer_step(*optimizer, params, grads, optimizer_state, param_floats, stream);
+    solder::eval::cuda::optimizer_step(settings, params, grads, optimizer_state, param_floats, stream);
+    optimizer->steps = settings.steps;
     *loss = float(value);  // as the CPU loss rounds its double mean
   });
 }

@@ -120,7 +120,7 @@ TEST_CASE("solder-gen: chain-level launchers for chains of product groups only",
   CHECK_FALSE(gen::detail::has_chain_launchers(gen::describe<with_bias_group>("with_bias_group")));
   const gen::files f = gen::generate(gen::describe<with_bias_group>("with_bias_group"), "chains.hpp");
   CHECK_FALSE(holds(f.h, "solder_with_bias_group_train_step"));
-  CHECK_FALSE(holds(f.cu, "update_kernels.hpp"));
+  CHECK_FALSE(holds(f.cu, "optimizer_step.hpp"));
 }
 
 TEST_CASE("solder-gen: the chain-level launchers' C declarations and layout", "[gen]") {
@@ -165,12 +165,14 @@ TEST_CASE("solder-gen: the chain's forward, backward and training step", "[gen]"
   CHECK_FALSE(holds(f.cu, "run_product(stream, g0_input_grad(g0_rows(g, batch), params"));
   // The step: loss and gradient by the row kernels, the update by the shared functors.
   CHECK(holds(f.cu, "solder::eval::cuda::softmax_cross_entropy<10>("));
-  CHECK(holds(f.cu, "optimizer_step(*optimizer, params, grads, optimizer_state, param_floats, stream);"));
-  CHECK(holds(f.cu, "solder::ops::adam_update<true> update(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.steps + 1);"));
-  CHECK(holds(f.cu, "solder::ops::sgd_update update(o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov != 0, "
-                    "o.steps == 0);"));
+  // The update and the settings' checks are the library's (eval/cuda/optimizer_step.hpp), fed
+  // the caller's C struct field by field, the step count written back.
+  CHECK(holds(f.cu, "solder::eval::cuda::check_optimizer(settings, optimizer_state);"));
+  CHECK(holds(f.cu, "solder::eval::cuda::optimizer_step(settings, params, grads, optimizer_state, param_floats, stream);"));
+  CHECK(holds(f.cu, "optimizer->steps = settings.steps;"));
+  CHECK(holds(f.cu, "o.lr, o.weight_decay, o.momentum, o.dampening, o.nesterov != 0, o.beta1, o.beta2, o.eps, o.steps};"));
   CHECK(holds(f.cu, "seeds[1] = solder::random::derive_seed(seed, 5);"));
-  CHECK(holds(f.cu, "#include \"solder/eval/cuda/update_kernels.hpp\""));
+  CHECK(holds(f.cu, "#include \"solder/eval/cuda/optimizer_step.hpp\""));
 }
 
 TEST_CASE("solder-gen: identical groups of a chain share definitions, not streams", "[gen]") {

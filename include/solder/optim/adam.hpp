@@ -38,16 +38,22 @@ class basic_adam {
   /// Allocates m and v (zero) for every parameter, once.
   basic_adam(std::vector<param> params, options opt) : params_(std::move(params)), opt_(opt) {
     detail::check_params(name, params_);
-    check_lr(opt_.lr);
-    if (!(opt_.beta1 >= 0.0f && opt_.beta1 < 1.0f))
-      solder::detail::fail(std::string(name) + ": beta1 must be in [0, 1), got " + std::to_string(opt_.beta1));
-    if (!(opt_.beta2 >= 0.0f && opt_.beta2 < 1.0f))
-      solder::detail::fail(std::string(name) + ": beta2 must be in [0, 1), got " + std::to_string(opt_.beta2));
-    if (!(opt_.eps >= 0.0f)) solder::detail::fail(std::string(name) + ": eps must be >= 0, got " + std::to_string(opt_.eps));
-    if (!(opt_.weight_decay >= 0.0f))
-      solder::detail::fail(std::string(name) + ": weight_decay must be >= 0, got " + std::to_string(opt_.weight_decay));
+    check(opt_);
     m_ = detail::make_state(params_);
     v_ = detail::make_state(params_);
+  }
+
+  /// Throws solder::error, naming the option, for options PyTorch refuses (also what the CUDA
+  /// backend's generated train steps check).
+  static void check(const options& opt) {
+    check_lr(opt.lr);
+    if (!(opt.beta1 >= 0.0f && opt.beta1 < 1.0f))
+      solder::detail::fail(std::string(name) + ": beta1 must be in [0, 1), got " + std::to_string(opt.beta1));
+    if (!(opt.beta2 >= 0.0f && opt.beta2 < 1.0f))
+      solder::detail::fail(std::string(name) + ": beta2 must be in [0, 1), got " + std::to_string(opt.beta2));
+    if (!(opt.eps >= 0.0f)) solder::detail::fail(std::string(name) + ": eps must be >= 0, got " + std::to_string(opt.eps));
+    if (!(opt.weight_decay >= 0.0f))
+      solder::detail::fail(std::string(name) + ": weight_decay must be >= 0, got " + std::to_string(opt.weight_decay));
   }
   explicit basic_adam(std::vector<param> params) : basic_adam(std::move(params), options{}) {}
 

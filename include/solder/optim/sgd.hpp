@@ -33,18 +33,24 @@ class sgd {
   /// Allocates the momentum buffers (when momentum != 0), once; checks the options as
   /// PyTorch does (Nesterov needs momentum > 0 and zero dampening).
   sgd(std::vector<param> params, options opt) : params_(std::move(params)), opt_(opt) {
-    constexpr const char* who = "solder::optim::sgd";
-    detail::check_params(who, params_);
-    check_lr(opt_.lr);
-    if (!(opt_.momentum >= 0.0f))
-      solder::detail::fail(std::string(who) + ": momentum must be >= 0, got " + std::to_string(opt_.momentum));
-    if (!(opt_.weight_decay >= 0.0f))
-      solder::detail::fail(std::string(who) + ": weight_decay must be >= 0, got " + std::to_string(opt_.weight_decay));
-    if (!(opt_.dampening == opt_.dampening))
-      solder::detail::fail(std::string(who) + ": dampening is NaN");
-    if (opt_.nesterov && (opt_.momentum <= 0.0f || opt_.dampening != 0.0f))
-      solder::detail::fail(std::string(who) + ": Nesterov momentum requires momentum > 0 and dampening = 0");
+    detail::check_params("solder::optim::sgd", params_);
+    check(opt_);
     if (opt_.momentum != 0.0f) momentum_ = detail::make_state(params_);
+  }
+
+  /// Throws solder::error, naming the option, for options PyTorch refuses (also what the CUDA
+  /// backend's generated train steps check).
+  static void check(const options& opt) {
+    constexpr const char* who = "solder::optim::sgd";
+    check_lr(opt.lr);
+    if (!(opt.momentum >= 0.0f))
+      solder::detail::fail(std::string(who) + ": momentum must be >= 0, got " + std::to_string(opt.momentum));
+    if (!(opt.weight_decay >= 0.0f))
+      solder::detail::fail(std::string(who) + ": weight_decay must be >= 0, got " + std::to_string(opt.weight_decay));
+    if (!(opt.dampening == opt.dampening))
+      solder::detail::fail(std::string(who) + ": dampening is NaN");
+    if (opt.nesterov && (opt.momentum <= 0.0f || opt.dampening != 0.0f))
+      solder::detail::fail(std::string(who) + ": Nesterov momentum requires momentum > 0 and dampening = 0");
   }
 
   /// One update of every parameter from its gradient.
