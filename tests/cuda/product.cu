@@ -19,7 +19,7 @@
 #include "../support/grid.hpp"
 #include "solder/cuda.hpp"
 #include "solder/eval/cuda/col2im.hpp"
-#include "solder/eval/cuda/conv_kernels.hpp"
+#include "solder/eval/cuda/image_kernels.hpp"
 #include "solder/eval/cuda/product_kernel.hpp"
 #include "solder/expr/operators.hpp"
 #include "solder/nn/conv2d.hpp"

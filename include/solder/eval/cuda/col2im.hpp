@@ -2,7 +2,7 @@
 // product dcol = g W gives each window's gradient per tap, and dx at an input element is the
 // sum of the entries of the windows that read it, in a fixed order (taps kh then kw ascending),
 // with no atomics: each run gives the same bits. A host+device body of the element's index;
-// eval/cuda/conv_kernels.hpp runs it on the GPU, the tests over every element on the host.
+// eval/cuda/image_kernels.hpp runs it on the GPU, the tests over every element on the host.
 #pragma once
 
 #include <cstddef>
@@ -34,6 +34,7 @@ struct col2im_pass {
     });
     dx[i] = sum;
   }
+  SOLDER_HD SOLDER_INLINE void operator()(std::size_t i) const { element(i); }
 };
 
 }  // namespace solder::eval::cuda
