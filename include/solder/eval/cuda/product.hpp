@@ -444,41 +444,45 @@ struct product_pass {
   SOLDER_HD std::size_t grid_rows() const { return (M + bm - 1) / bm; }
   SOLDER_HD std::size_t slices() const { return (K + bk - 1) / bk; }
 
-  /// Phase 1 of slice s: thread t copies its share of A'[by * bm .., s * bk ..] into
-  /// shared[k * bm + m] and of B'[s * bk .., bx * bn ..] into shared[bk * bm + k * bn + n],
+  /// A thread's share of one slice's panels, held in registers between its loads from global
+  /// memory and its stores to shared memory.
+  static constexpr unsigned a_per = bm * bk / threads, b_per = bk * bn / threads;
+  struct staged {
+    float a[a_per];
+    float b[b_per];
+  };
+
+  /// Thread t loads its share of slice s: A'[by * bm .., s * bk ..] and B'[s * bk .., bx * bn ..],
   /// rounded as the tiling multiplies; elements past M, N or K are zero. Consecutive threads
   /// read consecutive addresses of each operand (along whichever index is contiguous in its
   /// memory).
-  SOLDER_HD SOLDER_INLINE void stage(unsigned bx, unsigned by, unsigned t, std::size_t s, float* shared) const {
+  SOLDER_HD SOLDER_INLINE void load(unsigned bx, unsigned by, unsigned t, std::size_t s, staged& r) const {
     const std::size_t m0 = std::size_t(by) * bm, n0 = std::size_t(bx) * bn, k0 = s * bk;
-    constexpr unsigned a_per = bm * bk / threads, b_per = bk * bn / threads;
+    SOLDER_UNROLL
     for (unsigned q = 0; q < a_per; ++q) {
-      const unsigned idx = q * threads + t;
-      unsigned m, k;
-      if constexpr (A::cols_contiguous) {
-        m = idx / bk;
-        k = idx % bk;
-      } else {
-        k = idx / bm;
-        m = idx % bm;
-      }
-      const bool in = m0 + m < M && k0 + k < K;
-      shared[k * bm + m] = in ? Tiling::round(a.at(m0 + m, k0 + k)) : 0.0f;
+      const unsigned m = a_row(q, t), k = a_col(q, t);
+      r.a[q] = m0 + m < M && k0 + k < K ? Tiling::round(a.at(m0 + m, k0 + k)) : 0.0f;
     }
-    float* bs = shared + bk * bm;
+    SOLDER_UNROLL
     for (unsigned q = 0; q < b_per; ++q) {
-      const unsigned idx = q * threads + t;
-      unsigned k, n;
-      if constexpr (B::cols_contiguous) {
-        k = idx / bn;
-        n = idx % bn;
-      } else {
-        n = idx / bk;
-        k = idx % bk;
-      }
-      const bool in = k0 + k < K && n0 + n < N;
-      bs[k * bn + n] = in ? Tiling::round(b.at(k0 + k, n0 + n)) : 0.0f;
+      const unsigned k = b_row(q, t), n = b_col(q, t);
+      r.b[q] = k0 + k < K && n0 + n < N ? Tiling::round(b.at(k0 + k, n0 + n)) : 0.0f;
     }
+  }
+  /// Thread t stores its loaded share into a panel buffer: A' at shared[k * bm + m], B' at
+  /// shared[bk * bm + k * bn + n].
+  SOLDER_HD SOLDER_INLINE void store(unsigned t, const staged& r, float* shared) const {
+    SOLDER_UNROLL
+    for (unsigned q = 0; q < a_per; ++q) shared[a_col(q, t) * bm + a_row(q, t)] = r.a[q];
+    float* bs = shared + bk * bm;
+    SOLDER_UNROLL
+    for (unsigned q = 0; q < b_per; ++q) bs[b_row(q, t) * bn + b_col(q, t)] = r.b[q];
+  }
+  /// Phase 1 of slice s: load and store at once.
+  SOLDER_HD SOLDER_INLINE void stage(unsigned bx, unsigned by, unsigned t, std::size_t s, float* shared) const {
+    staged r;
+    load(bx, by, t, s, r);
+    store(t, r, shared);
   }
 
   /// Phase 2 of a slice: thread t's accumulators take the slice's products (Team: the warp's
@@ -495,6 +499,14 @@ struct product_pass {
       if (m0 + r < M && n0 + c < N) epilogue.put(m0 + r, n0 + c, v);
     });
   }
+
+ private:
+  /// Element q of thread t's share of a panel: its row and column in the slice, the contiguous
+  /// index of the operand's memory walked fastest across threads.
+  SOLDER_HD static unsigned a_row(unsigned q, unsigned t) { return A::cols_contiguous ? (q * threads + t) / bk : (q * threads + t) % bm; }
+  SOLDER_HD static unsigned a_col(unsigned q, unsigned t) { return A::cols_contiguous ? (q * threads + t) % bk : (q * threads + t) / bm; }
+  SOLDER_HD static unsigned b_row(unsigned q, unsigned t) { return B::cols_contiguous ? (q * threads + t) / bn : (q * threads + t) % bk; }
+  SOLDER_HD static unsigned b_col(unsigned q, unsigned t) { return B::cols_contiguous ? (q * threads + t) % bn : (q * threads + t) / bk; }
 };
 
 /// The product of operands a' [M, K] and b' [K, N] through the epilogue write w, whose

@@ -34,18 +34,24 @@ struct device_warp {
   }
 };
 
-/// One block of a product pass: per slice of K, stage the panels, barrier, accumulate,
-/// barrier (the next slice overwrites the panels); then every thread's elements through the
-/// epilogue.
+/// One block of a product pass, the panels double-buffered: while the warps multiply slice s
+/// from one buffer, each thread's loads of slice s + 1 are in flight into registers, stored to
+/// the other buffer after the multiplies; one barrier per slice. Then every thread's elements
+/// through the epilogue.
 template <class P>
 __global__ void __launch_bounds__(P::threads) product_kernel(P p) {
-  __shared__ float shared[P::shared_floats];
+  extern __shared__ float panels[];  // two buffers of P::shared_floats
   auto acc = p.start();
   const std::size_t slices = p.slices();
+  typename P::staged r;
+  p.load(blockIdx.x, blockIdx.y, threadIdx.x, 0, r);
+  p.store(threadIdx.x, r, panels);
+  __syncthreads();
   for (std::size_t s = 0; s < slices; ++s) {
-    p.stage(blockIdx.x, blockIdx.y, threadIdx.x, s, shared);
-    __syncthreads();
-    p.accumulate(threadIdx.x, shared, acc, device_warp{});
+    const bool more = s + 1 < slices;
+    if (more) p.load(blockIdx.x, blockIdx.y, threadIdx.x, s + 1, r);
+    p.accumulate(threadIdx.x, panels + (s % 2) * P::shared_floats, acc, device_warp{});
+    if (more) p.store(threadIdx.x, r, panels + ((s + 1) % 2) * P::shared_floats);
     __syncthreads();
   }
   p.finish(blockIdx.x, blockIdx.y, threadIdx.x, acc);
@@ -60,8 +66,15 @@ void run_product(cudaStream_t stream, const P& p) {
   if (p.grid_rows() > max_grid_y)
     solder::detail::fail("solder::eval::cuda::run_product: " + std::to_string(p.M) + " rows need " +
                          std::to_string(p.grid_rows()) + " row blocks; CUDA allows " + std::to_string(max_grid_y));
+  constexpr std::size_t bytes = 2 * std::size_t(P::shared_floats) * sizeof(float);
+  // Past 48 KiB a kernel must ask for its dynamic shared memory (once per device and kernel).
+  if constexpr (bytes > (std::size_t(48) << 10)) {
+    static const cudaError_t asked =
+        cudaFuncSetAttribute(product_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    check(asked, "solder::eval::cuda::run_product: raising the product kernel's shared memory");
+  }
   const dim3 grid(unsigned(p.grid_cols()), unsigned(p.grid_rows()));
-  product_kernel<P><<<grid, P::threads, 0, stream>>>(p);
+  product_kernel<P><<<grid, P::threads, bytes, stream>>>(p);
   check(cudaGetLastError(), "solder::eval::cuda::run_product: launching the product kernel");
 }
 
