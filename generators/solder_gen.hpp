@@ -31,10 +31,12 @@
 #include "solder/nn/chain.hpp"
 #include "solder/nn/elementwise.hpp"
 #include "solder/nn/elementwise_block.hpp"
+#include "solder/nn/flatten.hpp"
 #include "solder/nn/layer_info.hpp"
 #include "solder/nn/layer_norm.hpp"
 #include "solder/nn/linear.hpp"
 #include "solder/nn/plan.hpp"
+#include "solder/nn/pool.hpp"
 #include "solder/nn/softmax.hpp"
 #include "solder/ops/activations.hpp"
 
@@ -45,7 +47,7 @@ namespace solder::gen {
 // ---------------------------------------------------------------------------------------------
 
 /// What a layer is to the generated code.
-enum class role { linear, bias, activation, dropout, layer_norm, softmax, log_softmax };
+enum class role { linear, bias, activation, dropout, layer_norm, softmax, log_softmax, max_pool, avg_pool, flatten };
 
 /// One layer of a chain: its type as C++ spells it, its name (PyTorch's) and its position.
 struct layer_desc {
@@ -67,6 +69,12 @@ struct group_desc {
   bool product = false;       // a product group
   std::size_t in_width = 0;   // product: the linear layer's input features
   bool product_bias = false;  // product: whether the linear layer adds its bias
+  /// Pooling: the sample [channels, height, cols] in and [channels, out_height, out_cols] out
+  /// (NCHW, as the CPU layers and eval/cuda/pool.hpp keep images), the window and its padding
+  /// rule. Flatten keeps the bytes: width features in and out.
+  std::size_t channels = 0, height = 0, cols = 0, out_height = 0, out_cols = 0;
+  std::size_t kernel = 1, stride = 1, pad = 0;
+  bool count_include_pad = true;
 };
 
 /// How a chain was given: an nn::chain, an nn::elementwise_block, or one row layer.
@@ -78,6 +86,7 @@ struct chain_desc {
   spec_kind kind;
   std::vector<layer_desc> layers;
   std::vector<group_desc> groups;
+  std::string input;  // the chain's nn::input<...> ("" when its first layer fixes the input)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -85,6 +94,13 @@ struct chain_desc {
 // ---------------------------------------------------------------------------------------------
 
 namespace detail {
+
+/// "1, 8, 8".
+inline std::string join_ints(const std::vector<std::string>& e) {
+  std::string s;
+  for (std::size_t k = 0; k < e.size(); ++k) s += (k ? ", " : "") + e[k];
+  return s;
+}
 
 /// The shortest C++ literal that reads back as the same float: 0.1f -> "0.1f".
 inline std::string float_literal(float v) {
@@ -155,6 +171,41 @@ struct layer_traits<nn::log_softmax<N>> {
   }
 };
 
+template <std::size_t K, std::size_t S, std::size_t P>
+struct layer_traits<nn::max_pool2d<K, S, P>> {
+  static constexpr bool known = true;
+  static constexpr std::size_t kernel = K, stride = S, pad = P;
+  static constexpr bool count_include_pad = true;
+  static layer_desc describe(std::size_t i) {
+    return {role::max_pool,
+            "solder::nn::max_pool2d<" + std::to_string(K) + ", " + std::to_string(S) + ", " + std::to_string(P) + ">",
+            "max_pool2d", i};
+  }
+};
+template <std::size_t K, std::size_t S, std::size_t P, bool CountIncludePad>
+struct layer_traits<nn::avg_pool2d<K, S, P, CountIncludePad>> {
+  static constexpr bool known = true;
+  static constexpr std::size_t kernel = K, stride = S, pad = P;
+  static constexpr bool count_include_pad = CountIncludePad;
+  static layer_desc describe(std::size_t i) {
+    return {role::avg_pool,
+            "solder::nn::avg_pool2d<" + std::to_string(K) + ", " + std::to_string(S) + ", " + std::to_string(P) +
+                (CountIncludePad ? "" : ", false") + ">",
+            "avg_pool2d", i};
+  }
+};
+template <std::size_t... Extents>
+struct layer_traits<nn::flatten<Extents...>> {
+  static constexpr bool known = true;
+  static layer_desc describe(std::size_t i) {
+    std::vector<std::string> e;
+    (e.push_back(std::to_string(Extents)), ...);
+    std::string args;
+    for (std::size_t k = 0; k < e.size(); ++k) args += (k ? ", " : "") + e[k];
+    return {role::flatten, "solder::nn::flatten<" + args + ">", "flatten", i};
+  }
+};
+
 /// One error per layer the CUDA backend cannot run, naming the layer.
 template <class L>
 constexpr bool check_layer() {
@@ -164,7 +215,7 @@ constexpr bool check_layer() {
                       L>::reported;
   } else if constexpr (!layer_traits<L>::known) {
     return diagnostic<"solder::gen: no CUDA kernel for this layer; a generated chain holds linear, bias, activations "
-                      "of solder::ops, dropout, layer_norm, softmax and log_softmax",
+                      "of solder::ops, dropout, layer_norm, softmax, log_softmax, max_pool2d, avg_pool2d and flatten",
                       L>::reported;
   } else {
     return true;
@@ -182,6 +233,7 @@ struct spec_traits<nn::basic_chain<Config, Ls...>> {
   static constexpr spec_kind kind = spec_kind::chain;
   static constexpr bool fused = Config::fused;
   using layers = std::tuple<Ls...>;
+  using input = typename Config::input;
 };
 template <class... Ls>
 struct spec_traits<nn::elementwise_block<Ls...>> {
@@ -189,6 +241,7 @@ struct spec_traits<nn::elementwise_block<Ls...>> {
   static constexpr spec_kind kind = spec_kind::block;
   static constexpr bool fused = true;
   using layers = std::tuple<Ls...>;
+  using input = nn::unstated_input;
 };
 template <class L>
   requires(layer_traits<L>::known && nn::layer_info<L>::kind == nn::layer_kind::block)
@@ -197,6 +250,7 @@ struct spec_traits<L> {
   static constexpr spec_kind kind = spec_kind::layer;
   static constexpr bool fused = true;
   using layers = std::tuple<L>;
+  using input = nn::unstated_input;
 };
 
 /// One error for a type that is not a chain the generator takes.
@@ -247,10 +301,10 @@ constexpr bool check_product_tail() {
 }
 
 /// The planner's groups of Ls as descriptions.
-template <bool Fused, class... Ls>
+template <bool Fused, class Widths, class... Ls>
 std::vector<group_desc> describe_groups(const std::vector<layer_desc>& layers) {
   using groups = typename nn::plan_groups<Fused, Ls...>::type;
-  using widths = nn::chain_widths<Ls...>;
+  using widths = Widths;
   std::vector<group_desc> out;
   [&]<std::size_t... G>(std::index_sequence<G...>) {
     (
@@ -267,6 +321,16 @@ std::vector<group_desc> describe_groups(const std::vector<layer_desc>& layers) {
             d.in_width = head::in_features;
             d.product_bias = head::has_bias;
           }
+          if constexpr (group::kind == nn::layer_kind::block) {
+            using head = std::tuple_element_t<0, layers_of>;
+            constexpr nn::sample_shape in = group::first == 0 ? widths::input_shape : widths::shapes[group::first - 1];
+            constexpr nn::sample_shape out = widths::shapes[group::first];
+            if constexpr (requires { layer_traits<head>::kernel; }) {
+              d.channels = in[0], d.height = in[1], d.cols = in[2], d.out_height = out[1], d.out_cols = out[2];
+              d.kernel = layer_traits<head>::kernel, d.stride = layer_traits<head>::stride;
+              d.pad = layer_traits<head>::pad, d.count_include_pad = layer_traits<head>::count_include_pad;
+            }
+          }
           for (std::size_t i = group::first; i < group::first + group::size; ++i) d.layers.push_back(layers[i]);
           out.push_back(std::move(d));
         }(),
@@ -280,10 +344,17 @@ template <class Spec, class... Ls>
 chain_desc describe_layers(std::string_view name, std::type_identity<std::tuple<Ls...>>) {
   chain_desc c{std::string(name), spec_traits<Spec>::kind, {}, {}};
   if constexpr ((check_layer<Ls>() && ...)) {
-    if constexpr (nn::check_chain<nn::chain_widths<Ls...>, Ls...>()) {
+    using widths = nn::chain_shapes<typename spec_traits<Spec>::input, Ls...>;
+    if constexpr (nn::check_chain<widths, Ls...>()) {
       std::size_t i = 0;
       (c.layers.push_back(layer_traits<Ls>::describe(i++)), ...);
-      c.groups = describe_groups<spec_traits<Spec>::fused, Ls...>(c.layers);
+      c.groups = describe_groups<spec_traits<Spec>::fused, widths, Ls...>(c.layers);
+      using input = typename spec_traits<Spec>::input;
+      if constexpr (input::shape.fixed()) {
+        std::vector<std::string> e;
+        for (std::size_t k = 0; k < input::shape.rank; ++k) e.push_back(std::to_string(input::shape[k]));
+        c.input = "solder::nn::input<" + join_ints(e) + ">";
+      }
     }
   }
   return c;
@@ -416,6 +487,16 @@ struct group_text {
     return v;
   }
   role row_role() const { return g.layers.front().what; }
+  /// A pooling group (nn::max_pool2d, nn::avg_pool2d) or a flatten: launches of eval/cuda/pool.hpp's bodies, a copy.
+  bool pool() const { return !g.elementwise && !g.product && (row_role() == role::max_pool || row_role() == role::avg_pool); }
+  bool flatten() const { return !g.elementwise && !g.product && row_role() == role::flatten; }
+  std::string image_in() const {
+    return "[batch, " + std::to_string(g.channels) + ", " + std::to_string(g.height) + ", " + std::to_string(g.cols) + "]";
+  }
+  std::string image_out() const {
+    return "[batch, " + std::to_string(g.channels) + ", " + std::to_string(g.out_height) + ", " +
+           std::to_string(g.out_cols) + "]";
+  }
   std::string width() const { return std::to_string(g.width); }
   std::string rows() const { return "[batch, " + width() + "]"; }
   /// A product group's input features, input rows and weight: "256", "[batch, 256]", "[512, 256]".
@@ -423,7 +504,9 @@ struct group_text {
   std::string in_rows() const { return "[batch, " + in_width() + "]"; }
   std::string weight_shape() const { return "[" + width() + ", " + in_width() + "]"; }
   /// The group's rows for titles: "[batch, 4096]", or a product's "[batch, 256] -> [batch, 512]".
-  std::string extent() const { return g.product ? in_rows() + " -> " + rows() : rows(); }
+  std::string extent() const {
+    return g.product ? in_rows() + " -> " + rows() : pool() ? image_in() + " -> " + image_out() : rows();
+  }
   /// The position of a layer in the tuple of layers that holds it in the .cu: the block's, or a
   /// product group's tail (after the linear layer).
   std::size_t held_at(const layer_desc& l) const { return l.index - g.layers.front().index - (g.product ? 1 : 0); }
@@ -486,7 +569,11 @@ inline std::string launcher_name(const group_desc& g) {
   std::vector<std::string> names;
   for (const auto& l : g.layers) names.push_back(l.name);
   // A product group's width is In x Out, as its weight's transpose.
-  const std::string in = g.product ? std::to_string(g.in_width) + "x" : "";
+  std::string in = g.product ? std::to_string(g.in_width) + "x" : "";
+  // A pooling group's width is its input image C x H x W.
+  if (!g.elementwise && !g.product && g.channels > 0)
+    return "solder_" + join(names, "_") + "_f32_" + std::to_string(g.channels) + "x" + std::to_string(g.height) + "x" +
+           std::to_string(g.cols);
   return "solder_" + join(names, "_") + "_f32_" + in + std::to_string(g.width);
 }
 
@@ -520,6 +607,8 @@ inline std::vector<param> forward_params(const group_text& t) {
                        {"float* rstd", "rstd"},
                        {"size_t batch", "batch"},
                        {"float eps", "eps"}});
+  } else if (t.pool() && t.row_role() == role::max_pool) {
+    p.insert(p.end(), {{"float* y", "y"}, {"int32_t* argmax", "argmax"}, {"size_t batch", "batch"}});
   } else {
     p.insert(p.end(), {{"float* y", "y"}, {"size_t batch", "batch"}});
   }
@@ -555,6 +644,10 @@ inline std::vector<param> backward_params(const group_text& t) {
     p = {{"const float* x", "x"},       {"const float* dy", "dy"},     {"const float* weight", "weight"},
          {"const float* mean", "mean"}, {"const float* rstd", "rstd"}, {"float* dx", "dx"},
          {"float* dweight", "dweight"}, {"float* dbias", "dbias"},     {"size_t batch", "batch"}};
+  } else if (t.pool() && t.row_role() == role::max_pool) {
+    p = {{"const float* dy", "dy"}, {"const int32_t* argmax", "argmax"}, {"float* dx", "dx"}, {"size_t batch", "batch"}};
+  } else if (t.pool() || t.flatten()) {
+    p = {{"const float* dy", "dy"}, {"float* dx", "dx"}, {"size_t batch", "batch"}};
   } else {
     p = {{"const float* y", "y"}, {"const float* dy", "dy"}, {"float* dx", "dx"}, {"size_t batch", "batch"}};
   }
@@ -602,6 +695,17 @@ inline std::string forward_summary(const group_text& t) {
     }
     return s;
   }
+  if (t.pool()) {
+    const bool max = t.row_role() == role::max_pool;
+    return "y " + t.image_out() + " = " + (max ? "the maximum" : "the mean") + " of x " + t.image_in() + " over " +
+           std::to_string(t.g.kernel) + " x " + std::to_string(t.g.kernel) + " windows at stride " +
+           std::to_string(t.g.stride) + ", padding " + std::to_string(t.g.pad) + " (NCHW, as torch's " +
+           (max ? "MaxPool2d" : "AvgPool2d") + "); a thread per output" +
+           (max ? "; writes argmax (the index in its plane of each output's input, as the CPU layer) for the backward."
+                : ".");
+  }
+  if (t.flatten())
+    return "y = x, " + t.rows() + ": torch's Flatten keeps the bytes of an NCHW batch; a device copy (none when x == y).";
   if (t.row_role() == role::layer_norm)
     return "y = (x - mean) rstd weight + bias along each row (torch's LayerNorm): x, y " + t.rows() +
            ", weight, bias [" + t.width() + "]; writes each row's mean and rstd = 1 / sqrt(Var + eps) [batch] for "
@@ -630,6 +734,11 @@ inline std::string backward_summary(const group_text& t) {
     return grads + " from the forward's input x and dy " + t.rows() +
            "; the mask is regenerated from the forward's (seed, offset).";
   }
+  if (t.pool())
+    return "dx " + t.image_in() + " (overwritten) from dy " + t.image_out() +
+           (t.row_role() == role::max_pool ? " and the forward's argmax" : "") +
+           ": a thread per input element gathers the windows that hold it (no atomics; zero where none does).";
+  if (t.flatten()) return "dx = dy, " + t.rows() + ": a device copy (none when dx == dy).";
   if (t.row_role() == role::layer_norm)
     return "dx " + t.rows() + ", dweight and dbias [" + t.width() +
            "] (overwritten) from x, dy, weight and the forward's mean and rstd.";
@@ -648,6 +757,12 @@ inline std::string group_overview(const group_text& t) {
     s += "//   " + fwd + "  y = " + t.formula() + ", one pass\n";
     s += "//   " + bwd + "  dx" + (t.biases().empty() ? "" : ", d" + join(t.biases(), ", d")) + " from " +
          (t.g.output_backward ? "y" : "x") + " and dy, one pass\n";
+  } else if (t.pool()) {
+    s += "//   " + fwd + "  a thread per output element\n";
+    s += "//   " + bwd + "  a thread per input element\n";
+  } else if (t.flatten()) {
+    s += "//   " + fwd + "  a device copy\n";
+    s += "//   " + bwd + "  a device copy\n";
   } else {
     s += "//   " + fwd + "  one warp per row\n";
     s += "//   " + bwd + "  one warp per row" + (t.row_role() == role::layer_norm ? ", then dweight, dbias" : "") + "\n";
@@ -845,6 +960,21 @@ inline std::string row_definitions(const group_text& t, const std::string& heade
   const std::string p = t.prefix, w = t.width();
   std::string s = "using " + p + "layer = " + t.block_type() + ";\n";
   s += plan_check(t, header, stem);
+  if (t.flatten()) return s;
+  if (t.pool()) {
+    const std::string kind = t.row_role() == role::max_pool ? "max" : "avg";
+    const auto n = [](std::size_t v) { return std::to_string(v); };
+    s += "/// The extents of one sample, as the CPU layer takes them from its shapes.\n";
+    s += "constexpr solder::nn::pool2d::geometry " + p + "geometry{" +
+         join({n(t.g.channels), n(t.g.height), n(t.g.cols), n(t.g.out_height), n(t.g.out_cols), n(t.g.kernel),
+               n(t.g.stride), n(t.g.pad)}, ", ") + "};\n";
+    s += "constexpr bool " + p + "count_include_pad = " + (t.g.count_include_pad ? "true" : "false") + ";\n";
+    s += "using " + p + "forward_body = solder::eval::cuda::pool_forward_body<solder::eval::cuda::pool_kind::" + kind +
+         ">;\n";
+    s += "using " + p + "backward_body = solder::eval::cuda::pool_backward_body<solder::eval::cuda::pool_kind::" + kind +
+         ">;\n";
+    return s;
+  }
   if (t.row_role() == role::layer_norm) {
     s += "using " + p + "forward_body = solder::eval::cuda::layer_norm_forward_body<" + w + ">;\n";
     s += "using " + p + "backward_body = solder::eval::cuda::layer_norm_backward_body<" + w + ">;\n";
@@ -900,6 +1030,12 @@ inline std::string instantiations(const group_text& t, const std::string& ns, st
            (column_walk ? "the column walk, then each column sum's finish" : "the elementwise walk") + "\n";
       pass_kernels(dir, column_walk ? columns : 0);
     }
+  } else if (t.pool()) {
+    s += "// group " + std::to_string(t.g.index) + ": a thread per output forward, per input backward\n";
+    emit("elementwise_kernel", q + "forward_body", q + "forward_body, std::size_t");
+    emit("elementwise_kernel", q + "backward_body", q + "backward_body, std::size_t");
+  } else if (t.flatten()) {
+    s += "// group " + std::to_string(t.g.index) + ": device copies, no kernel of its own\n";
   } else {
     s += "// group " + std::to_string(t.g.index) + ": one warp per row each way" +
          (t.row_role() == role::layer_norm ? ", then the parameter gradients' sums over the row chunks" : "") + "\n";
@@ -974,6 +1110,31 @@ inline std::string launchers(const group_text& t) {
     s += open(t.launcher + "_bwd", bwd) + "    " + (t.g.output_backward ? "const " : "") + p + "block& block = " + p +
          "layers();\n" + (t.g.output_backward ? "" : set_streams());
     s += wrap_call("    run(stream, " + p + "backward", bargs, ");") + "\n" + close;
+  } else if (t.pool()) {
+    const bool max = t.row_role() == role::max_pool;
+    s += open(t.launcher + "_fwd", fwd) + "    solder::eval::cuda::require_device_once();\n";
+    s += wrap_call("    solder::eval::cuda::pool_forward",
+                   {p + "forward_body{x, y, " + std::string(max ? "argmax" : "nullptr") + ", " + p + "geometry, " + p +
+                        "count_include_pad}",
+                    "batch", "stream"},
+                   ";") +
+         "\n" + close + "\n";
+    s += open(t.launcher + "_bwd", bwd) + "    solder::eval::cuda::require_device_once();\n";
+    s += wrap_call("    solder::eval::cuda::pool_backward",
+                   {p + "backward_body{dy, " + std::string(max ? "argmax" : "nullptr") + ", dx, " + p + "geometry, " +
+                        p + "count_include_pad}",
+                    "batch", "stream"},
+                   ";") +
+         "\n" + close;
+  } else if (t.flatten()) {
+    for (const auto& [dir, from, to] : {std::tuple{"_fwd", "x", "y"}, std::tuple{"_bwd", "dy", "dx"}}) {
+      s += open(t.launcher + dir, std::string_view(dir) == "_fwd" ? fwd : bwd) +
+           "    solder::eval::cuda::require_device_once();\n";
+      s += std::string("    if (") + to + " != " + from + ")\n";
+      s += std::string("      solder::eval::cuda::check(cudaMemcpyAsync(") + to + ", " + from + ", batch * " + w +
+           " * sizeof(float), cudaMemcpyDeviceToDevice, stream),\n" + "                                \"" +
+           t.launcher + dir + ": copying\");\n" + close + (std::string_view(dir) == "_fwd" ? "\n" : "");
+    }
   } else if (t.row_role() == role::layer_norm) {
     s += open(t.launcher + "_fwd", fwd) + "    solder::eval::cuda::require_device_once();\n";
     s += wrap_call("    solder::eval::cuda::layer_norm_forward<" + w + ">",
@@ -1434,12 +1595,14 @@ inline files generate(const chain_desc& c, const std::string& header) {
   using namespace detail;
   const std::string stem = stem_of(c.name), ns = "solder_gen_" + stem;
   const auto groups = distinct_groups(c);
-  bool any_elementwise = false, any_row = false, any_product = false;
-  for (const auto& t : groups) (t.g.product ? any_product : t.g.elementwise ? any_elementwise : any_row) = true;
+  bool any_elementwise = false, any_row = false, any_product = false, any_pool = false;
+  for (const auto& t : groups)
+    (t.g.product ? any_product : t.g.elementwise ? any_elementwise : t.pool() ? any_pool : any_row) = true;
   const bool whole_chain = has_chain_launchers(c);
   const chain_layout layout = whole_chain ? layout_of(c, groups) : chain_layout{};
 
   std::vector<std::string> layer_types;
+  if (!c.input.empty()) layer_types.push_back(c.input);
   for (const auto& l : c.layers) layer_types.push_back(l.type);
   std::string overview;
   for (const auto& g : c.groups) {
@@ -1468,6 +1631,7 @@ inline files generate(const chain_desc& c, const std::string& header) {
   cu += "\n#include \"" + header + "\"\n#include \"solder/device.hpp\"\n";
   cu += "#include \"solder/eval/cuda/launcher.hpp\"\n";
   if (any_product) cu += "#include \"solder/eval/cuda/memory.hpp\"\n#include \"solder/eval/cuda/product_kernel.hpp\"\n";
+  if (any_pool) cu += "#include \"solder/eval/cuda/image_kernels.hpp\"\n";
   if (any_row || whole_chain) cu += "#include \"solder/eval/cuda/row_kernels.hpp\"\n";
   if (whole_chain) cu += "#include \"solder/eval/cuda/optimizer_step.hpp\"\n";
   if (any_elementwise || any_product) cu += "#include \"solder/nn/elementwise_block.hpp\"\n";

@@ -3,8 +3,10 @@
 
 #include "solder/nn/chain.hpp"
 #include "solder/nn/elementwise.hpp"
+#include "solder/nn/flatten.hpp"
 #include "solder/nn/layer_norm.hpp"
 #include "solder/nn/linear.hpp"
+#include "solder/nn/pool.hpp"
 
 /// y = dropout(relu(x + b)) over 4096 features; backward from the output y.
 using bias_relu_dropout = solder::nn::chain<solder::nn::bias<4096>, solder::nn::relu, solder::nn::dropout<0.1f>>;
@@ -28,3 +30,8 @@ using linear_relu_dropout =
 using digits_mlp = solder::nn::chain<solder::nn::linear<64, 256>, solder::nn::relu, solder::nn::dropout<0.1f>,
                                      solder::nn::linear<256, 128>, solder::nn::relu, solder::nn::dropout<0.1f>,
                                      solder::nn::linear<128, 10>>;
+
+/// The image tail of a CNN on NCHW batches: [32, 8, 8] -> max_pool2d -> [32, 4, 4] -> avg_pool2d
+/// -> [32, 2, 2] -> flatten -> 128 features; a launch per pooling group each way, flatten a copy.
+using pool_flatten = solder::nn::chain<solder::nn::input<32, 8, 8>, solder::nn::max_pool2d<2>,
+                                       solder::nn::avg_pool2d<2>, solder::nn::flatten<>>;
