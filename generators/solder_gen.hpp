@@ -342,7 +342,7 @@ std::vector<group_desc> describe_groups(const std::vector<layer_desc>& layers) {
 /// The description of Spec from its layers, after one check per layer and the chain's widths.
 template <class Spec, class... Ls>
 chain_desc describe_layers(std::string_view name, std::type_identity<std::tuple<Ls...>>) {
-  chain_desc c{std::string(name), spec_traits<Spec>::kind, {}, {}};
+  chain_desc c{std::string(name), spec_traits<Spec>::kind, {}, {}, {}};
   if constexpr ((check_layer<Ls>() && ...)) {
     using widths = nn::chain_shapes<typename spec_traits<Spec>::input, Ls...>;
     if constexpr (nn::check_chain<widths, Ls...>()) {

@@ -10,6 +10,7 @@
 #include "solder/nn/chain.hpp"
 #include "solder/nn/elementwise.hpp"
 #include "solder/nn/linear.hpp"
+#include "solder/nn/pool.hpp"
 
 namespace {
 
@@ -19,6 +20,8 @@ namespace gen = solder::gen;
 using linear_relu_dropout = nn::chain<nn::linear<256, 512>, nn::relu, nn::dropout<0.1f>>;
 using linear_alone = nn::chain<nn::linear<100, 30, false>>;
 using mlp = nn::chain<nn::linear<64, 128>, nn::sigmoid, nn::linear<128, 10>>;
+
+using pools = nn::chain<nn::input<32, 8, 8>, nn::max_pool2d<2>, nn::avg_pool2d<3, 1, 1, false>, nn::flatten<>>;
 
 bool holds(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
@@ -185,4 +188,19 @@ TEST_CASE("solder-gen: identical groups of a chain share definitions, not stream
   // No bias on the last layer: 2 * (32 * 32 + 32) + 4 * 32 parameters, no db.
   CHECK(holds(f.h, "#define SOLDER_TWINS_PARAM_FLOATS 2240\n"));
   CHECK_FALSE(holds(f.h, "SOLDER_TWINS_6_BIAS"));
+}
+
+TEST_CASE("solder-gen: pooling and flatten groups of a chain over images", "[gen]") {
+  const gen::files f = gen::generate(gen::describe<pools>("pools"), "chains.hpp");
+  // Names from the input image each layer sees: [32, 8, 8], then [32, 4, 4] (flatten: 512).
+  CHECK(holds(f.h, "int solder_max_pool2d_f32_32x8x8_fwd(const float* x, float* y, int32_t* argmax, size_t batch,"));
+  CHECK(holds(f.h, "int solder_max_pool2d_f32_32x8x8_bwd(const float* dy, const int32_t* argmax, float* dx, size_t batch,"));
+  CHECK(holds(f.h, "int solder_avg_pool2d_f32_32x4x4_fwd(const float* x, float* y, size_t batch, cudaStream_t stream);"));
+  CHECK(holds(f.h, "int solder_flatten_f32_512_fwd(const float* x, float* y, size_t batch, cudaStream_t stream);"));
+  // The bodies of eval/cuda/pool.hpp with the geometry fixed: channels, H, W, Ho, Wo, K, S, P.
+  CHECK(holds(f.cu, "constexpr solder::nn::pool2d::geometry g0_geometry{32, 8, 8, 4, 4, 2, 2, 0};"));
+  CHECK(holds(f.cu, "constexpr solder::nn::pool2d::geometry g1_geometry{32, 4, 4, 4, 4, 3, 1, 1};"));
+  CHECK(holds(f.cu, "solder::eval::cuda::pool_kind::max"));
+  CHECK(holds(f.cu, "solder::eval::cuda::pool_kind::avg"));
+  CHECK(holds(f.cu, "cudaMemcpyDeviceToDevice"));
 }
