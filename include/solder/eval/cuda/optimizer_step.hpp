@@ -47,7 +47,9 @@ inline void check_optimizer(const optimizer_settings& o, const float* state) {
     optim::adam::check({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
   else
     optim::adamw::check({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
-  if (!state) solder::detail::fail("solder::optim::adam: the optimizer state is a null pointer; m and v live there");
+  if (!state)
+    solder::detail::fail(std::string(o.kind == optimizer_kind::adam ? optim::adam::name : optim::adamw::name) +
+                         ": the optimizer state is a null pointer; m and v live there");
 }
 
 /// One update of the n parameters from their gradients, queued on `stream`, then steps + 1:
