@@ -14,6 +14,7 @@
 #include "solder/expr/operators.hpp"
 #include "solder/expr/reduce.hpp"
 #include "support/data.hpp"
+#include "support/device_view.hpp"
 #include "support/grid.hpp"
 
 namespace {
@@ -22,15 +23,8 @@ using namespace solder;
 using solder::test::bit_differences;
 using solder::test::host_runner;
 
-/// A device-space view of host memory: what a device kernel would see, readable on the host.
-template <class S>
-tensor_ref<const float, S, device> dev(const tensor<float, S>& t) {
-  return tensor_ref<const float, S, device>(t.data(), t.batch());
-}
-template <class S>
-tensor_ref<float, S, device> dev_out(tensor<float, S>& t) {
-  return tensor_ref<float, S, device>(t.data(), t.batch());
-}
+using solder::test::dev;
+using solder::test::dev_out;
 
 template <class... W>
 host_runner run(const W&... w) {

@@ -21,6 +21,7 @@
 #include "solder/random/philox.hpp"
 #include "solder/random/sketch.hpp"
 #include "support/data.hpp"
+#include "support/device_view.hpp"
 #include "support/grid.hpp"
 
 namespace {
@@ -29,14 +30,8 @@ using namespace solder;
 namespace cu = solder::eval::cuda;
 using solder::test::bit_differences;
 
-template <class S>
-tensor_ref<const float, S, device> dev(const tensor<float, S>& t) {
-  return tensor_ref<const float, S, device>(t.data(), t.batch());
-}
-template <class S>
-tensor_ref<float, S, device> dev_out(tensor<float, S>& t) {
-  return tensor_ref<float, S, device>(t.data(), t.batch());
-}
+using solder::test::dev;
+using solder::test::dev_out;
 
 using small_tiles = cu::product_tiling<64, 64, 16, 4, 4>;
 using large_tiles = cu::product_tiling<128, 128, 8, 8, 8>;
