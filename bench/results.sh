@@ -3,7 +3,7 @@
 # docs/PERFORMANCE.md on this host and rewrites its tables and plots (bench/results.py says how).
 #
 # It makes build/torch-venv first where it is missing or lacks matplotlib (bench/torch_venv.sh),
-# then runs bench/results.py with that python in a process session (setsid) at the top autogroup
+# then runs bench/results.py with that python in its own session (setsid) at the top autogroup
 # weight and nice level (root only; elsewhere at the normal ones), as bench/README.md's
 # measurement commands do: processes of other login sessions (a compiler) then take little of
 # the cores.
