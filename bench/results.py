@@ -3,7 +3,7 @@
 
     bash bench/results.sh [--quick] [--from-json] [--no-build] [--no-torch]
 
-(bench/results.sh runs this under build/torch-venv/bin/python, which has matplotlib, in a
+(bench/results.sh runs this under build/torch-venv/bin/python, which has matplotlib, in
 its own session (setsid) at the top scheduling weight.) Steps:
 
   1. builds solder_bench (the release preset) unless --no-build;
