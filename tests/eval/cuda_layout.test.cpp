@@ -1,8 +1,9 @@
 // tests/eval/cuda_layout.test.cpp: the CUDA conv path's layout bodies (eval/cuda/layout.hpp)
-// run on the host as eval/cuda/layout_kernels.hpp runs them (every index; an emulated warp per
-// channel): the reorders against naive loops bit for bit, the round trip the identity, the
-// per-channel sums against a double reference within the bound of their float blocks, equal
-// bits from either layout, and NaN and Inf carried through.
+// run on the host as eval/cuda/layout_kernels.hpp runs them (every index, every tile's two
+// phases; an emulated warp per channel): the reorders, as elements and as tiles, against naive
+// loops bit for bit, the round trip the identity, the per-channel sums against a double
+// reference within the bound of their float blocks, equal bits from either layout, and NaN and
+// Inf carried through.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -30,6 +31,22 @@ constexpr double sum_tolerance = 16 * float_u;
 template <class Body>
 void run_elements(const Body& body) {
   for (std::size_t i = 0; i < body.elements(); ++i) body(i);
+}
+
+/// A reorder's tiles over the whole grid, as transpose_kernel runs them: each block's threads
+/// load, then store. The buffer starts as a value no input holds, so a store that read a slot
+/// no load filled shows.
+template <std::size_t R, std::size_t S>
+void run_tiles(const cu::batched_transpose<R, S>& t) {
+  for (std::size_t b = 0; b < t.blocks(); ++b) {
+    cu::transpose_tile_buffer tile;
+    for (auto& row : tile)
+      for (float& v : row) v = 12345.0f;
+    for (unsigned ty = 0; ty < cu::transpose_tile_rows; ++ty)
+      for (unsigned tx = 0; tx < cu::transpose_tile; ++tx) t.load(b, tx, ty, tile);
+    for (unsigned ty = 0; ty < cu::transpose_tile_rows; ++ty)
+      for (unsigned tx = 0; tx < cu::transpose_tile; ++tx) t.store(b, tx, ty, tile);
+  }
 }
 
 /// x NHWC [batch, H, W, C] -> NCHW by nested loops, + bias[c] where given.
@@ -84,7 +101,7 @@ std::vector<float> emulated_sums(const std::vector<float>& g, std::size_t batch)
 
 TEMPLATE_TEST_CASE_SIG("cuda layout: NHWC <-> NCHW reorders equal naive loops; the round trip is the identity",
                        "[cuda][layout]", ((std::size_t C, std::size_t H, std::size_t W), C, H, W), (1, 1, 1), (1, 5, 7),
-                       (3, 7, 5), (3, 1, 7), (3, 5, 1), (17, 5, 5), (17, 7, 1), (17, 1, 5), (17, 7, 7)) {
+                       (3, 7, 5), (3, 1, 7), (3, 5, 1), (17, 5, 5), (17, 7, 1), (17, 1, 5), (17, 7, 7), (40, 6, 7)) {
   const std::size_t batch = GENERATE(1, 2, 3);
   CAPTURE(C, H, W, batch);
   const std::size_t n = batch * C * H * W;
@@ -99,12 +116,20 @@ TEMPLATE_TEST_CASE_SIG("cuda layout: NHWC <-> NCHW reorders equal naive loops; t
   run_elements(cu::nchw_to_nhwc_body<C, H, W>{x.data(), nhwc.data(), batch});
   run_elements(cu::nchw_to_nhwc_body<C, H, W>{nchw.data(), back.data(), batch});
   run_elements(cu::nhwc_to_nchw_body<C, H, W>{x.data(), with_bias.data(), batch, bias.data()});
+  // The same reorders as tiles: the same bits.
+  std::vector<float> nchw_tiled(n, -7.0f), nhwc_tiled(n, -7.0f), with_bias_tiled(n, -7.0f);
+  run_tiles(cu::nhwc_to_nchw_body<C, H, W>{x.data(), nchw_tiled.data(), batch}.tiles());
+  run_tiles(cu::nchw_to_nhwc_body<C, H, W>{x.data(), nhwc_tiled.data(), batch}.tiles());
+  run_tiles(cu::nhwc_to_nchw_body<C, H, W>{x.data(), with_bias_tiled.data(), batch, bias.data()}.tiles());
 
   // Copies are exact, NaN payloads included; the bias is one IEEE addition as in the loop.
   CHECK(bit_differences(nchw.data(), naive_to_nchw(x, batch, C, H, W).data(), n) == 0);
   CHECK(bit_differences(nhwc.data(), naive_to_nhwc(x, batch, C, H, W).data(), n) == 0);
   CHECK(bit_differences(back.data(), x.data(), n) == 0);
   CHECK(solder::test::bit_differences_any_nan(with_bias.data(), naive_to_nchw(x, batch, C, H, W, bias.data()).data(), n) == 0);
+  CHECK(bit_differences(nchw_tiled.data(), nchw.data(), n) == 0);
+  CHECK(bit_differences(nhwc_tiled.data(), nhwc.data(), n) == 0);
+  CHECK(solder::test::bit_differences_any_nan(with_bias_tiled.data(), with_bias.data(), n) == 0);
   CHECK(cu::nhwc_to_nchw_body<C, H, W>{x.data(), nchw.data(), batch}.elements() == n);
   CHECK(cu::nchw_to_nhwc_body<C, H, W>{x.data(), nhwc.data(), batch}.elements() == n);
 }

@@ -3,15 +3,18 @@
 // layout its backward takes the gradient in) and [batch, C, H, W] (NCHW, the layout of batch
 // norm, pooling and flatten), and the per-channel sums of such a batch (a convolution's bias
 // gradient) in a fixed order. Host+device bodies without CUDA headers: the host suite runs them
-// over every index (an emulated warp per channel); eval/cuda/layout_kernels.hpp launches them.
+// over every index and tile (an emulated warp per channel); eval/cuda/layout_kernels.hpp
+// launches them.
 //
 // Use (C, H, W static; batch at run time; x and y never the same array):
 //   nhwc_to_nchw_body<C, H, W>{x, y, batch}        y[n, c, h, w] = x[n, h, w, c]
 //   nhwc_to_nchw_body<C, H, W>{x, y, batch, b}     y[n, c, h, w] = x[n, h, w, c] + b[c]
 //   nchw_to_nhwc_body<C, H, W>{x, y, batch}        y[n, h, w, c] = x[n, c, h, w]
 //   channel_sums_body<C, H, W, ChannelsLast>{g, sums, batch}   sums[c] = sum of g over n, h, w
-// A reorder body is a thread per element of y (`elements()` of them, body(i) for each); the
-// sums are a warp per channel (body(c, team) for c in [0, C)).
+// A reorder body is a thread per element of y (`elements()` of them, body(i) for each), or the
+// same reorder as 32 x 32 tiles through shared memory (`tiles()`, a batched_transpose: the
+// launcher takes it where both sides are at least 8 wide); the sums are a warp per channel
+// (body(c, team) for c in [0, C)).
 #pragma once
 
 #include <cstddef>
@@ -22,9 +25,51 @@
 
 namespace solder::eval::cuda {
 
+/// The tiles of a batched transpose: 32 x 32 elements for a block of 32 x 8 threads, staged in
+/// shared memory with rows of 33 floats so that a column's reads fall in distinct banks.
+inline constexpr unsigned transpose_tile = 32, transpose_tile_rows = 8;
+using transpose_tile_buffer = float[transpose_tile][transpose_tile + 1];
+
+/// y [batch, S, R] = x [batch, R, S] (+ bias[s] when bias is set), a block per 32 x 32 tile: the
+/// threads read a tile along s (coalesced), then write it along r (coalesced). The reorder
+/// bodies below hand out their transpose (`tiles()`); the host runs the same two phases.
+template <std::size_t R, std::size_t S>
+struct batched_transpose {
+  static constexpr std::size_t row_tiles = (R + transpose_tile - 1) / transpose_tile,
+                               col_tiles = (S + transpose_tile - 1) / transpose_tile, tiles_per_sample = row_tiles * col_tiles;
+  /// Whether tiles pay: a 32-byte sector holds 8 floats, so with R or S below 8 the strided
+  /// side of a thread per element already shares sectors within a warp, and most of a tile's
+  /// threads would be idle.
+  static constexpr bool tiled = R >= 8 && S >= 8;
+  const float* x;
+  float* y;
+  std::size_t batch;
+  const float* bias = nullptr;
+
+  SOLDER_HD std::size_t blocks() const { return batch * tiles_per_sample; }
+
+  /// Phase 1 of block b, thread (tx, ty): tile[i][tx] = x[n, r0 + i, s0 + tx], i = ty, ty + 8, ...
+  SOLDER_HD SOLDER_INLINE void load(std::size_t b, unsigned tx, unsigned ty, transpose_tile_buffer& tile) const {
+    const std::size_t t = b % tiles_per_sample, n = b / tiles_per_sample;
+    const std::size_t r0 = t / col_tiles * transpose_tile, s = t % col_tiles * transpose_tile + tx;
+    if (s >= S) return;
+    for (unsigned i = ty; i < transpose_tile && r0 + i < R; i += transpose_tile_rows) tile[i][tx] = x[(n * R + r0 + i) * S + s];
+  }
+  /// Phase 2 (after a barrier): y[n, s0 + i, r0 + tx] = tile[tx][i] (+ bias[s0 + i]).
+  SOLDER_HD SOLDER_INLINE void store(std::size_t b, unsigned tx, unsigned ty, const transpose_tile_buffer& tile) const {
+    const std::size_t t = b % tiles_per_sample, n = b / tiles_per_sample;
+    const std::size_t r = t / col_tiles * transpose_tile + tx, s0 = t % col_tiles * transpose_tile;
+    if (r >= R) return;
+    for (unsigned i = ty; i < transpose_tile && s0 + i < S; i += transpose_tile_rows) {
+      const float v = tile[tx][i];
+      y[(n * S + s0 + i) * R + r] = bias ? v + bias[s0 + i] : v;
+    }
+  }
+};
+
 /// y [batch, C, H, W] (NCHW) = x [batch, H, W, C] (NHWC), plus bias[c] when bias is given
-/// (the conv's bias added on the way out of the product's layout). A thread per element of y:
-/// the writes are coalesced, the reads C floats apart. Copies bits exactly (NaN payloads
+/// (the conv's bias added on the way out of the product's layout). A thread per element of y
+/// (writes coalesced, reads C floats apart) or tiles(). Copies bits exactly (NaN payloads
 /// included) without a bias; x + bias[c] with one (NaN and Inf propagate as IEEE addition).
 template <std::size_t C, std::size_t H, std::size_t W>
 struct nhwc_to_nchw_body {
@@ -41,11 +86,14 @@ struct nhwc_to_nchw_body {
     const float v = x[(n * plane + p) * C + c];
     y[i] = bias ? v + bias[c] : v;
   }
+  /// The same reorder as a transpose of each sample's [HW, C] (the launcher's choice).
+  SOLDER_HD batched_transpose<plane, C> tiles() const { return {x, y, batch, bias}; }
 };
 
 /// y [batch, H, W, C] (NHWC) = x [batch, C, H, W] (NCHW): a gradient coming back from the NCHW
 /// layers put into the layout the convolution's backward products read (g [batch H W, C]). A
-/// thread per element of y: coalesced writes, reads HW floats apart. Copies bits exactly.
+/// thread per element of y (writes coalesced, reads HW floats apart) or tiles(). Copies bits
+/// exactly.
 template <std::size_t C, std::size_t H, std::size_t W>
 struct nchw_to_nhwc_body {
   static constexpr std::size_t channels = C, plane = H * W;
@@ -59,6 +107,8 @@ struct nchw_to_nhwc_body {
     const std::size_t c = i % C, p = (i / C) % plane, n = i / (C * plane);
     y[i] = x[(n * C + c) * plane + p];
   }
+  /// The same reorder as a transpose of each sample's [C, HW] (the launcher's choice).
+  SOLDER_HD batched_transpose<C, plane> tiles() const { return {x, y, batch}; }
 };
 
 /// sums[c] = the sum of g[n, c, h, w] over n, h, w (a convolution's db from its output
