@@ -216,47 +216,27 @@ struct cases {
   }
 };
 
-/// Runs a case, reporting a CUDA or solder error (out of memory, say) as the case's error.
-template <void (*Case)(benchmark::State&, std::size_t)>
-void guarded(benchmark::State& state, std::size_t rows) {
-  try {
-    Case(state, rows);
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
-}
-
 template <std::size_t N>
 void register_shape(std::size_t rows) {
   const std::string shape = std::to_string(rows) + "x" + std::to_string(N);
   // The copy first: the cases after it compare with the rate it measured.
   const std::pair<const char*, void (*)(benchmark::State&, std::size_t)> list[] = {
-      {"BM_cuda_copy/", guarded<&cases<N>::copy>},
-      {"BM_cuda_bias_relu_dropout_fwd/", guarded<&cases<N>::fwd>},
-      {"BM_cuda_bias_relu_dropout_bwd/", guarded<&cases<N>::bwd>},
+      {"BM_cuda_copy/", &cases<N>::copy},
+      {"BM_cuda_bias_relu_dropout_fwd/", &cases<N>::fwd},
+      {"BM_cuda_bias_relu_dropout_bwd/", &cases<N>::bwd},
   };
   for (const auto& [prefix, fn] : list)
-    benchmark::RegisterBenchmark((prefix + shape).c_str(), fn, rows)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark((prefix + shape).c_str(),
+                                 [fn = fn, rows](benchmark::State& state) { guarded(state, [&] { fn(state, rows); }); })
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  if (!have_device("solder CUDA bench")) return 0;
-  try {
-    start_device();
-    solder::stream s;
-    solder::stream_guard on(s);
+  return run_benchmarks(argc, argv, [] {
     register_shape<4096>(4096);
     register_shape<16384>(16384);
-    benchmark::RunSpecifiedBenchmarks();
-    s.synchronize();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "solder CUDA bench: %s\n", e.what());
-    return 1;
-  }
-  benchmark::Shutdown();
-  return 0;
+  });
 }

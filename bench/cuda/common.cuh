@@ -13,6 +13,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "solder/cuda.hpp"
@@ -232,6 +233,16 @@ double median_seconds(std::size_t sets, std::size_t count, Pass&& pass) {
   return t[t.size() / 2];
 }
 
+/// Runs a case, reporting a CUDA, cuBLASLt or solder error (out of memory, say) as the case's error.
+template <class F>
+void guarded(benchmark::State& state, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
 /// Rows `rows` of a device matrix of `cols` columns, copied to the host once the current stream
 /// has finished (it does not wait for the legacy default stream that cudaMemcpy uses).
 inline std::vector<float> host_rows(const float* device_data, std::size_t cols, const std::vector<std::size_t>& rows) {
@@ -241,6 +252,35 @@ inline std::vector<float> host_rows(const float* device_data, std::size_t cols, 
     check(cudaMemcpy(out.data() + i * cols, device_data + rows[i] * cols, cols * sizeof(float), cudaMemcpyDeviceToHost),
           "cudaMemcpy");
   return out;
+}
+
+/// A benchmark binary's main: without a device, one line and exit 0; else the context lines
+/// (start_device), then, on a stream of its own, `register_cases()` (it adds context and registers
+/// cases; what it returns, a library handle say, is kept until the cases have run), the cases
+/// run, and an error outside any case reported on stderr with exit 1.
+template <class Register>
+int run_benchmarks(int argc, char** argv, Register&& register_cases) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (!have_device("solder CUDA bench")) return 0;
+  try {
+    start_device();
+    solder::stream s;
+    solder::stream_guard on(s);
+    if constexpr (std::is_void_v<decltype(register_cases())>) {
+      register_cases();
+      benchmark::RunSpecifiedBenchmarks();
+    } else {
+      [[maybe_unused]] const auto kept = register_cases();
+      benchmark::RunSpecifiedBenchmarks();
+    }
+    s.synchronize();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "solder CUDA bench: %s\n", e.what());
+    return 1;
+  }
+  benchmark::Shutdown();
+  return 0;
 }
 
 }  // namespace solder_bench::gpu

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "common.cuh"
+#include "cublaslt.cuh"
 #include "solder/cuda.hpp"
 #include "solder/eval/cuda/product_kernel.hpp"
 
@@ -34,221 +36,9 @@ constexpr solder::philox_state dropout_rng{0x5eedULL, 0};
 /// Seeds of the data, fixed so every run sees the same numbers; set k adds 16 k.
 enum seed : std::uint64_t { seed_x = 1, seed_w = 2, seed_b = 3 };
 
-/// The square GEMM whose cuBLASLt rate is the measured peak: large enough that each precision's
-/// best kernel fills every multiprocessor for milliseconds.
-constexpr std::size_t peak_extent = 8192;
-
-/// How the product multiplies: fp32 fma (CUDA cores), TF32 or BF16 tensor cores with fp32 accumulation.
-enum class math { fp32, tf32, bf16 };
-
-const char* name_of(math m) { return m == math::fp32 ? "fp32" : m == math::tf32 ? "tf32" : "bf16"; }
-
-// ---------------------------------------------------------------------------------------------
-// cuBLASLt
-// ---------------------------------------------------------------------------------------------
-
-void check_lt(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string(what) + ": " + cublasLtGetStatusString(s));
-}
-
-/// The process's cuBLASLt handle and the workspace every matmul may use.
-class lt_library {
- public:
-  /// What cuBLAS asks for on Hopper; the heuristic is told this is the most it may use.
-  static constexpr std::size_t workspace_bytes = std::size_t{32} << 20;
-
-  lt_library() {
-    check_lt(cublasLtCreate(&handle_), "cublasLtCreate");
-    check(cudaMalloc(&workspace_, workspace_bytes), "cudaMalloc of the cuBLASLt workspace");
-    current() = this;
-  }
-  ~lt_library() {
-    current() = nullptr;
-    cudaFree(workspace_);
-    cublasLtDestroy(handle_);
-  }
-  lt_library(const lt_library&) = delete;
-  lt_library& operator=(const lt_library&) = delete;
-
-  static lt_library& get() { return *current(); }
-  cublasLtHandle_t handle() const { return handle_; }
-  void* workspace() const { return workspace_; }
-
- private:
-  static lt_library*& current() {
-    static lt_library* p = nullptr;
-    return p;
-  }
-  cublasLtHandle_t handle_ = nullptr;
-  void* workspace_ = nullptr;
-};
-
-template <class T>
-void set_attribute(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t a, const T& value) {
-  check_lt(cublasLtMatmulDescSetAttribute(op, a, &value, sizeof value), "cublasLtMatmulDescSetAttribute");
-}
-
-/// y [M, N] row-major = x [M, K] W^T, W [N, K], by cublasLtMatmul, with `epilogue` (DEFAULT or
-/// RELU_BIAS: relu(. + b), b [N]). cuBLASLt is column-major, so it computes y^T [N, M] = W x^T:
-/// A = W, a column-major [K, N] read transposed; B = x, a column-major [K, M]; D [N, M] with the
-/// bias along its rows, the N out features. Inputs fp32 (fp32: CUBLAS_COMPUTE_32F; tf32:
-/// CUBLAS_COMPUTE_32F_FAST_TF32) or bf16 (CUBLAS_COMPUTE_32F: fp32 accumulation); D fp32.
-class lt_linear {
- public:
-  lt_linear(math m, std::size_t M, std::size_t N, std::size_t K, cublasLtEpilogue_t epilogue) {
-    const cudaDataType_t in = m == math::bf16 ? CUDA_R_16BF : CUDA_R_32F;
-    const cublasComputeType_t compute = m == math::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    check_lt(cublasLtMatmulDescCreate(&op_, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
-    set_attribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, cublasOperation_t(CUBLAS_OP_T));
-    set_attribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, cublasOperation_t(CUBLAS_OP_N));
-    set_attribute(op_, CUBLASLT_MATMUL_DESC_EPILOGUE, std::uint32_t(epilogue));
-    check_lt(cublasLtMatrixLayoutCreate(&a_, in, K, N, std::int64_t(K)), "cublasLtMatrixLayoutCreate");
-    check_lt(cublasLtMatrixLayoutCreate(&b_, in, K, M, std::int64_t(K)), "cublasLtMatrixLayoutCreate");
-    check_lt(cublasLtMatrixLayoutCreate(&d_, CUDA_R_32F, N, M, std::int64_t(N)), "cublasLtMatrixLayoutCreate");
-  }
-  ~lt_linear() {
-    if (d_) cublasLtMatrixLayoutDestroy(d_);
-    if (b_) cublasLtMatrixLayoutDestroy(b_);
-    if (a_) cublasLtMatrixLayoutDestroy(a_);
-    if (op_) cublasLtMatmulDescDestroy(op_);
-  }
-  lt_linear(const lt_linear&) = delete;
-  lt_linear& operator=(const lt_linear&) = delete;
-
-  /// Queues y = x W^T (+ bias, relu) on `stream`; bias null without the bias epilogue. The first
-  /// call asks the heuristic for its best algorithm (the bias pointer set, as it is in every call).
-  void run(const void* x, const void* w, const float* bias, float* y, cudaStream_t stream) {
-    if (bias) set_attribute(op_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-    if (!chosen_) choose();
-    const float one = 1.0f, zero = 0.0f;
-    check_lt(cublasLtMatmul(lt_library::get().handle(), op_, &one, w, a_, x, b_, &zero, y, d_, y, d_, &algo_,
-                            lt_library::get().workspace(), lt_library::workspace_bytes, stream),
-             "cublasLtMatmul");
-  }
-
- private:
-  void choose() {
-    cublasLtMatmulPreference_t pref = nullptr;
-    check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-    const std::uint64_t bytes = lt_library::workspace_bytes;
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof bytes);
-    if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatmulAlgoGetHeuristic(lt_library::get().handle(), op_, a_, b_, d_, d_, pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    check_lt(s, "cublasLtMatmulAlgoGetHeuristic");
-    if (found == 0) throw std::runtime_error("cuBLASLt's heuristic has no algorithm for this matmul");
-    algo_ = result.algo;
-    chosen_ = true;
-  }
-
-  cublasLtMatmulDesc_t op_ = nullptr;
-  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
-  cublasLtMatmulAlgo_t algo_{};
-  bool chosen_ = false;
-};
-
-/// out[i] = x[i] rounded to bf16, to nearest even (as solder's BF16 staging rounds).
-__global__ void to_bf16_kernel(const float* x, __nv_bfloat16* out, std::size_t n) {
-  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16_rn(x[i]);
-}
-
-cu::device_array<__nv_bfloat16> bf16_copy(const float* x, std::size_t n) {
-  auto out = cu::device_array<__nv_bfloat16>::allocate(n, solder::current_stream());
-  to_bf16_kernel<<<unsigned(device().multiprocessors * 8), 256, 0, solder::current_stream()>>>(x, out.data(), n);
-  check(cudaGetLastError(), "to_bf16_kernel");
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The measured peak: cuBLASLt's dense GEMM at peak_extent cubed, per precision
-// ---------------------------------------------------------------------------------------------
-
-/// TFLOP/s of the peak GEMM per precision: set by its case, else measured on first use.
-std::map<math, double>& peak_rates() {
-  static std::map<math, double> rates;
-  return rates;
-}
-
-struct peak_gemm {
-  using square = solder::tensor<float, shape<dyn, peak_extent>, solder::device>;
-  struct set {
-    std::optional<square> x, w;                 // fp32 and tf32
-    cu::device_array<__nv_bfloat16> x16, w16;   // bf16
-    square y;
-    const void* a() const { return x ? static_cast<const void*>(x->data()) : x16.data(); }
-    const void* b() const { return w ? static_cast<const void*>(w->data()) : w16.data(); }
-  };
-
-  static constexpr double flops = 2.0 * peak_extent * peak_extent * peak_extent;
-  math m;
-  std::vector<set> sets;
-  lt_linear op;
-
-  explicit peak_gemm(math m_) : m(m_), op(m_, peak_extent, peak_extent, peak_extent, CUBLASLT_EPILOGUE_DEFAULT) {
-    const std::size_t e2 = peak_extent * peak_extent;
-    const std::size_t bytes = e2 * ((m == math::bf16 ? 2 * 2 : 2 * 4) + 4);  // reads x and W, writes y
-    const float w_bound = 1.0f / std::sqrt(float(peak_extent));
-    for (std::size_t k = 0, n = rotation_sets(bytes); k < n; ++k) {
-      square x(peak_extent, solder::uninitialized), w(peak_extent, solder::uninitialized);
-      fill_uniform(x.data(), e2, seed_x + 16 * k);
-      fill_uniform(w.data(), e2, seed_w + 16 * k, -w_bound, w_bound);
-      set s{std::nullopt, std::nullopt, {}, {}, square(peak_extent, solder::uninitialized)};
-      if (m == math::bf16) {
-        s.x16 = bf16_copy(x.data(), e2);
-        s.w16 = bf16_copy(w.data(), e2);
-      } else {
-        s.x.emplace(std::move(x));
-        s.w.emplace(std::move(w));
-      }
-      sets.push_back(std::move(s));
-    }
-  }
-  void pass(std::size_t k) { op.run(sets[k].a(), sets[k].b(), nullptr, sets[k].y.data(), solder::current_stream()); }
-};
-
-/// The peak TFLOP/s of `m`: the peak case's, or the median of 11 timed GEMMs.
-double peak_tflops(math m) {
-  auto& rates = peak_rates();
-  if (auto it = rates.find(m); it != rates.end()) return it->second;
-  peak_gemm g(m);
-  const double seconds = median_seconds(g.sets.size(), 11, [&](std::size_t k) { g.pass(k); });
-  return rates[m] = peak_gemm::flops / seconds * 1e-12;
-}
-
-void peak_case(benchmark::State& state, math m) {
-  peak_gemm g(m);
-  const double tflops = peak_gemm::flops / timed_seconds(state, g.sets.size(), [&](std::size_t k) { g.pass(k); }) * 1e-12;
-  peak_rates()[m] = tflops;
-  state.counters["flops"] = peak_gemm::flops;
-  state.counters["TFLOPs"] = tflops;
-  state.counters["peak_TFLOPs"] = tflops;
-  state.counters["peak_fraction"] = 1.0;
-  state.SetLabel(std::to_string(g.sets.size()) + " buffer sets; cublasLtMatmul, " +
-                 (m == math::bf16 ? "bf16 inputs, " : "") + "fp32 out: the measured peak of " + name_of(m));
-}
-
 // ---------------------------------------------------------------------------------------------
 // The checks
 // ---------------------------------------------------------------------------------------------
-
-// Tolerances of one element of x W^T + b, relative to its magnitude sum_k |x_k W_nk| + |b_n|:
-/// fp32: K fused multiply-adds in sequence, each rounding once by at most 2^-24 of a partial sum
-/// no larger than the magnitude, and the bias's add.
-double fp32_tol(std::size_t K) { return double(K + 1) * 0x1p-24; }
-/// Tensor cores add a fragment's products in their own order and width: 4 ulps per addition.
-double tensor_core_accumulation_tol(std::size_t K) { return double(K + 1) * 0x1p-22; }
-/// TF32: an input keeps 10 fraction bits, losing up to 2^-10 of itself where it is truncated
-/// (cuBLASLt may pass fp32 bits to the tensor cores; solder rounds to nearest: 2^-11), so a
-/// product up to 2^-9 (+ 2^-20).
-double tf32_tol(std::size_t K) { return 0x1p-9 + 0x1p-20 + tensor_core_accumulation_tol(K); }
-/// BF16: an input rounded to nearest even with 7 fraction bits is off by up to 2^-8 of itself,
-/// a product by 2^-7 (+ 2^-16); solder and the conversion before cuBLASLt round alike.
-double bf16_tol(std::size_t K) { return 0x1p-7 + 0x1p-16 + tensor_core_accumulation_tol(K); }
-
-double tol_of(math m, std::size_t K) { return m == math::fp32 ? fp32_tol(K) : m == math::tf32 ? tf32_tol(K) : bf16_tol(K); }
 
 /// The dropped fraction of the clearly positive outputs is p within this: over 10 standard
 /// deviations of a binomial over the thousands of such elements in three rows.
@@ -316,8 +106,7 @@ struct cases {
         solder::write(s.y.ref(), solder::dropout(solder::relu(solder::matmul(x, solder::transpose(w)) + b), drop_p, dropout_rng)));
   }
   template <math Math>
-  using tiling = std::conditional_t<Math == math::fp32, cu::product_tiling_for<N>,
-                                    cu::mma_tiling_for<N, Math == math::tf32 ? cu::product_math::tf32 : cu::product_math::bf16>>;
+  using tiling = solder_tiling<Math, N>;
 
   /// solder fp32's output in rows {0, M / 2, M - 1} of set 0, and the double product there.
   struct reference {
@@ -410,11 +199,7 @@ struct cases {
   }
 
   static void set_rates(benchmark::State& state, std::size_t M, double seconds, math m) {
-    const double tflops = flops(M) / seconds * 1e-12, peak = peak_tflops(m);
-    state.counters["flops"] = flops(M);
-    state.counters["TFLOPs"] = tflops;
-    state.counters["peak_TFLOPs"] = peak;
-    state.counters["peak_fraction"] = tflops / peak;
+    set_flop_rates(state, flops(M), seconds, m);
   }
 
   /// solder's product with the epilogue fused, math `Math`.
@@ -477,25 +262,6 @@ struct cases {
   }
 };
 
-/// Runs a case, reporting a CUDA, cuBLASLt or solder error (out of memory, say) as the case's error.
-template <class F>
-void guarded(benchmark::State& state, F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-  }
-}
-
-void register_peaks() {
-  const std::string shape = std::to_string(peak_extent) + "x" + std::to_string(peak_extent) + "x" + std::to_string(peak_extent);
-  for (math m : {math::fp32, math::tf32, math::bf16})
-    benchmark::RegisterBenchmark(("BM_cuda_gemm_peak/cublaslt_" + std::string(name_of(m)) + "/" + shape).c_str(),
-                                 [m](benchmark::State& state) { guarded(state, [&] { peak_case(state, m); }); })
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond);
-}
-
 /// The cases of (M, N, K): M batch rows, N out features, K in features.
 template <std::size_t N, std::size_t K>
 void register_shape(std::size_t M) {
@@ -524,25 +290,13 @@ void register_shape(std::size_t M) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  if (!have_device("solder CUDA bench")) return 0;
-  try {
-    start_device();
+  return run_benchmarks(argc, argv, [] {
     benchmark::AddCustomContext("cublasLt_version", std::to_string(cublasLtGetVersion()));
-    solder::stream s;
-    solder::stream_guard on(s);
-    lt_library lt;
+    auto lt = std::make_unique<lt_library>();
     // The peaks first: the cases after them divide by the rates they measured.
     register_peaks();
     register_shape<4096, 4096>(4096);  // (M, N, K) = (4096, 4096, 4096)
     register_shape<2048, 1024>(256);   // (M, N, K) = (256, 2048, 1024)
-    benchmark::RunSpecifiedBenchmarks();
-    s.synchronize();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "solder CUDA bench: %s\n", e.what());
-    return 1;
-  }
-  benchmark::Shutdown();
-  return 0;
+    return lt;
+  });
 }

@@ -9,10 +9,12 @@
 # cache names another source path), the binary is run as it is, with a warning.
 # Environment: REPETITIONS (5), PYTHON (python3), TORCH_ARGS (extra arguments of torch_bench.py,
 # e.g. --no-compile), BENCH_ARGS (extra arguments of the C++ binary, e.g. --benchmark_filter=fwd).
-# BENCHES: the binaries to run, by name (default: bias_relu_dropout linear_bias_relu_dropout).
-# Writes OUT_DIR/nvidia-smi.txt, OUT_DIR/<name>.{txt,json} per binary, and OUT_DIR/torch.{txt,json}.
-# linear_bias_relu_dropout needs CUDA 13's libcublasLt.so.13 (from the toolkit's lib directory,
-# which its RPATH names, or LD_LIBRARY_PATH).
+# BENCHES: the binaries to run, by name (default: bias_relu_dropout linear_bias_relu_dropout
+# digits_train_step conv_bn_relu).
+# Writes OUT_DIR/nvidia-smi.txt, OUT_DIR/<name>.{txt,json} per binary, and OUT_DIR/torch.{txt,json};
+# torch.txt ends with torch / solder per matching case (torch_bench.py --solder-json).
+# linear_bias_relu_dropout and conv_bn_relu need CUDA 13's libcublasLt.so.13 (from the toolkit's
+# lib directory, which their RPATH names, or LD_LIBRARY_PATH).
 set -uo pipefail
 
 if [[ $# -lt 1 || $# -gt 2 ]]; then
@@ -24,7 +26,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${2:-${SOLDER_BUILD_DIR:-$root/build/bench-cuda}}
 repetitions=${REPETITIONS:-5}
 python=${PYTHON:-python3}
-read -r -a benches <<<"${BENCHES:-bias_relu_dropout linear_bias_relu_dropout}"
+read -r -a benches <<<"${BENCHES:-bias_relu_dropout linear_bias_relu_dropout digits_train_step conv_bn_relu}"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
@@ -48,13 +50,16 @@ if command -v nvidia-smi >/dev/null; then
 fi
 
 status=0
+solder_json=()
 for name in "${benches[@]}"; do
+  rm -f "$out/$name.json"  # a previous run's must not stand in for this one's in the ratios
   # shellcheck disable=SC2086  # BENCH_ARGS and TORCH_ARGS are word lists
   "$build/bench/cuda/solder_bench_cuda_$name" --benchmark_repetitions="$repetitions" --benchmark_report_aggregates_only=true \
     --benchmark_out="$out/$name.json" --benchmark_out_format=json ${BENCH_ARGS:-} \
     2>&1 | tee "$out/$name.txt" || status=1
+  [[ -s $out/$name.json ]] && solder_json+=(--solder-json "$out/$name.json")
 done
 # shellcheck disable=SC2086
 PYTHONUNBUFFERED=1 "$python" "$root/bench/cuda/torch_bench.py" --repetitions "$repetitions" \
-  --json "$out/torch.json" ${TORCH_ARGS:-} 2>&1 | tee "$out/torch.txt" || status=1
+  --json "$out/torch.json" "${solder_json[@]}" ${TORCH_ARGS:-} 2>&1 | tee "$out/torch.txt" || status=1
 exit $status

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""bench/cuda/torch_bench.py: the PyTorch peer of solder_bench_cuda_bias_relu_dropout and
-solder_bench_cuda_linear_bias_relu_dropout, on a CUDA device.
+"""bench/cuda/torch_bench.py: the PyTorch peer of solder_bench_cuda_bias_relu_dropout,
+solder_bench_cuda_linear_bias_relu_dropout, solder_bench_cuda_digits_train_step and
+solder_bench_cuda_conv_bn_relu, on a CUDA device.
 
 Cases, at B x N = 4096x4096 and 16384x16384 float32, p = 0.1, training mode:
 
@@ -35,8 +36,43 @@ Counters: flops (2 M N K), TFLOPs, peak_TFLOPs (the peak row of the same precisi
 this process) and peak_fraction = TFLOPs / peak_TFLOPs. Each call is timed alone with CUDA events, queued behind a spin kernel so host
 overhead is not counted; see bench/README.md, "CUDA benchmarks".
 
+Digits MLP training step (64 -> 256 -> 128 -> 10, ReLU and dropout 0.1 after the first two; softmax
+cross-entropy; AdamW lr 2e-3, weight decay 1e-2), at batch 256 and 1024:
+
+  BM_cuda_train_step/<impl>/digits_mlp/<batch>
+
+  impl  torch_eager                    zero_grad, forward, loss, backward, opt.step() (AdamW's default
+                                       implementation); the loss stays on the device
+        torch_cuda_graph               the same step captured once in a CUDA graph (capturable AdamW,
+                                       static input buffers); a step copies the batch in and replays
+        <either>_loss_to_host          the same, then loss.item() every step, as solder's launcher
+                                       returns the loss
+
+Timed as the C++ binary times it: CUDA events around bursts of 20 consecutive steps, host work
+included (Time is per step). Counters: us_per_step, samples_per_second.
+
+conv3x3 + batch_norm + ReLU in inference (nn.Conv2d without bias, BatchNorm2d in eval mode, ReLU),
+C -> C channels, stride 1, padding 1, channels_last, at N x C x H x W = 32x64x56x56 and 32x128x28x28:
+
+  BM_cuda_conv_bn_relu_infer/<impl>_<math>/<N>x<C>x<H>x<W>
+
+  impl  torch_cudnn_channels_last   eager under torch.inference_mode(): cuDNN's convolution, then
+                                    batch norm and ReLU
+        torch_compile_frozen        torch.compile with torch._inductor.config.freezing = True (the
+                                    batch norm folded into the convolution's weights and bias)
+  math  fp32    torch.backends.cudnn.allow_tf32 = False (and matmul's)
+        tf32    allow_tf32 = True
+        bf16    module and input in bfloat16 (y bf16)
+
+Counters: flops (2 N Ho Wo Cout Cin 9), TFLOPs, peak_TFLOPs and peak_fraction as the linear cases,
+bytes (x read and y written once) and GBps.
+
     python3 bench/cuda/torch_bench.py [--filter REGEX] [--repetitions 5] [--min-time 0.2]
-        [--no-compile] [--json out.json]
+        [--no-compile] [--json out.json] [--solder-json solder.json ...]
+
+--solder-json: Google Benchmark JSON files of the C++ binaries (bench/cuda/run.sh passes them);
+after its own rows the script prints torch / solder per case of the same family, shape and
+precision (above 1: solder's is faster).
 
 Exits 0 with a message where torch or a CUDA device is missing; 1 when a case fails its check.
 """
@@ -59,6 +95,14 @@ LINEAR_MATHS = {"fp32": "fp32", "tf32": "tf32", "bf16_autocast": "bf16"}  # row'
 PEAK_EXTENT = 8192  # the square GEMM whose rate is the measured peak
 ROTATION_L2_MULTIPLE = 2  # data passing through L2 between two uses of one buffer set, in L2 sizes
 HOLD_SECONDS = 200e-6  # first length of the spin kernel; doubled while the host falls behind it
+TRAIN_BATCHES = [256, 1024]
+TRAIN_STEPS_PER_BURST = 20  # steps between one pair of events, as the C++ binary's
+TRAIN_CHECK_STEPS = 30  # steps on one batch before timing; the loss must fall below this fraction:
+TRAIN_CHECK_LOSS_FRACTION = 0.8  # 30 AdamW steps take the loss from 2.30 to 0.53 (256) / 0.61 (1024) of it
+ADAMW = {"lr": 2e-3, "weight_decay": 1e-2}  # the demo's (examples/digits_mlp.cpp)
+CONV_SHAPES = [(32, 64, 56, 56), (32, 128, 28, 28)]  # N, C (in and out), H, W
+CONV_MATHS = ["fp32", "tf32", "bf16"]
+BN_EPS = 1e-5
 
 
 class CheckFailed(Exception):
@@ -126,13 +170,14 @@ class GpuTimer:
             self.hold *= 2
 
 
-def median_seconds(timer, run_once, warmup, repetitions, min_time):
+def median_seconds(timer, run_once, warmup, repetitions, min_time, steps_per_call=1):
     """Median over repetitions of the mean seconds per call; each repetition makes enough calls
-    to last min_time. run_once(timer) returns the seconds of its timed part."""
+    to last min_time. run_once(timer) returns the seconds of its timed part (per step where one
+    call runs steps_per_call steps)."""
     for _ in range(warmup):
         run_once(timer)
     once = max(run_once(timer), 1e-6)
-    calls = max(1, int(min_time / once))
+    calls = max(1, int(min_time / (once * steps_per_call)))
     per_call = []
     gc.collect()
     gc.disable()
@@ -248,11 +293,14 @@ def linear_forward_bf16(x, w, b):
 class Case:
     """setup(l2_bytes) returns (run_once, warm-up calls); run_once(timer) makes one call and
     returns the seconds of its timed part. A case with flops reports TFLOP/s against the peak
-    row of its precision instead of GB/s."""
+    row of its precision instead of GB/s; one with neither flops nor bytes its extra counters."""
 
-    def __init__(self, name, bytes_moved, shape, setup, flops=None, precision=None):
+    def __init__(self, name, bytes_moved, shape, setup, flops=None, precision=None, extra=None):
         self.name, self.bytes, self.shape, self.setup = name, bytes_moved, shape, setup
         self.flops, self.precision = flops, precision
+        # extra(seconds): more counters; with neither bytes nor flops, the only ones.
+        self.extra = extra
+        self.steps_per_call = 1  # a call of run_once runs this many steps and returns seconds per step
 
 
 def copy_case(rows, cols):
@@ -399,6 +447,187 @@ def linear_case(math_name, compiled, m, n, k):
                 flops=2 * m * n * k, precision=LINEAR_MATHS[math_name])
 
 
+# ---------------------------------------------------------------------------------------------
+# Digits MLP training step
+# ---------------------------------------------------------------------------------------------
+
+def digits_mlp():
+    nn = torch.nn
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Dropout(0.1), nn.Linear(256, 128), nn.ReLU(),
+                         nn.Dropout(0.1), nn.Linear(128, 10)).cuda().train()
+
+
+def burst_seconds(step, count):
+    """Seconds per step of `count` consecutive calls of step(i), between CUDA events, host work
+    included (a training loop's rate), as the C++ binary's bursts."""
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(count):
+        step(i)
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) * 1e-3 / count
+
+
+def train_step_case(impl, batch):
+    graph = impl.startswith("torch_cuda_graph")
+    loss_to_host = impl.endswith("_loss_to_host")
+
+    def setup(l2):
+        torch.manual_seed(0)
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 products, as solder's launchers
+        model = digits_mlp()
+        # x in [0, 1) (the digits' pixels / 16 lie there); labels the index of the largest of the
+        # first 10 features, a rule the model learns (the check below), as the C++ binary's.
+        n = rotation_sets(batch * (64 * 4 + 8), l2)
+        xs = torch.rand(n, batch, 64, device="cuda")
+        labels = xs[:, :, :10].argmax(2)
+        if graph:
+            opt = torch.optim.AdamW(model.parameters(), **ADAMW, capturable=True)
+            static_x, static_t = xs[0].clone(), labels[0].clone()
+            # PyTorch's recipe for capturing a whole training step: warm up on a side stream,
+            # grads set to None before capture so the graph allocates them in its pool.
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    opt.zero_grad(set_to_none=True)
+                    F.cross_entropy(model(static_x), static_t).backward()
+                    opt.step()
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            opt.zero_grad(set_to_none=True)
+            with torch.cuda.graph(g):
+                static_loss = F.cross_entropy(model(static_x), static_t)
+                static_loss.backward()
+                opt.step()
+
+            def step(k):
+                static_x.copy_(xs[k])
+                static_t.copy_(labels[k])
+                g.replay()
+                return static_loss
+        else:
+            opt = torch.optim.AdamW(model.parameters(), **ADAMW)
+
+            def step(k):
+                opt.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(model(xs[k]), labels[k])
+                loss.backward()
+                opt.step()
+                return loss
+        timed_step = (lambda k: step(k).item()) if loss_to_host else step
+
+        # Check: the steps train. On one batch, the loss must fall well below its first value.
+        first = step(0).item()
+        for _ in range(TRAIN_CHECK_STEPS - 2):
+            step(0)
+        last = step(0).item()
+        if not (math.isfinite(first) and last < TRAIN_CHECK_LOSS_FRACTION * first):
+            raise CheckFailed(f"loss {first:.4f} -> {last:.4f} after {TRAIN_CHECK_STEPS} steps on one batch: not training")
+        k = [0]
+
+        def run_once(timer):
+            def one(_):
+                timed_step(k[0])
+                k[0] = (k[0] + 1) % n
+            return burst_seconds(one, TRAIN_STEPS_PER_BURST)
+        return run_once, math.ceil(n / TRAIN_STEPS_PER_BURST)  # warm-up: every batch once
+
+    extra = lambda s: {"us_per_step": s * 1e6, "samples_per_second": batch / s}
+    case = Case(f"BM_cuda_train_step/{impl}/digits_mlp/{batch}", None, (batch,), setup, extra=extra)
+    case.steps_per_call = TRAIN_STEPS_PER_BURST
+    return case
+
+
+# ---------------------------------------------------------------------------------------------
+# conv3x3 + batch_norm + ReLU, inference
+# ---------------------------------------------------------------------------------------------
+
+# An element of y against the float64 unfolded layer, relative to its magnitude sum |x W'| + |b'|:
+# the product's tolerance (linear_tol, K = 9 C), plus 2^-10 for cuDNN's choice of algorithm
+# (Winograd and FFT convolutions round their transforms too), plus for bf16 two roundings of
+# intermediates to bf16 (the convolution's output and the batch norm's), 2^-8 each.
+CONV_ALGORITHM_TOL = 2.0 ** -10
+CONV_BF16_INTERMEDIATE_TOL = 2.0 ** -7
+
+
+def conv_bn_relu(c):
+    nn = torch.nn
+    torch.manual_seed(0)
+    conv = nn.Conv2d(c, c, 3, padding=1, bias=False)
+    bn = nn.BatchNorm2d(c, eps=BN_EPS)
+    bound = (9 * c) ** -0.5
+    with torch.no_grad():
+        # As the C++ binary: W in +-1/sqrt(9 C), gamma in [0.5, 1.5), beta in [-0.5, 0.5),
+        # running mean in [-0.2, 0.2), running var in [0.5, 2).
+        conv.weight.uniform_(-bound, bound)
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.5, 0.5)
+        bn.running_mean.uniform_(-0.2, 0.2)
+        bn.running_var.uniform_(0.5, 2.0)
+    return nn.Sequential(conv, bn, nn.ReLU()).cuda().eval()
+
+
+def check_conv(model, x, y, math_name):
+    """Image 0 of y against the float64 unfolded layer: relu((conv(x, W) - mean) g / sqrt(var +
+    eps) + beta), within the tolerance above of sum |x W'| + |b'|."""
+    conv, bn = model[0], model[1]
+    x0 = x[:1].double()
+    w = conv.weight.detach().double()
+    scale = bn.weight.detach().double() / torch.sqrt(bn.running_var.double() + BN_EPS)
+    shift = bn.bias.detach().double() - bn.running_mean.double() * scale
+    z = F.conv2d(x0, w, padding=1)
+    want = (z * scale[None, :, None, None] + shift[None, :, None, None]).clamp(min=0)
+    magnitude = F.conv2d(x0.abs(), w.abs(), padding=1) * scale.abs()[None, :, None, None] + shift.abs()[None, :, None, None]
+    tol = linear_tol(math_name, 9 * x.shape[1]) + CONV_ALGORITHM_TOL
+    if math_name == "bf16":
+        tol += CONV_BF16_INTERMEDIATE_TOL
+    bad = (y[:1].double() - want).abs() > tol * magnitude
+    if bad.any():
+        raise CheckFailed(f"{int(bad.sum())} elements of image 0 differ from relu(batch_norm(conv2d(x, W)))")
+
+
+def conv_case(impl, math_name, n, c, h, w):
+    compiled = impl == "torch_compile_frozen"
+    size = 2 if math_name == "bf16" else 4
+    moved = size * n * c * h * w * 2  # x read, y written (Ho = H, Wo = W)
+
+    def setup(l2):
+        torch.backends.cudnn.allow_tf32 = math_name == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = math_name == "tf32"
+        dtype = torch.bfloat16 if math_name == "bf16" else torch.float32
+        model = conv_bn_relu(c).to(dtype=dtype, memory_format=torch.channels_last)
+        xs = [torch.empty(n, c, h, w, device="cuda").uniform_(-1, 1).to(dtype=dtype, memory_format=torch.channels_last)
+              for _ in range(rotation_sets(moved, l2))]
+        fn = model
+        with torch.inference_mode():
+            if compiled:
+                import torch._inductor.config as inductor_config
+                torch._dynamo.reset()  # compiled again under this case's flags
+                fn = torch.compile(model, dynamic=False)
+                with inductor_config.patch(freezing=True):
+                    y = fn(xs[0])  # the compilation, with the batch norm folded
+            else:
+                y = fn(xs[0])
+        check_conv(model, xs[0], y, math_name)
+        outs = collections.deque(maxlen=len(xs))
+        k = [0]
+
+        def run_once(timer):
+            i = k[0] = (k[0] + 1) % len(xs)
+            with torch.inference_mode():  # entered outside the clock, as a server enters it once
+                s, y = timer.seconds(lambda: fn(xs[i]))
+            outs.append(y)
+            return s
+        return run_once, 2 * len(xs)
+
+    extra = lambda s: {"bytes": moved, "GBps": moved / s * 1e-9}
+    return Case(f"BM_cuda_conv_bn_relu_infer/{impl}_{math_name}/{n}x{c}x{h}x{w}", moved, (n, c, h, w), setup,
+                flops=2 * n * h * w * c * c * 9, precision=math_name, extra=extra)
+
+
 def all_cases(compile_too):
     compiled = ["torch_compile"] if compile_too else []
     cases = []
@@ -412,7 +641,85 @@ def all_cases(compile_too):
     for m, n, k in LINEAR_SHAPES:
         for compiled in [False] + ([True] if compile_too else []):
             cases += [linear_case(math_name, compiled, m, n, k) for math_name in LINEAR_MATHS]
+    for batch in TRAIN_BATCHES:
+        cases += [train_step_case(impl, batch) for impl in
+                  ["torch_eager", "torch_eager_loss_to_host", "torch_cuda_graph", "torch_cuda_graph_loss_to_host"]]
+    for shape in CONV_SHAPES:
+        for impl in ["torch_cudnn_channels_last"] + (["torch_compile_frozen"] if compile_too else []):
+            cases += [conv_case(impl, math_name, *shape) for math_name in CONV_MATHS]
     return cases
+
+
+# ---------------------------------------------------------------------------------------------
+# torch / solder
+# ---------------------------------------------------------------------------------------------
+
+TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+PRECISIONS = {"fp32", "tf32", "bf16"}
+
+
+def split_name(name):
+    """(family, impl, shape) of BM_<family>/<impl>/<shape...>; C++ names without an impl
+    (BM_cuda_copy/4096x4096) are solder's."""
+    parts = name.split("/manual_time")[0].split("/")
+    if len(parts) == 2:
+        return parts[0], "solder", parts[1]
+    return parts[0], parts[1], "/".join(parts[2:])
+
+
+def precision_of(impl):
+    return next((t for t in impl.split("_") if t in PRECISIONS), None)
+
+
+def solder_seconds(paths):
+    """name -> seconds per call of the solder rows in Google Benchmark JSON files: the medians
+    where the run has aggregates, else the mean of the runs."""
+    medians, runs = {}, collections.defaultdict(list)
+    for path in paths:
+        with open(path) as f:
+            rows = json.load(f).get("benchmarks", [])
+        for row in rows:
+            if row.get("error_occurred"):
+                continue
+            name = row.get("run_name", row["name"])
+            if not split_name(name)[1].startswith("solder"):
+                continue
+            seconds = row["real_time"] * TIME_UNITS[row.get("time_unit", "ns")]
+            if row.get("run_type") == "aggregate":
+                if row.get("aggregate_name") == "median":
+                    medians[name] = seconds
+            else:
+                runs[name].append(seconds)
+    for name, values in runs.items():
+        medians.setdefault(name, statistics.mean(values))
+    return medians
+
+
+def print_ratios(torch_rows, paths):
+    """torch / solder for every torch row and every solder row of the same family and shape whose
+    precision agrees (or either has none)."""
+    try:
+        solder = solder_seconds(paths)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"torch_bench.py: reading {paths}: {e}; no ratios", file=sys.stderr)
+        return
+    lines = []
+    for row in torch_rows:
+        family, impl, shape = split_name(row["name"])
+        for name, seconds in sorted(solder.items()):
+            s_family, s_impl, s_shape = split_name(name)
+            if (s_family, s_shape) != (family, shape):
+                continue
+            p, q = precision_of(impl), precision_of(s_impl)
+            if p and q and p != q:
+                continue
+            ratio = row["real_time_us"] * 1e-6 / seconds
+            lines.append(f"{family + '/' + shape:<52} {impl:<34} {s_impl:<26} {ratio:>8.3f}")
+    if lines:
+        print()
+        print(f"{'torch / solder (time; above 1: solder is faster)':<52} {'torch':<34} {'solder':<26} {'ratio':>8}")
+        for line in lines:
+            print(line)
 
 
 def main():
@@ -422,6 +729,8 @@ def main():
     parser.add_argument("--min-time", type=float, default=0.2, help="seconds per repetition")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile cases")
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--solder-json", action="append", default=[], metavar="FILE",
+                        help="a C++ binary's --benchmark_out JSON; prints torch / solder per matching case (repeatable)")
     args = parser.parse_args()
     try:
         pattern = re.compile(args.filter)
@@ -464,7 +773,8 @@ def main():
         error = None
         try:
             run_once, warmup = case.setup(l2)
-            seconds, calls = median_seconds(timer, run_once, warmup, args.repetitions, args.min_time)
+            seconds, calls = median_seconds(timer, run_once, warmup, args.repetitions, args.min_time,
+                                            case.steps_per_call)
         except CheckFailed as e:
             error = str(e)
         except Exception as e:  # torch.compile without its toolchain, out of memory: reported, not fatal
@@ -476,7 +786,9 @@ def main():
             print(f"{case.name:<88} ERROR OCCURRED: '{error}'", flush=True)
             failed += 1
             continue
-        if case.flops:
+        if case.flops is None and case.bytes is None:
+            values = {}
+        elif case.flops:
             tflops = case.flops / seconds * 1e-12
             if case.name.startswith("BM_cuda_gemm_peak/"):
                 peak_tflops[case.precision] = tflops
@@ -494,6 +806,8 @@ def main():
                 values["roofline"] = gbps / copy_rate[case.shape]
             if peak:
                 values["peak_fraction"] = gbps / peak
+        if case.extra:
+            values.update(case.extra(seconds))
         shown = "  ".join(f"{key}={value:.4g}" for key, value in values.items())
         print(f"{case.name + '_median':<88} {seconds * 1e6:>10.1f} us {calls:>10}  {shown}", flush=True)
         rows_out.append({"name": case.name, "aggregate": "median", "real_time_us": seconds * 1e6,
@@ -502,6 +816,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"context": context, "benchmarks": rows_out}, f, indent=1)
+    if args.solder_json:
+        print_ratios(rows_out, args.solder_json)
     return 1 if failed else 0
 
 
