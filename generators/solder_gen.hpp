@@ -37,6 +37,7 @@
 #include "solder/nn/linear.hpp"
 #include "solder/nn/plan.hpp"
 #include "solder/nn/pool.hpp"
+#include "solder/nn/sketched_linear.hpp"
 #include "solder/nn/softmax.hpp"
 #include "solder/ops/activations.hpp"
 
@@ -47,7 +48,7 @@ namespace solder::gen {
 // ---------------------------------------------------------------------------------------------
 
 /// What a layer is to the generated code.
-enum class role { linear, bias, activation, dropout, layer_norm, softmax, log_softmax, max_pool, avg_pool, flatten };
+enum class role { linear, sketched_linear, bias, activation, dropout, layer_norm, softmax, log_softmax, max_pool, avg_pool, flatten };
 
 /// One layer of a chain: its type as C++ spells it, its name (PyTorch's) and its position.
 struct layer_desc {
@@ -69,6 +70,9 @@ struct group_desc {
   bool product = false;       // a product group
   std::size_t in_width = 0;   // product: the linear layer's input features
   bool product_bias = false;  // product: whether the linear layer adds its bias
+  /// A sketched product group (nn::sketched_block): its layer's Terms L and Rank k.
+  bool sketched = false;
+  std::size_t terms = 0, rank = 0;
   /// Pooling: the sample [channels, height, cols] in and [channels, out_height, out_cols] out
   /// (NCHW, as the CPU layers and eval/cuda/pool.hpp keep images), the window and its padding
   /// rule. Flatten keeps the bytes: width features in and out.
@@ -130,6 +134,25 @@ struct layer_traits<nn::linear<In, Out, Bias>> {
     return {role::linear,
             "solder::nn::linear<" + std::to_string(In) + ", " + std::to_string(Out) + (Bias ? "" : ", false") + ">",
             "linear", i};
+  }
+};
+template <std::size_t In, std::size_t Out, std::size_t Terms, std::size_t Rank, bool Bias, nn::sketch_strategy Strategy,
+          bool AllowLarger>
+struct layer_traits<nn::sketched_linear<In, Out, Terms, Rank, Bias, Strategy, AllowLarger>> {
+  static constexpr bool known = true;
+  static constexpr bool sketched = true;
+  static layer_desc describe(std::size_t i) {
+    std::string args = std::to_string(In) + ", " + std::to_string(Out) + ", " + std::to_string(Terms) + ", " +
+                       std::to_string(Rank);
+    // The defaults are left out, as a user writes the type; the rest is spelled in full.
+    const char* strategy = Strategy == nn::sketch_strategy::automatic      ? "automatic"
+                           : Strategy == nn::sketch_strategy::two_products ? "two_products"
+                                                                           : "folded";
+    if (!Bias || Strategy != nn::sketch_strategy::automatic || AllowLarger) args += Bias ? ", true" : ", false";
+    if (Strategy != nn::sketch_strategy::automatic || AllowLarger)
+      args += std::string(", solder::nn::sketch_strategy::") + strategy;
+    if (AllowLarger) args += ", true";
+    return {role::sketched_linear, "solder::nn::sketched_linear<" + args + ">", "sketched_linear", i};
   }
 };
 template <std::size_t N>
@@ -210,8 +233,8 @@ struct layer_traits<nn::flatten<Extents...>> {
 template <class L>
 constexpr bool check_layer() {
   if constexpr (nn::layer_info<L>::kind == nn::layer_kind::product && !layer_traits<L>::known) {
-    return diagnostic<"solder::gen: the CUDA backend's products run nn::linear layers only; this product layer has no "
-                      "CUDA kernel yet",
+    return diagnostic<"solder::gen: the CUDA backend's products run nn::linear and nn::sketched_linear layers only; "
+                      "this product layer has no CUDA kernel yet",
                       L>::reported;
   } else if constexpr (!layer_traits<L>::known) {
     return diagnostic<"solder::gen: no CUDA kernel for this layer; a generated chain holds linear, bias, activations "
@@ -295,7 +318,7 @@ constexpr bool check_product_tail() {
   if constexpr (output_backward_of<Tail>::value)
     return true;
   else
-    return diagnostic<"solder::gen: after an nn::linear a generated chain takes layers whose gradient follows from the "
+    return diagnostic<"solder::gen: after an nn::linear or nn::sketched_linear a generated chain takes layers whose gradient follows from the "
                       "output (relu or sigmoid, then dropout)",
                       Tail>::reported;
 }
@@ -320,6 +343,11 @@ std::vector<group_desc> describe_groups(const std::vector<layer_desc>& layers) {
             d.product = true;
             d.in_width = head::in_features;
             d.product_bias = head::has_bias;
+            if constexpr (requires { layer_traits<head>::sketched; }) {
+              d.sketched = true;
+              d.terms = head::terms;
+              d.rank = head::rank;
+            }
           }
           if constexpr (group::kind == nn::layer_kind::block) {
             using head = std::tuple_element_t<0, layers_of>;
@@ -499,6 +527,9 @@ struct group_text {
   }
   std::string width() const { return std::to_string(g.width); }
   std::string rows() const { return "[batch, " + width() + "]"; }
+  /// A sketched group's L k (S1's columns, S2's rows) and its h = x [S1 | U2] per row (2 L k).
+  std::string lk() const { return std::to_string(g.terms * g.rank); }
+  std::string h_width() const { return std::to_string(2 * g.terms * g.rank); }
   /// A product group's input features, input rows and weight: "256", "[batch, 256]", "[512, 256]".
   std::string in_width() const { return std::to_string(g.in_width); }
   std::string in_rows() const { return "[batch, " + in_width() + "]"; }
@@ -528,8 +559,10 @@ struct group_text {
     if (!g.elementwise && !g.product) return g.layers.front().type;
     std::vector<std::string> types;
     for (const auto& l : g.layers) types.push_back(l.type);
-    return std::string(g.product ? "solder::nn::linear_block<" : "solder::nn::elementwise_block<") + join(types, ", ") +
-           ">";
+    return std::string(g.sketched  ? "solder::nn::sketched_block<"
+                       : g.product ? "solder::nn::linear_block<"
+                                   : "solder::nn::elementwise_block<") +
+           join(types, ", ") + ">";
   }
   /// A product group's tail type: "solder::nn::elementwise_block<solder::nn::relu, ...>".
   std::string tail_type() const {
@@ -549,6 +582,8 @@ struct group_text {
     for (const auto& l : g.layers) {
       if (l.what == role::linear)
         e = g.product_bias ? "x W^T + b" : "x W^T";
+      else if (l.what == role::sketched_linear)
+        e = g.product_bias ? "(x [S1 | U2]) [U1; S2] / (2L) + b" : "(x [S1 | U2]) [U1; S2] / (2L)";
       else
         e = l.what == role::bias ? e + " + " + bias(l) : l.name + "(" + e + ")";
     }
@@ -570,6 +605,10 @@ inline std::string launcher_name(const group_desc& g) {
   for (const auto& l : g.layers) names.push_back(l.name);
   // A product group's width is In x Out, as its weight's transpose.
   std::string in = g.product ? std::to_string(g.in_width) + "x" : "";
+  // A sketched group's also holds its terms L and rank k: "_64x256_l2k8".
+  if (g.sketched)
+    return "solder_" + join(names, "_") + "_f32_" + in + std::to_string(g.width) + "_l" + std::to_string(g.terms) + "k" +
+           std::to_string(g.rank);
   // A pooling group's width is its input image C x H x W.
   if (!g.elementwise && !g.product && g.channels > 0)
     return "solder_" + join(names, "_") + "_f32_" + std::to_string(g.channels) + "x" + std::to_string(g.height) + "x" +
@@ -582,7 +621,15 @@ inline std::string launcher_name(const group_desc& g) {
 /// The forward launcher's parameters, in order.
 inline std::vector<param> forward_params(const group_text& t) {
   std::vector<param> p{{"const float* x", "x"}};
-  if (t.g.product) {
+  if (t.g.sketched) {
+    p.insert(p.end(), {{"const float* s1", "s1"}, {"const float* s2", "s2"}});
+    if (t.g.product_bias) p.push_back({"const float* b", "b"});
+    p.insert(p.end(), {{"float* h", "h"}, {"float* y", "y"}, {"size_t batch", "batch"}, {"uint64_t sketch_seed", "sketch_seed"}});
+    for (const auto* d : t.of(role::dropout)) {
+      p.push_back({"uint64_t " + t.seed(*d), t.seed(*d)});
+      p.push_back({"uint64_t " + t.offset(*d), t.offset(*d)});
+    }
+  } else if (t.g.product) {
     p.push_back({"const float* w", "w"});
     if (t.g.product_bias) p.push_back({"const float* b", "b"});
     p.push_back({"float* y", "y"});
@@ -619,7 +666,13 @@ inline std::vector<param> forward_params(const group_text& t) {
 /// The backward launcher's parameters, in order.
 inline std::vector<param> backward_params(const group_text& t) {
   std::vector<param> p;
-  if (t.g.product) {
+  if (t.g.sketched) {
+    p = {{"const float* x", "x"},   {"const float* s1", "s1"}, {"const float* s2", "s2"}, {"const float* h", "h"},
+         {"const float* y", "y"},   {"const float* dy", "dy"}, {"float* dx", "dx"},       {"float* ds1", "ds1"},
+         {"float* ds2", "ds2"}};
+    if (t.g.product_bias) p.push_back({"float* db", "db"});
+    p.insert(p.end(), {{"size_t batch", "batch"}, {"uint64_t sketch_seed", "sketch_seed"}});
+  } else if (t.g.product) {
     p = {{"const float* x", "x"}, {"const float* w", "w"}, {"const float* y", "y"}, {"const float* dy", "dy"},
          {"float* dx", "dx"},     {"float* dw", "dw"}};
     if (t.g.product_bias) p.push_back({"float* db", "db"});
@@ -674,6 +727,22 @@ inline std::string check_call(const std::vector<param>& ps) {
 
 /// The header's summary of the forward launcher (one paragraph).
 inline std::string forward_summary(const group_text& t) {
+  if (t.g.sketched) {
+    std::string s = "y = " + t.formula() + " in training mode, as nn::sketched_block's forward: x " + t.in_rows() +
+                    ", s1 [" + t.in_width() + ", " + t.lk() + "] = [S1_1 | ... | S1_L], s2 [" + t.lk() + ", " +
+                    t.width() + "] = [S2_1; ...; S2_L]" + (t.g.product_bias ? ", b [" + t.width() + "]" : "") +
+                    " (the layer's s1, s2, bias), y " + t.rows() + "; L = " + std::to_string(t.g.terms) +
+                    ", k = " + std::to_string(t.g.rank) + ". Two matrix products: h = x [S1 | U2] [batch, " +
+                    t.h_width() + "] (written to h, which the backward reads), then y from h [U1; S2] with the scale" +
+                    (t.g.product_bias ? ", the bias" : "") +
+                    (t.g.layers.size() > 1 ? " and the layers after the sketched one" : "") +
+                    " in its epilogue. The sign sketches U1, U2 (+-1/sqrt(k)) are regenerated from Philox under "
+                    "sketch_seed (the layer's sketch_seed), never stored: the CPU layer's signs bit for bit.";
+    for (const auto* d : t.of(role::dropout))
+      s += " The mask of the dropout (layer " + std::to_string(d->index) + ") is Philox stream (" + t.seed(*d) + ", " +
+           t.offset(*d) + "), as nn::dropout's rng.";
+    return s;
+  }
   if (t.g.product) {
     std::string s = "y = " + t.formula() + " in training mode: x " + t.in_rows() + ", w " + t.weight_shape() +
                     " (torch's Linear.weight, [out, in])" + (t.g.product_bias ? ", b [" + t.width() + "]" : "") +
@@ -715,6 +784,16 @@ inline std::string forward_summary(const group_text& t) {
 
 /// The header's summary of the backward launcher (one paragraph).
 inline std::string backward_summary(const group_text& t) {
+  if (t.g.sketched) {
+    return "dx " + t.in_rows() + ", ds1 [" + t.in_width() + ", " + t.lk() + "], ds2 [" + t.lk() + ", " + t.width() +
+           "]" + (t.g.product_bias ? " and db [" + t.width() + "]" : "") +
+           " (overwritten) from the forward's x, h, y, the factors and dy " + t.rows() +
+           ", as nn::sketched_block's backward: the gradient g of the second product's output" +
+           (t.g.product_bias ? " with db, its column sums," : "") +
+           " in one pass (masks read from y); then ds2 = h[:, Lk:]^T g / (2L) and dh = g [U1; S2]^T / (2L), "
+           "ds1 = x^T dh[:, :Lk] and dx = dh [S1 | U2]^T, a matrix product each; g " + t.rows() + " and dh [batch, " +
+           t.h_width() + "] are scratch of the stream-ordered allocator.";
+  }
   if (t.g.product) {
     return "dx " + t.in_rows() + ", dw " + t.weight_shape() + (t.g.product_bias ? " and db [" + t.width() + "]" : "") +
            " (overwritten) from the forward's input x, w, its output y and dy " + t.rows() + ": the gradient g of x W^T" +
@@ -750,7 +829,11 @@ inline std::string group_overview(const group_text& t) {
   std::string s = "// group " + std::to_string(t.g.index) + ", " + t.layer_range() + ": " + t.layer_list() + " on " +
                   t.extent() + "\n";
   const std::string fwd = t.launcher + "_fwd", bwd = t.launcher + "_bwd";
-  if (t.g.product) {
+  if (t.g.sketched) {
+    s += "//   " + fwd + "  h = x [S1 | U2], then y: two products" +
+         (t.g.layers.size() > 1 ? " + epilogue" : "") + "\n";
+    s += "//   " + bwd + "  g" + (t.g.product_bias ? ", db" : "") + " in one pass; dS2, dh, dS1, dx\n";
+  } else if (t.g.product) {
     s += "//   " + fwd + "  y = " + t.formula() + ", one product" + (t.g.layers.size() > 1 ? " + epilogue" : "") + "\n";
     s += "//   " + bwd + "  g" + (t.g.product_bias ? ", db" : "") + " from y and dy, one pass; dx, dW, a product each\n";
   } else if (t.g.elementwise) {
@@ -871,7 +954,8 @@ inline std::string elementwise_definitions(const group_text& t, const std::strin
 
 /// A product group's types, its tail, the forward product with the tail as its epilogue, the
 /// backward's gate writes and its two products, and their passes.
-inline std::string product_definitions(const group_text& t, const std::string& header, const std::string& stem) {
+inline std::string product_definitions(const group_text& t, const std::string& header, const std::string& stem,
+                                       bool own_launchers = true) {
   const std::string p = t.prefix, w = t.width(), in = t.in_width();
   const bool bias = t.g.product_bias;
   std::string s;
@@ -895,8 +979,11 @@ inline std::string product_definitions(const group_text& t, const std::string& h
   s += "/// The products' tilings, by their output columns: " + w + " for y, " + in + " for dx and dW.\n";
   s += "using " + p + "out_tiling = solder::eval::cuda::product_tiling_for<" + w + ">;\n";
   s += "using " + p + "in_tiling = solder::eval::cuda::product_tiling_for<" + in + ">;\n";
-  s += "\n/// This thread's tail (the caller passes the parameters and the dropout streams).\n";
-  s += p + "tail_type& " + p + "tail() {\n  thread_local " + p + "tail_type tail;\n  return tail;\n}\n\n";
+  if (own_launchers) {
+    s += "\n/// This thread's tail (the caller passes the parameters and the dropout streams).\n";
+    s += p + "tail_type& " + p + "tail() {\n  thread_local " + p + "tail_type tail;\n  return tail;\n}\n";
+  }
+  s += "\n";
 
   // The forward: nn::linear_block::expression with the product as the accumulator leaf.
   std::vector<std::string> args{"const " + p + "tail_type& tail", p + "in_rows x", "const float* w"};
@@ -945,6 +1032,168 @@ inline std::string product_definitions(const group_text& t, const std::string& h
   s += "using " + p + "forward_pass = product_pass_of<returned<decltype(" + p + "forward)>::type>::type;\n";
   s += "using " + p + "input_grad_pass = product_pass_of<returned<decltype(" + p + "input_grad)>::type>::type;\n";
   s += "using " + p + "weight_grad_pass = product_pass_of<returned<decltype(" + p + "weight_grad)>::type>::type;\n";
+  s += "using " + p + "gate_writes = returned<decltype(" + p + "gate)>::type;\n";
+  s += t.vector_path() ? "/// The gate passes run_writes picks from: 16-byte accesses where every pointer is aligned,\n"
+                         "/// element by element otherwise.\n"
+                       : "/// The gate pass run_writes runs: element by element, as rows of " + w +
+                             " are not whole 16-byte vectors.\n";
+  if (t.vector_path()) s += "using " + p + "gate_pass = pass_of<true, " + p + "gate_writes>::type;\n";
+  s += "using " + p + "gate_pass_unaligned = pass_of<false, " + p + "gate_writes>::type;\n";
+  return s;
+}
+
+/// A sketched group's types, its sign sketches, its two forward products (the tail in the
+/// second's epilogue), the backward's gate writes and its four products, and their passes: the
+/// math of nn::sketched_block, with the factors [S1 | U2] and [U1; S2] as concatenated operands.
+inline std::string sketched_definitions(const group_text& t, const std::string& header, const std::string& stem,
+                                        bool own_launchers = true) {
+  const std::string p = t.prefix, w = t.width(), in = t.in_width(), lk = t.lk(), hw = t.h_width();
+  const std::string k = std::to_string(t.g.rank), terms = std::to_string(t.g.terms);
+  const bool bias = t.g.product_bias;
+  std::string s;
+  std::vector<std::string> types;
+  for (const auto& l : t.g.layers) types.push_back(l.type);
+  s += wrap_list("using " + p + "block = solder::nn::sketched_block", '<', types, '>', ";") + "\n";
+  s += plan_check(t, header, stem);
+  s += "/// The sketched layer (its scales), and the layers after it: the ops and dropout streams of the\n"
+       "/// epilogue and the gate.\n";
+  s += "using " + p + "layer = " + t.g.layers.front().type + ";\n";
+  s += "using " + p + "tail_type = " + p + "block::tail_type;\n";
+  s += comment("/// ", "Device views of " + t.in_rows() + ", " + t.rows() + " and [batch, " + hw +
+                           "] rows (x, y and h = x [S1 | U2]), of the gradients of s1 [" + in + ", " + lk +
+                           "] and s2 [" + lk + ", " + w + "]" + (bias ? " and of [" + w + "] parameters" : "") + ".");
+  const auto view = [&](const std::string& name, bool out, const std::string& shape) {
+    s += "using " + p + name + " = solder::tensor_ref<" + (out ? "float" : "const float") + ", solder::shape<" + shape +
+         ">, solder::device>;\n";
+  };
+  view("in_rows", false, "solder::dyn, " + in);
+  view("in_rows_out", true, "solder::dyn, " + in);
+  view("rows", false, "solder::dyn, " + w);
+  view("rows_out", true, "solder::dyn, " + w);
+  view("h_rows", false, "solder::dyn, " + hw);
+  view("h_rows_out", true, "solder::dyn, " + hw);
+  view("s1_out", true, in + ", " + lk);
+  view("s2_out", true, lk + ", " + w);
+  if (bias) {
+    view("features", false, w);
+    view("features_out", true, w);
+  }
+  s += "/// The products' tilings, by their output columns: " + hw + " for h and dh, " + w + " for y and dS2, " + in +
+       " for dx, " + lk + " for dS1.\n";
+  s += "using " + p + "h_tiling = solder::eval::cuda::product_tiling_for<" + hw + ">;\n";
+  s += "using " + p + "out_tiling = solder::eval::cuda::product_tiling_for<" + w + ">;\n";
+  s += "using " + p + "in_tiling = solder::eval::cuda::product_tiling_for<" + in + ">;\n";
+  s += "using " + p + "lk_tiling = solder::eval::cuda::product_tiling_for<" + lk + ">;\n";
+  s += comment("/// ", "The sign sketches as the products stage them: U1 = [U1_1; ...; U1_L] [" + lk + ", " + w +
+                           "] (sketched_linear::u1_type) and U2 = [U2_1 | ... | U2_L] [" + in + ", " + lk +
+                           "] (u2_type), and their transposes.");
+  s += "using " + p + "u1 = solder::eval::cuda::sketch_operand<" + k + ", " + w + ", " + terms +
+       ", solder::sketch_stack::rows, false>;\n";
+  s += "using " + p + "u1_t = solder::eval::cuda::sketch_operand<" + k + ", " + w + ", " + terms +
+       ", solder::sketch_stack::rows, true>;\n";
+  s += "using " + p + "u2 = solder::eval::cuda::sketch_operand<" + in + ", " + k + ", " + terms +
+       ", solder::sketch_stack::columns, false>;\n";
+  s += "using " + p + "u2_t = solder::eval::cuda::sketch_operand<" + in + ", " + k + ", " + terms +
+       ", solder::sketch_stack::columns, true>;\n";
+  s += comment("/// ", "The sketches' Philox keys under the layer's sketch_seed, as sketched_linear::u1() and u2() "
+                       "derive them, and their entries' magnitude 1/sqrt(k).");
+  s += "struct " + p + "sketches {\n  std::uint64_t u1_seed, u2_seed;\n  float scale;\n};\n";
+  s += p + "sketches " + p + "sketches_of(std::uint64_t sketch_seed) {\n";
+  s += "  return {solder::random::derive_seed(sketch_seed, 0), solder::random::derive_seed(sketch_seed, 1),\n          " +
+       p + "layer::sign_scale};\n}\n\n";
+  if (own_launchers) {
+    s += "/// This thread's tail (the caller passes the parameters and the dropout streams).\n";
+    s += p + "tail_type& " + p + "tail() {\n  thread_local " + p + "tail_type tail;\n  return tail;\n}\n\n";
+  }
+
+  const std::string left = p + "left", right = p + "right", left_t = p + "left_t", right_t = p + "right_t";
+  s += comment("/// ", "The factors as the products stage them: [S1 | U2] [" + in + ", " + hw + "] and [U1; S2] [" + hw +
+                           ", " + w + "] (sketched_linear::left_factor, right_factor), and the transposes the "
+                           "backward reads, [S1^T; U2^T] and [U1^T | S2^T].");
+  const auto concat = [&](const std::string& name, const std::string& a, const std::string& b, const char* axis) {
+    s += wrap_list("using " + name + " = solder::eval::cuda::concat_operand", '<',
+                   {a, b, std::string("solder::sketch_stack::") + axis, lk}, '>', ";") + "\n";
+  };
+  concat(left, "matrix_operand<false>", p + "u2", "columns");
+  concat(right, p + "u1", "matrix_operand<false>", "rows");
+  concat(left_t, "matrix_operand<true>", p + "u2_t", "rows");
+  concat(right_t, p + "u1_t", "matrix_operand<true>", "columns");
+  s += "\n";
+
+  // The forward's two products, as sketched_block::forward in training mode.
+  s += comment("/// ", "h [batch, " + hw + "] = x [S1 | U2], the first product (sketched_linear::first_product), kept "
+                       "for the backward.");
+  s += wrap_call("auto " + p + "first", {p + "in_rows x", "const float* s1", "const " + p + "sketches& u", p + "h_rows_out h"}, " {") + "\n";
+  s += "  const std::size_t batch = x.batch();\n";
+  s += wrap_call("  return product<" + p + "h_tiling>",
+                 {"matrix_operand<false>{x.data(), " + in + "}",
+                  left + "{{s1, " + lk + "}, {u.u2_seed, u.scale}}", "batch", in,
+                  "solder::write(h, product_value<solder::shape<solder::dyn, " + hw + ">>(batch))"},
+                 ";") +
+       "\n}\n";
+  s += comment("/// ", "y = tail(h [U1; S2] / (2L)" + std::string(bias ? " + b" : "") +
+                           ") in training mode, the second product with the block's expression as its epilogue "
+                           "(sketched_block::forward: the product scaled, then the bias, then the tail).");
+  std::vector<std::string> args{"const " + p + "tail_type& tail", p + "h_rows h", "const float* s2", "const " + p + "sketches& u"};
+  if (bias) args.push_back(p + "features b");
+  args.push_back(p + "rows_out y");
+  s += wrap_call("auto " + p + "forward", args, " {") + "\n";
+  s += "  const std::size_t batch = h.batch();\n";
+  s += "  const auto z = product_value<solder::shape<solder::dyn, " + w + ">>(batch) * " + p + "layer::scale" +
+       (bias ? " + b" : "") + ";\n";
+  s += wrap_call("  return product<" + p + "out_tiling>",
+                 {"matrix_operand<false>{h.data(), " + hw + "}", right + "{{u.u1_seed, u.scale}, {s2, " + w + "}}",
+                  "batch", hw, "solder::write(y, tail.expression<solder::nn::mode::train>(z))"},
+                 ";") +
+       "\n}\n";
+
+  // The gate pass, as nn::product_tail::gate does it from the output.
+  args = {"const " + p + "tail_type& tail", p + "rows y", p + "rows dy", p + "rows_out g"};
+  if (bias) args.push_back(p + "features_out db");
+  s += comment("/// ", std::string("g = dL/dz of the second product's output z from y") +
+                           (bias ? ", and db = the column sums of g in the same pass," : "") +
+                           " as nn::product_tail::gate.");
+  s += wrap_call("auto " + p + "gate", args, " {") + "\n";
+  s += "  const auto ge = tail.gate_from_output<solder::nn::mode::train>(y, dy);\n";
+  std::vector<std::string> writes{"solder::write(g, ge)"};
+  if (bias) writes.push_back("solder::write(db, solder::sum_to<solder::shape<" + w + ">>(ge))");
+  s += wrap_call("  return std::make_tuple", writes, ";") + "\n}\n";
+
+  // The backward's four products, sketched_block::gradients and its dx.
+  s += "/// dS2 [" + lk + ", " + w + "] = h[:, " + lk + ":]^T g / (2L), summed over the batch (the inner extent).\n";
+  s += wrap_call("auto " + p + "s2_grad", {p + "h_rows h", p + "rows g", p + "s2_out ds2"}, " {") + "\n";
+  s += wrap_call("  return product<" + p + "out_tiling>",
+                 {"matrix_operand<true>{h.data() + " + lk + ", " + hw + "}", "matrix_operand<false>{g.data(), " + w + "}",
+                  lk, "g.batch()", "solder::write(ds2, product_value<solder::shape<" + lk + ", " + w + ">>() * " + p + "layer::scale)"},
+                 ";") +
+       "\n}\n";
+  s += "/// dh [batch, " + hw + "] = g [U1; S2]^T / (2L) = g [U1^T | S2^T] / (2L).\n";
+  s += wrap_call("auto " + p + "h_grad", {p + "rows g", "const float* s2", "const " + p + "sketches& u", p + "h_rows_out dh"}, " {") + "\n";
+  s += "  const std::size_t batch = g.batch();\n";
+  s += wrap_call("  return product<" + p + "h_tiling>",
+                 {"matrix_operand<false>{g.data(), " + w + "}", right_t + "{{u.u1_seed, u.scale}, {s2, " + w + "}}",
+                  "batch", w,
+                  "solder::write(dh, product_value<solder::shape<solder::dyn, " + hw + ">>(batch) * " + p + "layer::scale)"},
+                 ";") +
+       "\n}\n";
+  s += "/// dS1 [" + in + ", " + lk + "] = x^T dh[:, :" + lk + "], summed over the batch (the inner extent).\n";
+  s += wrap_call("auto " + p + "s1_grad", {p + "in_rows x", p + "h_rows dh", p + "s1_out ds1"}, " {") + "\n";
+  s += wrap_call("  return product<" + p + "lk_tiling>",
+                 {"matrix_operand<true>{x.data(), " + in + "}", "matrix_operand<false>{dh.data(), " + hw + "}", in,
+                  "x.batch()", "solder::write(ds1, product_value<solder::shape<" + in + ", " + lk + ">>())"},
+                 ";") +
+       "\n}\n";
+  s += "/// dx [batch, " + in + "] = dh [S1 | U2]^T = dh [S1^T; U2^T].\n";
+  s += wrap_call("auto " + p + "input_grad", {p + "h_rows dh", "const float* s1", "const " + p + "sketches& u", p + "in_rows_out dx"}, " {") + "\n";
+  s += "  const std::size_t batch = dh.batch();\n";
+  s += wrap_call("  return product<" + p + "in_tiling>",
+                 {"matrix_operand<false>{dh.data(), " + hw + "}", left_t + "{{s1, " + lk + "}, {u.u2_seed, u.scale}}",
+                  "batch", hw, "solder::write(dx, product_value<solder::shape<solder::dyn, " + in + ">>(batch))"},
+                 ";") +
+       "\n}\n\n";
+
+  for (const char* pass : {"first", "forward", "s2_grad", "h_grad", "s1_grad", "input_grad"})
+    s += "using " + p + pass + "_pass = product_pass_of<returned<decltype(" + p + pass + ")>::type>::type;\n";
   s += "using " + p + "gate_writes = returned<decltype(" + p + "gate)>::type;\n";
   s += t.vector_path() ? "/// The gate passes run_writes picks from: 16-byte accesses where every pointer is aligned,\n"
                          "/// element by element otherwise.\n"
@@ -1013,7 +1262,17 @@ inline std::string instantiations(const group_text& t, const std::string& ns, st
       for (const auto& k : ws) emit("column_finish_kernel", pass + ", " + k, pass);
     }
   };
-  if (t.g.product) {
+  if (t.g.sketched) {
+    const std::string g = "// group " + std::to_string(t.g.index) + ", ";
+    s += g + "forward: h = x [S1 | U2], then h [U1; S2] with the tail in its epilogue\n";
+    emit("product_kernel", q + "first_pass", q + "first_pass");
+    emit("product_kernel", q + "forward_pass", q + "forward_pass");
+    s += g + "backward: the gate" + (t.g.product_bias ? "'s column walk, then db's finish" : "'s elementwise walk") +
+         "; then the products dS2, dh, dS1 and dx\n";
+    pass_kernels("gate", t.g.product_bias ? 1 : 0);
+    for (const char* pass : {"s2_grad_pass", "h_grad_pass", "s1_grad_pass", "input_grad_pass"})
+      emit("product_kernel", q + pass, q + pass);
+  } else if (t.g.product) {
     const std::string g = "// group " + std::to_string(t.g.index) + ", ";
     s += g + "forward: one product, the tail in its epilogue\n";
     emit("product_kernel", q + "forward_pass", q + "forward_pass");
@@ -1066,7 +1325,35 @@ inline std::string launchers(const group_text& t) {
     return r;
   };
   const std::string w = t.width();
-  if (t.g.product) {
+  if (t.g.sketched) {
+    std::vector<std::string> args{"tail", p + "h_rows(h, batch)", "s2", "u"};
+    if (t.g.product_bias) args.push_back(p + "features(b)");
+    args.push_back(p + "rows_out(y, batch)");
+    s += open(t.launcher + "_fwd", fwd) + "    solder::eval::cuda::require_device_once();\n    " + p +
+         "tail_type& tail = " + p + "tail();\n" + set_streams();
+    s += "    const " + p + "sketches u = " + p + "sketches_of(sketch_seed);\n";
+    s += wrap_call("    run_product(stream, " + p + "first", {p + "in_rows(x, batch)", "s1", "u", p + "h_rows_out(h, batch)"},
+                   ");") + "\n";
+    s += wrap_call("    run_product(stream, " + p + "forward", args, ");") + "\n" + close + "\n";
+
+    std::vector<std::string> gargs{"tail", p + "rows(y, batch)", p + "rows(dy, batch)", p + "rows_out(g.data(), batch)"};
+    if (t.g.product_bias) gargs.push_back(p + "features_out(db)");
+    s += open(t.launcher + "_bwd", bwd) + "    solder::eval::cuda::require_device_once();\n    const " + p +
+         "tail_type& tail = " + p + "tail();\n";
+    s += "    const " + p + "sketches u = " + p + "sketches_of(sketch_seed);\n";
+    s += "    // Freed on the stream after the products that read them.\n";
+    s += "    const auto g = solder::eval::cuda::device_array<float>::allocate(batch * " + w + ", stream);\n";
+    s += "    const auto dh = solder::eval::cuda::device_array<float>::allocate(batch * " + t.h_width() + ", stream);\n";
+    s += wrap_call("    run(stream, " + p + "gate", gargs, ");") + "\n";
+    s += wrap_call("    run_product(stream, " + p + "s2_grad", {p + "h_rows(h, batch)", p + "rows(g.data(), batch)", p + "s2_out(ds2)"},
+                   ");") + "\n";
+    s += wrap_call("    run_product(stream, " + p + "h_grad",
+                   {p + "rows(g.data(), batch)", "s2", "u", p + "h_rows_out(dh.data(), batch)"}, ");") + "\n";
+    s += wrap_call("    run_product(stream, " + p + "s1_grad",
+                   {p + "in_rows(x, batch)", p + "h_rows(dh.data(), batch)", p + "s1_out(ds1)"}, ");") + "\n";
+    s += wrap_call("    run_product(stream, " + p + "input_grad",
+                   {p + "h_rows(dh.data(), batch)", "s1", "u", p + "in_rows_out(dx, batch)"}, ");") + "\n" + close;
+  } else if (t.g.product) {
     std::vector<std::string> args{"tail", p + "in_rows(x, batch)", "w"};
     if (t.g.product_bias) args.push_back(p + "features(b)");
     args.push_back(p + "rows_out(y, batch)");
@@ -1211,9 +1498,12 @@ inline std::vector<group_text> distinct_groups(const chain_desc& c) {
 struct chain_step {
   const group_desc* g;
   std::string prefix;         // the definitions it runs through: "g0_"
-  std::size_t weight_at = 0;  // its weight's first float in the flat parameter array
+  std::size_t weight_at = 0;  // its weight's first float in the flat parameter array (a sketched group's S1)
+  std::size_t s2_at = 0;      // a sketched group's S2
   std::size_t bias_at = 0;    // its bias's (where it has one)
   std::size_t hidden_at = 0;  // its output's first float in a row of `hidden` (every group but the last)
+  std::size_t h_at = 0;       // a sketched group's h = x [S1 | U2] in a row of `hidden`
+  std::size_t sketch = 0;     // a sketched group's place among the chain's sketched layers
   std::vector<std::pair<std::size_t, std::size_t>> dropouts;  // (position in its tail, index among the chain's)
 };
 
@@ -1221,6 +1511,8 @@ struct chain_step {
 struct chain_layout {
   std::vector<chain_step> steps;
   std::vector<const layer_desc*> dropouts;  // the chain's dropout layers, in order
+  std::vector<const layer_desc*> sketches;  // the chain's sketched layers, in order
+  std::size_t widest_h = 0;                 // per row of the backward's scratch: the widest dh
   std::size_t param_floats = 0;             // the parameters (and gradients, and each optimizer state)
   std::size_t hidden_floats = 0;            // per row: the outputs of every group but the last
   std::size_t widest_out = 0;               // per row of the backward's scratch: the widest gate
@@ -1242,12 +1534,25 @@ inline chain_layout layout_of(const chain_desc& c, const std::vector<group_text>
   for (std::size_t k = 0; k < c.groups.size(); ++k) {
     const group_desc& g = c.groups[k];
     const group_text t{c, g, "", launcher_name(g)};
-    chain_step s{&g, "", 0, 0, 0, {}};
+    chain_step s{&g, "", 0, 0, 0, 0, 0, 0, {}};
     for (const auto& d : distinct)
       if (s.prefix.empty() && d.launcher == t.launcher && d.block_type() == t.block_type()) s.prefix = d.prefix;
-    // torch's named_parameters() order, which the CPU chain's params() keeps: weight, then bias.
+    // torch's named_parameters() order, which the CPU chain's params() keeps: weight, then bias;
+    // a sketched layer's S1, S2, then bias.
     s.weight_at = l.param_floats;
-    l.param_floats += g.width * g.in_width;
+    if (g.sketched) {
+      const std::size_t lk = g.terms * g.rank;
+      l.param_floats += g.in_width * lk;
+      s.s2_at = l.param_floats;
+      l.param_floats += lk * g.width;
+      s.sketch = l.sketches.size();
+      l.sketches.push_back(&g.layers.front());
+      s.h_at = l.hidden_floats;
+      l.hidden_floats += 2 * lk;
+      l.widest_h = std::max(l.widest_h, 2 * lk);
+    } else {
+      l.param_floats += g.width * g.in_width;
+    }
     s.bias_at = l.param_floats;
     if (g.product_bias) l.param_floats += g.width;
     for (const auto* d : t.of(role::dropout)) {
@@ -1279,6 +1584,7 @@ inline std::vector<param> chain_forward_params(const chain_layout& l) {
   std::vector<param> p{{"const float* x", "x"}, {"const float* params", "params"}};
   if (l.hidden_floats) p.push_back({"float* hidden", "hidden"});
   p.insert(p.end(), {{"float* y", "y"}, {"size_t batch", "batch"}});
+  if (!l.sketches.empty()) p.push_back({"const uint64_t* sketch_seeds", "sketch_seeds"});
   if (!l.dropouts.empty()) p.insert(p.end(), {{"const uint64_t* seeds", "seeds"}, {"uint64_t* offsets", "offsets"}});
   p.push_back({"cudaStream_t stream", "stream"});
   return p;
@@ -1286,11 +1592,9 @@ inline std::vector<param> chain_forward_params(const chain_layout& l) {
 inline std::vector<param> chain_backward_params(const chain_layout& l) {
   std::vector<param> p{{"const float* x", "x"}, {"const float* params", "params"}};
   if (l.hidden_floats) p.push_back({"const float* hidden", "hidden"});
-  p.insert(p.end(), {{"const float* y", "y"},
-                     {"const float* dy", "dy"},
-                     {"float* grads", "grads"},
-                     {"size_t batch", "batch"},
-                     {"cudaStream_t stream", "stream"}});
+  p.insert(p.end(), {{"const float* y", "y"}, {"const float* dy", "dy"}, {"float* grads", "grads"}, {"size_t batch", "batch"}});
+  if (!l.sketches.empty()) p.push_back({"const uint64_t* sketch_seeds", "sketch_seeds"});
+  p.push_back({"cudaStream_t stream", "stream"});
   return p;
 }
 inline std::vector<param> train_step_params(const chain_layout& l) {
@@ -1302,6 +1606,7 @@ inline std::vector<param> train_step_params(const chain_layout& l) {
                        {"solder_optimizer* optimizer", "optimizer"}};
   if (l.hidden_floats) p.push_back({"float* hidden", "hidden"});
   p.insert(p.end(), {{"float* y", "y"}, {"size_t batch", "batch"}});
+  if (!l.sketches.empty()) p.push_back({"const uint64_t* sketch_seeds", "sketch_seeds"});
   if (!l.dropouts.empty()) p.insert(p.end(), {{"const uint64_t* seeds", "seeds"}, {"uint64_t* offsets", "offsets"}});
   p.insert(p.end(), {{"float label_smoothing", "label_smoothing"}, {"float* loss", "loss"}, {"cudaStream_t stream", "stream"}});
   return p;
@@ -1343,23 +1648,40 @@ inline std::string chain_header(const chain_desc& c, const chain_layout& l, cons
   h += comment("/// ", "Floats of the flat parameter array `params` (and of `grads`, and of each optimizer state array): "
                        "the parameters in the CPU chain's params() order, torch's named_parameters() order. Each "
                        "starts at the float its macro below names: a weight [out, in] (torch's Linear.weight), a "
-                       "bias [out].");
+                       "bias [out]" + std::string(l.sketches.empty() ? "" : "; a sketched layer's S1 [in, L k] and S2 "
+                                                                           "[L k, out] (its s1, s2), then its bias") +
+                       ".");
   h += "#define " + upper + "_PARAM_FLOATS " + std::to_string(l.param_floats) + "\n";
   for (const auto& s : l.steps) {
     const std::string at = std::to_string(s.g->layers.front().index);
-    h += "#define " + upper + "_" + at + "_WEIGHT " + std::to_string(s.weight_at) + "  /* [" + std::to_string(s.g->width) +
-         ", " + std::to_string(s.g->in_width) + "] */\n";
+    if (s.g->sketched) {
+      const std::string lk = std::to_string(s.g->terms * s.g->rank);
+      h += "#define " + upper + "_" + at + "_S1 " + std::to_string(s.weight_at) + "  /* [" +
+           std::to_string(s.g->in_width) + ", " + lk + "] */\n";
+      h += "#define " + upper + "_" + at + "_S2 " + std::to_string(s.s2_at) + "  /* [" + lk + ", " +
+           std::to_string(s.g->width) + "] */\n";
+    } else {
+      h += "#define " + upper + "_" + at + "_WEIGHT " + std::to_string(s.weight_at) + "  /* [" +
+           std::to_string(s.g->width) + ", " + std::to_string(s.g->in_width) + "] */\n";
+    }
     if (s.g->product_bias)
       h += "#define " + upper + "_" + at + "_BIAS " + std::to_string(s.bias_at) + "  /* [" + std::to_string(s.g->width) +
            "] */\n";
   }
   if (l.hidden_floats) {
     std::vector<std::string> parts;
-    for (std::size_t k = 0; k + 1 < l.steps.size(); ++k)
-      parts.push_back("group " + std::to_string(k) + "'s [batch, " + std::to_string(l.steps[k].g->width) + "] at " +
-                      rows_at("hidden", l.steps[k].hidden_at));
-    h += comment("/// ", "Floats per row of `hidden`, the outputs of every group but the last, which the backward "
-                         "reads: " + join(parts, ", ") + ".");
+    for (std::size_t k = 0; k < l.steps.size(); ++k) {
+      if (l.steps[k].g->sketched)
+        parts.push_back("group " + std::to_string(k) + "'s h [batch, " +
+                        std::to_string(2 * l.steps[k].g->terms * l.steps[k].g->rank) + "] at " +
+                        rows_at("hidden", l.steps[k].h_at));
+      if (k + 1 < l.steps.size())
+        parts.push_back("group " + std::to_string(k) + "'s [batch, " + std::to_string(l.steps[k].g->width) + "] at " +
+                        rows_at("hidden", l.steps[k].hidden_at));
+    }
+    h += comment("/// ", "Floats per row of `hidden`, the outputs of every group but the last" +
+                             std::string(l.sketches.empty() ? "" : " and each sketched group's h = x [S1 | U2]") +
+                             ", which the backward reads: " + join(parts, ", ") + ".");
     h += "#define " + upper + "_HIDDEN_FLOATS " + std::to_string(l.hidden_floats) + "\n";
   }
   if (!l.dropouts.empty()) {
@@ -1368,6 +1690,14 @@ inline std::string chain_header(const chain_desc& c, const chain_layout& l, cons
     h += comment("/// ", "Dropout streams: seeds[i], offsets[i] (host memory) are the Philox stream of the chain's i-th "
                          "dropout (" + std::string(at.size() == 1 ? "layer " : "layers ") + join(at, ", ") + "), as nn::dropout's rng.");
     h += "#define " + upper + "_DROPOUTS " + std::to_string(l.dropouts.size()) + "\n";
+  }
+  if (!l.sketches.empty()) {
+    std::vector<std::string> at;
+    for (const auto* d : l.sketches) at.push_back(std::to_string(d->index));
+    h += comment("/// ", "Sign sketches: sketch_seeds[i] (host memory) is the sketch_seed of the chain's i-th sketched "
+                         "layer (" + std::string(at.size() == 1 ? "layer " : "layers ") + join(at, ", ") +
+                         "), from which its U1 and U2 are regenerated.");
+    h += "#define " + upper + "_SKETCHES " + std::to_string(l.sketches.size()) + "\n";
   }
   h += "\n";
   const std::string streams = l.dropouts.empty()
@@ -1378,14 +1708,17 @@ inline std::string chain_header(const chain_desc& c, const chain_layout& l, cons
   const std::string kept = l.hidden_floats ? " Every group's output but the last goes to hidden, for the backward." : "";
   h += comment("/// ", "y [batch, " + std::to_string(out) + "] = the chain on x [batch, " + std::to_string(in) +
                            "] in training mode, as the CPU chain's forward: every group in order, one matrix product "
-                           "each, its tail in the epilogue." + kept + streams);
+                           "each" + std::string(l.sketches.empty() ? "" : " (two for a sketched group)") +
+                           ", its tail in the epilogue." + kept + streams);
   h += wrap_call("int solder_" + stem + "_forward", decls(chain_forward_params(l)), ";") + "\n";
   h += comment("/// ", "grads (overwritten, laid out as params) from dy = dL/dy [batch, " + std::to_string(out) +
                            "], after the forward of x that wrote y" + (l.hidden_floats ? " and hidden" : "") +
                            ", as the CPU chain's backward: every group last to first, its gate pass with the bias "
                            "gradient, then dW = g^T x and, but for the first group, dx = g W (the chain's input gets no "
-                           "gradient). Scratch of the stream-ordered allocator: " + std::to_string(l.widest_out + l.widest_inner) +
-                           " floats per row.");
+                           "gradient)" + std::string(l.sketches.empty() ? "" : "; a sketched group's dS2, dh, dS1 and "
+                                                                              "(but for the first group) dx") +
+                           ". Scratch of the stream-ordered allocator: " +
+                           std::to_string(l.widest_out + l.widest_inner + l.widest_h) + " floats per row.");
   h += wrap_call("int solder_" + stem + "_backward", decls(chain_backward_params(l)), ";") + "\n";
   h += comment(
       "/// ",
@@ -1404,6 +1737,11 @@ inline std::string chain_header(const chain_desc& c, const chain_layout& l, cons
                          "offsets[i] is 0.");
     h += "int solder_" + stem + "_dropout_streams(uint64_t seed, uint64_t* seeds, uint64_t* offsets);\n";
   }
+  if (!l.sketches.empty()) {
+    h += comment("/// ", "Writes sketch_seeds (host, " + upper + "_SKETCHES) as nn::chain(seed) and reseed(seed) set "
+                         "the sketched layers' sketch_seed: derive_seed(derive_seed(seed, the layer's index), 2).");
+    h += "int solder_" + stem + "_sketch_seeds(uint64_t seed, uint64_t* sketch_seeds);\n";
+  }
   return h;
 }
 
@@ -1415,6 +1753,7 @@ inline std::string chain_overview(const chain_desc& c, const chain_layout& l, co
   s += "//   " + p + "_backward  every group last to first: every parameter's gradient\n";
   s += "//   " + p + "_train_step  forward, softmax cross-entropy, backward, optimizer update\n";
   if (!l.dropouts.empty()) s += "//   " + p + "_dropout_streams  the dropouts' streams as nn::chain(seed) sets them\n";
+  if (!l.sketches.empty()) s += "//   " + p + "_sketch_seeds  the sketched layers' sketch seeds as nn::chain(seed) sets them\n";
   return s;
 }
 
@@ -1437,11 +1776,21 @@ solder::eval::cuda::optimizer_settings settings_of(const solder_optimizer& o) {
 inline std::string chain_definitions(const chain_desc& c, const chain_layout& l) {
   const std::size_t n = l.steps.size();
   std::string s = "\n" + rule("the chain: the optimizer's update; forward and backward over every group") + optimizer_definitions() + "\n";
-  s += "/// The flat parameter array: each linear layer's weight [out, in], then its bias, in layer order.\n";
+  const bool sketched = !l.sketches.empty();
+  s += sketched ? "/// The flat parameter array: each linear layer's weight [out, in], each sketched layer's S1 [in, L k]\n"
+                  "/// and S2 [L k, out], then its bias, in layer order.\n"
+                : "/// The flat parameter array: each linear layer's weight [out, in], then its bias, in layer order.\n";
   s += "constexpr std::size_t param_floats = " + std::to_string(l.param_floats) + ";\n";
-  s += "/// The backward's scratch per row: the widest gate g, then the widest gradient of a hidden output.\n";
-  s += "constexpr std::size_t gate_floats = " + std::to_string(l.widest_out) +
-       ", inner_floats = " + std::to_string(l.widest_inner) + ";\n";
+  if (sketched) {
+    s += "/// The backward's scratch per row: the widest gate g, the widest gradient of a hidden output, and\n"
+         "/// the widest dh of a sketched group.\n";
+    s += "constexpr std::size_t gate_floats = " + std::to_string(l.widest_out) +
+         ", inner_floats = " + std::to_string(l.widest_inner) + ", h_floats = " + std::to_string(l.widest_h) + ";\n";
+  } else {
+    s += "/// The backward's scratch per row: the widest gate g, then the widest gradient of a hidden output.\n";
+    s += "constexpr std::size_t gate_floats = " + std::to_string(l.widest_out) +
+         ", inner_floats = " + std::to_string(l.widest_inner) + ";\n";
+  }
 
   auto input_of = [&](std::size_t k) { return k == 0 ? std::string("x") : rows_at("hidden", l.steps[k - 1].hidden_at); };
   auto output_of = [&](std::size_t k) { return k + 1 == n ? std::string("y") : rows_at("hidden", l.steps[k].hidden_at); };
@@ -1454,6 +1803,7 @@ inline std::string chain_definitions(const chain_desc& c, const chain_layout& l)
   std::vector<std::string> args{"const float* x", "const float* params"};
   if (l.hidden_floats) args.push_back("float* hidden");
   args.insert(args.end(), {"float* y", "std::size_t batch"});
+  if (sketched) args.push_back("const std::uint64_t* sketch_seeds");
   if (!l.dropouts.empty()) args.insert(args.end(), {"const std::uint64_t* seeds", "std::uint64_t* offsets"});
   args.push_back("cudaStream_t stream");
   s += "\n" + comment("/// ", "The chain's forward in training mode, as basic_chain::forward: every group in order, its "
@@ -1476,6 +1826,19 @@ inline std::string chain_definitions(const chain_desc& c, const chain_layout& l)
         s += "    std::get<" + std::to_string(held) + ">(tail.layers).rng = {seeds[" + std::to_string(i) + "], offsets[" +
              std::to_string(i) + "]};\n";
     }
+    if (st.g->sketched) {
+      const std::string h = rows_at("hidden", st.h_at);
+      s += "    const " + p + "sketches u = " + p + "sketches_of(sketch_seeds[" + std::to_string(st.sketch) + "]);\n";
+      s += wrap_call("    run_product(stream, " + p + "first",
+                     {p + "in_rows(" + input_of(k) + ", batch)", flat_at("params", st.weight_at), "u",
+                      p + "h_rows_out(" + h + ", batch)"},
+                     ");") + "\n";
+      std::vector<std::string> fargs{"tail", p + "h_rows(" + h + ", batch)", flat_at("params", st.s2_at), "u"};
+      if (st.g->product_bias) fargs.push_back(p + "features(" + flat_at("params", st.bias_at) + ")");
+      fargs.push_back(p + "rows_out(" + output_of(k) + ", batch)");
+      s += wrap_call("    run_product(stream, " + p + "forward", fargs, ");") + "\n  }\n";
+      continue;
+    }
     std::vector<std::string> fargs{"tail", p + "in_rows(" + input_of(k) + ", batch)", flat_at("params", st.weight_at)};
     if (st.g->product_bias) fargs.push_back(p + "features(" + flat_at("params", st.bias_at) + ")");
     fargs.push_back(p + "rows_out(" + output_of(k) + ", batch)");
@@ -1486,18 +1849,27 @@ inline std::string chain_definitions(const chain_desc& c, const chain_layout& l)
   // The backward.
   args = {"const float* x", "const float* params"};
   if (l.hidden_floats) args.push_back("const float* hidden");
-  args.insert(args.end(), {"const float* y", "const float* dy", "float* grads", "std::size_t batch", "cudaStream_t stream"});
+  args.insert(args.end(), {"const float* y", "const float* dy", "float* grads", "std::size_t batch"});
+  if (sketched) args.push_back("const std::uint64_t* sketch_seeds");
+  args.push_back("cudaStream_t stream");
   s += "\n" + comment("/// ", "The chain's backward from dy = dL/dy, as basic_chain::backward: every group last to first, "
                               "its gate pass g = dL/dz with db, then dW = g^T x and, but for the first group (whose "
-                              "input needs no gradient: backward_params), dx = g W, the dy of the group before. "
-                              "Gradients go to grads, laid out as the parameters.");
+                              "input needs no gradient: backward_params), dx = g W, the dy of the group before" +
+                                  std::string(sketched ? " (a sketched group: dS2 and dh from the second product, dS1 "
+                                                         "and dx from the first, as sketched_block's backward)"
+                                                       : "") +
+                                  ". Gradients go to grads, laid out as the parameters.");
   s += wrap_call("void chain_backward", args, " {") + "\n";
   s += "  // g, and d: the gradient of a hidden output (written by a group's dx, read by the gate of the one\n"
-       "  // before). Freed on the stream after the passes that read them.\n";
-  s += "  const auto scratch = solder::eval::cuda::device_array<float>::allocate(batch * (gate_floats + inner_floats), "
-       "stream);\n";
+       "  // before)" + std::string(sketched ? ", and dh: a sketched group's" : "") +
+       ". Freed on the stream after the passes that read them.\n";
+  s += sketched ? "  const auto scratch =\n      solder::eval::cuda::device_array<float>::allocate(batch * (gate_floats + "
+                  "inner_floats + h_floats), stream);\n"
+                : "  const auto scratch = solder::eval::cuda::device_array<float>::allocate(batch * (gate_floats + "
+                  "inner_floats), stream);\n";
   s += "  float* const g = scratch.data();\n";
   if (l.widest_inner) s += "  float* const d = g + batch * gate_floats;\n";
+  if (sketched) s += "  float* const dh = g + batch * (gate_floats + inner_floats);\n";
   for (std::size_t kk = n; kk-- > 0;) {
     const chain_step& st = l.steps[kk];
     const std::string& p = st.prefix;
@@ -1506,6 +1878,25 @@ inline std::string chain_definitions(const chain_desc& c, const chain_layout& l)
                                    p + "rows(" + std::string(kk + 1 == n ? "dy" : "d") + ", batch)", p + "rows_out(g, batch)"};
     if (st.g->product_bias) gargs.push_back(p + "features_out(" + flat_at("grads", st.bias_at) + ")");
     s += wrap_call("    run(stream, " + p + "gate", gargs, ");") + "\n";
+    if (st.g->sketched) {
+      const std::string h = rows_at("hidden", st.h_at);
+      s += "    const " + p + "sketches u = " + p + "sketches_of(sketch_seeds[" + std::to_string(st.sketch) + "]);\n";
+      s += wrap_call("    run_product(stream, " + p + "s2_grad",
+                     {p + "h_rows(" + h + ", batch)", p + "rows(g, batch)", p + "s2_out(" + flat_at("grads", st.s2_at) + ")"},
+                     ");") + "\n";
+      s += wrap_call("    run_product(stream, " + p + "h_grad",
+                     {p + "rows(g, batch)", flat_at("params", st.s2_at), "u", p + "h_rows_out(dh, batch)"}, ");") + "\n";
+      s += wrap_call("    run_product(stream, " + p + "s1_grad",
+                     {p + "in_rows(" + input_of(kk) + ", batch)", p + "h_rows(dh, batch)",
+                      p + "s1_out(" + flat_at("grads", st.weight_at) + ")"},
+                     ");") + "\n";
+      if (kk > 0)
+        s += wrap_call("    run_product(stream, " + p + "input_grad",
+                       {p + "h_rows(dh, batch)", flat_at("params", st.weight_at), "u", p + "in_rows_out(d, batch)"},
+                       ");") + "\n";
+      s += "  }\n";
+      continue;
+    }
     s += wrap_call("    run_product(stream, " + p + "weight_grad",
                    {p + "rows(g, batch)", p + "in_rows(" + input_of(kk) + ", batch)",
                     p + "weight_out(" + flat_at("grads", st.weight_at) + ")"},
@@ -1578,6 +1969,16 @@ inline std::string chain_launchers(const chain_desc& c, const chain_layout& l, c
     s += "    for (std::size_t i = 0; i < " + std::to_string(l.dropouts.size()) + "; ++i) offsets[i] = 0;\n";
     s += close;
   }
+  if (!l.sketches.empty()) {
+    s += "\nextern \"C\" int " + p + "_sketch_seeds(uint64_t seed, uint64_t* sketch_seeds) {\n";
+    s += "  return guarded(\"" + p + "_sketch_seeds\", [&] {\n";
+    s += "    if (!sketch_seeds) throw solder::error(\"sketch_seeds must not be null\");\n";
+    s += "    // As sketched_linear::reset_parameters(derive_seed(seed, layer index)) sets its sketch_seed.\n";
+    for (std::size_t i = 0; i < l.sketches.size(); ++i)
+      s += "    sketch_seeds[" + std::to_string(i) + "] = solder::random::derive_seed(solder::random::derive_seed(seed, " +
+           std::to_string(l.sketches[i]->index) + "), 2);  // layer " + std::to_string(l.sketches[i]->index) + "\n";
+    s += close;
+  }
   return s;
 }
 
@@ -1590,14 +1991,20 @@ struct files {
 };
 
 /// The text of `<stem>.cu` and `<stem>.h` for chain c; `header` is how the .cu includes the
-/// user's header ("chains.hpp").
-inline files generate(const chain_desc& c, const std::string& header) {
+/// user's header ("chains.hpp"). `elsewhere` names the groups whose launchers another chain's
+/// file of the same run defines (launcher name -> that chain's stem): c's file runs them in its
+/// chain-level launchers through definitions of its own, and does not define their launchers.
+inline files generate(const chain_desc& c, const std::string& header,
+                      const std::map<std::string, std::string>& elsewhere = {}) {
   using namespace detail;
   const std::string stem = stem_of(c.name), ns = "solder_gen_" + stem;
   const auto groups = distinct_groups(c);
-  bool any_elementwise = false, any_row = false, any_product = false, any_pool = false;
-  for (const auto& t : groups)
+  bool any_elementwise = false, any_row = false, any_product = false, any_pool = false, any_linear = false,
+       any_sketched = false;
+  for (const auto& t : groups) {
     (t.g.product ? any_product : t.g.elementwise ? any_elementwise : t.pool() ? any_pool : any_row) = true;
+    (t.g.sketched ? any_sketched : any_linear) |= t.g.product;
+  }
   const bool whole_chain = has_chain_launchers(c);
   const chain_layout layout = whole_chain ? layout_of(c, groups) : chain_layout{};
 
@@ -1609,7 +2016,10 @@ inline files generate(const chain_desc& c, const std::string& header) {
     const group_text t{c, g, "", launcher_name(g)};
     bool first = true;
     for (const auto& d : groups) first = first && !(d.g.index < g.index && d.launcher == t.launcher);
-    if (first)
+    if (first && elsewhere.count(t.launcher))
+      overview += "// group " + std::to_string(g.index) + ", " + t.layer_range() + ": " + t.layer_list() + " on " +
+                  t.extent() + "\n//   " + t.launcher + "_fwd, _bwd  defined in " + elsewhere.at(t.launcher) + ".cu\n";
+    else if (first)
       overview += group_overview(t);
     else
       overview += "// group " + std::to_string(g.index) + ", " + t.layer_range() + ": " + t.layer_list() +
@@ -1635,13 +2045,17 @@ inline files generate(const chain_desc& c, const std::string& header) {
   if (any_row || whole_chain) cu += "#include \"solder/eval/cuda/row_kernels.hpp\"\n";
   if (whole_chain) cu += "#include \"solder/eval/cuda/optimizer_step.hpp\"\n";
   if (any_elementwise || any_product) cu += "#include \"solder/nn/elementwise_block.hpp\"\n";
-  if (any_product) cu += "#include \"solder/nn/linear_block.hpp\"\n";
-  if (whole_chain) cu += "#include \"solder/random/seed.hpp\"\n";
+  if (any_linear) cu += "#include \"solder/nn/linear_block.hpp\"\n";
+  if (any_sketched) cu += "#include \"solder/nn/sketched_linear.hpp\"\n";
+  if (whole_chain || any_sketched) cu += "#include \"solder/random/seed.hpp\"\n";
   cu += "#include \"" + stem + ".h\"\n\n";
   cu += "namespace " + ns + " {\nnamespace {\n\n" + common_definitions(any_elementwise || any_product, any_product);
   for (const auto& t : groups) {
+    if (!whole_chain && elsewhere.count(t.launcher)) continue;  // nothing here runs it
     cu += "\n" + rule("group " + std::to_string(t.g.index) + ": " + t.layer_list() + " on " + t.extent()) + "\n";
-    cu += t.g.product       ? product_definitions(t, header, stem)
+    const bool own = !elsewhere.count(t.launcher);
+    cu += t.g.sketched      ? sketched_definitions(t, header, stem, own)
+          : t.g.product     ? product_definitions(t, header, stem, own)
           : t.g.elementwise ? elementwise_definitions(t, header, stem)
                             : row_definitions(t, header, stem);
   }
@@ -1649,13 +2063,15 @@ inline files generate(const chain_desc& c, const std::string& header) {
   cu += "\n}  // namespace\n}  // namespace " + ns + "\n\n";
   cu += rule("kernels: every __global__ function the launchers start, instantiated here") + "\n";
   std::set<std::string> done;
-  for (const auto& t : groups) cu += instantiations(t, ns, done);
+  for (const auto& t : groups)
+    if (whole_chain || !elsewhere.count(t.launcher)) cu += instantiations(t, ns, done);
   if (whole_chain)
     cu += "// the chain's loss and optimizer update: started by the launchers of eval/cuda/row_kernels.hpp and\n"
           "// eval/cuda/optimizer_step.hpp, which instantiate their kernels\n";
   cu += "\n" + rule("launchers (C linkage: global names, whatever the namespace)") + "\n";
   cu += "namespace " + ns + " {\n\n";
-  for (const auto& t : groups) cu += launchers(t) + "\n";
+  for (const auto& t : groups)
+    if (!elsewhere.count(t.launcher)) cu += launchers(t) + "\n";
   if (whole_chain) cu += chain_launchers(c, layout, stem) + "\n";
   cu += "extern \"C\" const char* solder_" + stem + "_last_error(void) { return last_error.c_str(); }\n\n";
   cu += "}  // namespace " + ns + "\n";
@@ -1678,6 +2094,10 @@ inline files generate(const chain_desc& c, const std::string& header) {
   h += "typedef struct CUstream_st* cudaStream_t;\n\n#ifdef __cplusplus\nextern \"C\" {\n#endif\n";
   for (const auto& t : groups) {
     h += "\n" + rule("group " + std::to_string(t.g.index) + ": " + t.layer_list() + " on " + t.extent()) + "\n";
+    if (elsewhere.count(t.launcher)) {
+      h += "/// " + t.launcher + "_fwd and _bwd: declared in " + elsewhere.at(t.launcher) + ".h.\n";
+      continue;
+    }
     h += comment("/// ", forward_summary(t)) + wrap_call("int " + t.launcher + "_fwd", decls(forward_params(t)), ";") +
          "\n";
     h += comment("/// ", backward_summary(t)) +
@@ -1691,15 +2111,17 @@ inline files generate(const chain_desc& c, const std::string& header) {
 }
 
 /// solder-gen's entry point: writes `<dir>/<stem>.cu` and `<stem>.h` for every chain, `<dir>`
-/// being argv[1]; `header` is how the .cu include the chains' header. Returns 0, or 1 after
-/// saying why on stderr (two chains would define the same launcher, a file cannot be written).
+/// being argv[1]; `header` is how the .cu include the chains' header. A group that several chains
+/// hold (the same type) gets its launchers in the first one's file. Returns 0, or 1 after saying
+/// why on stderr (two different groups would define the same launcher, a file cannot be written).
 inline int main(int argc, char** argv, const std::string& header, std::initializer_list<chain_desc> chains) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s <output directory>\n", argc ? argv[0] : "solder-gen");
     return 1;
   }
   const std::string dir = argv[1];
-  std::map<std::string, std::string> defined;  // launcher -> the chain that defines it
+  std::map<std::string, std::pair<std::string, std::string>> defined;  // launcher -> (the chain defining it, block type)
+  std::map<std::string, std::map<std::string, std::string>> elsewhere;  // chain -> launcher -> the stem defining it
   std::set<std::string> stems;
   for (const auto& c : chains) {
     if (!stems.insert(detail::stem_of(c.name)).second) {
@@ -1719,19 +2141,20 @@ inline int main(int argc, char** argv, const std::string& header, std::initializ
         return 1;
       }
       if (fresh) {
-        const auto [other, added] = defined.emplace(t.launcher, c.name);
-        if (!added) {
+        const auto [other, added] = defined.emplace(t.launcher, std::pair{c.name, t.block_type()});
+        if (!added && other->second.second != t.block_type()) {
           std::fprintf(stderr,
-                       "solder-gen: %s and %s both hold a group whose launchers are %s_fwd/_bwd; they would be "
-                       "defined twice: generate that group from one of the chains\n",
-                       other->second.c_str(), c.name.c_str(), t.launcher.c_str());
+                       "solder-gen: %s and %s hold different groups whose launchers are both %s_fwd/_bwd; they "
+                       "would be defined twice: generate them from separate programs\n",
+                       other->second.first.c_str(), c.name.c_str(), t.launcher.c_str());
           return 1;
         }
+        if (!added) elsewhere[c.name][t.launcher] = detail::stem_of(other->second.first);
       }
     }
   }
   for (const auto& c : chains) {
-    const files f = generate(c, header);
+    const files f = generate(c, header, elsewhere[c.name]);
     const std::string stem = detail::stem_of(c.name);
     for (const auto& [name, text] : {std::pair{stem + ".cu", &f.cu}, std::pair{stem + ".h", &f.h}}) {
       const std::string path = dir + "/" + name;

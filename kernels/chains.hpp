@@ -7,6 +7,7 @@
 #include "solder/nn/layer_norm.hpp"
 #include "solder/nn/linear.hpp"
 #include "solder/nn/pool.hpp"
+#include "solder/nn/sketched_linear.hpp"
 
 /// y = dropout(relu(x + b)) over 4096 features; backward from the output y.
 using bias_relu_dropout = solder::nn::chain<solder::nn::bias<4096>, solder::nn::relu, solder::nn::dropout<0.1f>>;
@@ -35,3 +36,11 @@ using digits_mlp = solder::nn::chain<solder::nn::linear<64, 256>, solder::nn::re
 /// -> [32, 2, 2] -> flatten -> 128 features; a launch per pooling group each way, flatten a copy.
 using pool_flatten = solder::nn::chain<solder::nn::input<32, 8, 8>, solder::nn::max_pool2d<2>,
                                        solder::nn::avg_pool2d<2>, solder::nn::flatten<>>;
+
+/// The sketched digits classifier of examples/sketched_mlp.cpp: digits_mlp with its two hidden
+/// linear layers sketched (L = 2 terms of rank k = 8: y = (x [S1 | U2]) [U1; S2] / (2L) + b, the
+/// signs regenerated from Philox); three product groups, the first two of two products each, and
+/// the chain-level launchers. Its last group is digits_mlp's, whose launchers digits_mlp.cu defines.
+using sketched_mlp = solder::nn::chain<solder::nn::sketched_linear<64, 256, 2, 8>, solder::nn::relu,
+                                       solder::nn::dropout<0.1f>, solder::nn::sketched_linear<256, 128, 2, 8>,
+                                       solder::nn::relu, solder::nn::dropout<0.1f>, solder::nn::linear<128, 10>>;

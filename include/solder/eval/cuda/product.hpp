@@ -294,6 +294,41 @@ struct sign_operand {
   static constexpr bool cols_contiguous = !Trans;
 };
 
+/// Terms sign sketches of [TR, TC] stacked (expr/operand.hpp, sign_sketch<TR, TC, Terms, Stack>):
+/// side by side ([TR, Terms TC]) or one above the other ([Terms TR, TC]); element (r, c) of the
+/// stack is element e of term t, e numbered row-major in the term, as the CPU's packing reads it
+/// (eval/cpu/operand_packing.hpp, sketch_row); read transposed when Trans. Never stored.
+template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack, bool Trans>
+struct sketch_operand {
+  static constexpr bool transposed = Trans;
+  std::uint64_t seed;
+  float scale;
+  SOLDER_HD SOLDER_INLINE float at(std::size_t r, std::size_t c) const {
+    const std::size_t sr = Trans ? c : r, sc = Trans ? r : c;  // in the stack as stored
+    const std::size_t t = Stack == sketch_stack::columns ? sc / TC : sr / TR;
+    const std::size_t e = Stack == sketch_stack::columns ? sr * TC + sc % TC : (sr % TR) * TC + sc;
+    return scale * random::sketch_sign(seed, t, e);
+  }
+  static constexpr bool cols_contiguous = !Trans;
+};
+
+/// Two operands side by side (Axis columns: [a | b], b's columns from Split) or one above the
+/// other (rows: [a; b], b's rows from Split), as expr/operand.hpp's hcat and vcat: the sketched
+/// layer's factors [S1 | U2] and [U1; S2], and their transposes.
+template <class A, class B, sketch_stack Axis, std::size_t Split>
+struct concat_operand {
+  A a;
+  B b;
+  SOLDER_HD SOLDER_INLINE float at(std::size_t r, std::size_t c) const {
+    if constexpr (Axis == sketch_stack::columns)
+      return c < Split ? a.at(r, c) : b.at(r, c - Split);
+    else
+      return r < Split ? a.at(r, c) : b.at(r - Split, c);
+  }
+  /// Staged along a's contiguous index (where the two differ, b's reads are strided).
+  static constexpr bool cols_contiguous = A::cols_contiguous;
+};
+
 /// A' [batch Ho Wo, Cin Kh Kw] of a convolution (one group), never stored: row r is output
 /// pixel (n, ho, wo), column c = (ci Kh + kh) Kw + kw, PyTorch's order of a weight [Cout, Cin,
 /// Kh, Kw], so B' = W^T is matrix_operand<true>{w, Cin Kh Kw} and C [batch Ho Wo, Cout] is the
