@@ -10,13 +10,17 @@
 namespace solder {
 
 /// Where a random stream starts: the seed picks the stream, the offset the position in it (a
-/// layer advances the offset each training step so every step draws fresh masks).
+/// layer advances the offset each training step so every step draws fresh masks). first is
+/// the element index the tensor's element 0 draws: a part of a larger batch (a data-parallel
+/// shard, a micro-batch) starting at sample s of F elements each sets it to s F and draws the
+/// larger batch's masks.
 struct philox_state {
   std::uint64_t seed = 0;
   std::uint64_t offset = 0;
+  std::uint64_t first = 0;
 };
 
-/// keep(i) = bits16(seed, offset, i) >= threshold, i the row-major index in shape S.
+/// keep(i) = bits16(seed, offset, first + i) >= threshold, i the row-major index in shape S.
 /// Value type bool: a mask, consumed by select-like ops (ops::dropout).
 template <class S>
 struct dropout_mask {

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <cstring>
 #include <iomanip>
@@ -175,6 +176,30 @@ class basic_chain {
     });
   }
 
+  /// The batches that follow are part of a larger one, starting at its sample s: every dropout
+  /// draws the masks the larger batch's samples s, s + 1, ... draw, so a data-parallel shard or
+  /// a micro-batch drops what the whole batch would (default 0: a batch of its own).
+  void set_first_sample(std::uint64_t s) {
+    for_each_dropout([&](std::size_t layer, auto& d) { d.rng.first = s * widths::after[layer]; });
+  }
+  /// Every dropout's stream (seed, offset: where its next training forward draws, first), in
+  /// layer order: what a checkpoint keeps so a resumed run draws the masks it would have.
+  std::vector<philox_state> dropout_streams() {
+    std::vector<philox_state> out;
+    for_each_dropout([&](std::size_t, auto& d) { out.push_back(d.rng); });
+    return out;
+  }
+  /// Sets the streams dropout_streams() returned; a list of another length is a solder::error.
+  void set_dropout_streams(std::span<const philox_state> streams) {
+    std::size_t n = 0;
+    for_each_dropout([&](std::size_t, auto&) { ++n; });
+    if (streams.size() != n)
+      solder::detail::fail("solder::chain::set_dropout_streams: got " + std::to_string(streams.size()) +
+                           " streams, the chain has " + std::to_string(n) + " dropout layers");
+    std::size_t k = 0;
+    for_each_dropout([&](std::size_t, auto& d) { d.rng = streams[k++]; });
+  }
+
   /// The model's output for x [batch, In]: an owned [batch, Out] tensor, which later calls
   /// never change. backward reads x (dW of the first layer), so a view x must stay valid until
   /// then; a temporary tensor is moved into the chain and kept there.
@@ -221,6 +246,14 @@ class basic_chain {
   /// Gradients of every parameter (overwritten) for dL/d(output) = dy, [batch, Out], after the
   /// forward of that batch.
   void backward(output_ref dy) {
+    backward(dy, [](std::size_t) {});
+  }
+  /// backward, calling block_done(k) as soon as kernel k's backward has run (the last kernel
+  /// first): block_params(k) then hold their gradients, so a data-parallel trainer can start
+  /// reducing them while the earlier kernels run.
+  template <class F>
+    requires std::invocable<F&, std::size_t>
+  void backward(output_ref dy, F&& block_done) {
     const executor<cpu>::flush_denormals guard(flush);
     const std::size_t n = dy.batch();
     if (n != batch)
@@ -230,7 +263,7 @@ class basic_chain {
     // Backward reads every block's input as NCHW: a forward that kept images channels-last
     // runs again without.
     if (images_channels_last) run_forward(n, false, std::make_index_sequence<kernels>{});
-    run_backward(n, std::make_index_sequence<kernels>{});
+    run_backward(n, block_done, std::make_index_sequence<kernels>{});
   }
 
   /// dL/d(output) buffer of the chain (the loss writes into it; train_step does).
@@ -242,11 +275,20 @@ class basic_chain {
   /// bce_with_logits_loss (a target tensor of the output's shape).
   template <class Target, class Optimizer, class Loss = cross_entropy_loss>
   float train_step(input_ref x, const Target& target, Optimizer& opt, const Loss& loss = {}) {
+    const float value = loss_and_backward(x, target, loss);
+    opt.step();
+    return value;
+  }
+
+  /// train_step without the optimizer's step: forward, the loss and its gradient, backward
+  /// (calling block_done(k) after kernel k's, as backward does). Returns the mean loss.
+  template <class Target, class Loss = cross_entropy_loss, class F = void (*)(std::size_t)>
+    requires std::invocable<F&, std::size_t>
+  float loss_and_backward(input_ref x, const Target& target, const Loss& loss = {}, F&& block_done = [](std::size_t) {}) {
     const executor<cpu>::flush_denormals guard(flush);
     run(x, false);
     const float value = loss(output_view(batch), target, output_grad());
-    backward(output_ref(dout.data(), batch));
-    opt.step();
+    backward(output_ref(dout.data(), batch), block_done);
     return value;
   }
 
@@ -262,17 +304,19 @@ class basic_chain {
   /// "0.bias", ... by layer position), for optimizers and parameter files.
   std::vector<optim::param> params() {
     std::vector<optim::param> out;
+    for_each_block([&]<class G>(auto& b, std::type_identity<G>) { add_block_params<G>(b, out); });
+    return out;
+  }
+  /// The parameters of kernel k (0 <= k < kernels), as params() names them; params() is every
+  /// kernel's in order.
+  std::vector<optim::param> block_params(std::size_t k) {
+    if (k >= kernels)
+      solder::detail::fail("solder::chain::block_params: kernel " + std::to_string(k) + " is out of range; the chain has " +
+                           std::to_string(kernels) + " kernels");
+    std::vector<optim::param> out;
+    std::size_t i = 0;
     for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
-      const std::string at = std::to_string(G::first) + ".";
-      if constexpr (requires { b.params_from(G::first); }) {
-        for (auto& p : b.params_from(G::first)) out.push_back(p);
-      } else if constexpr (G::kind == layer_kind::product) {
-        add_layer_params(at, b.head(), out);
-      } else if constexpr (G::kind == layer_kind::elementwise) {
-        add_bias_params<G::first>(b.layers, out);
-      } else if constexpr (requires { b.params(at); }) {
-        for (auto& p : b.params(at)) out.push_back(p);
-      }
+      if (i++ == k) add_block_params<G>(b, out);
     });
     return out;
   }
@@ -429,6 +473,40 @@ class basic_chain {
       return std::size_t(1);
   }();
 
+  template <class G, class B>
+  static void add_block_params(B& b, std::vector<optim::param>& out) {
+    const std::string at = std::to_string(G::first) + ".";
+    if constexpr (requires { b.params_from(G::first); }) {
+      for (auto& p : b.params_from(G::first)) out.push_back(p);
+    } else if constexpr (G::kind == layer_kind::product) {
+      add_layer_params(at, b.head(), out);
+    } else if constexpr (G::kind == layer_kind::elementwise) {
+      add_bias_params<G::first>(b.layers, out);
+    } else if constexpr (requires { b.params(at); }) {
+      for (auto& p : b.params(at)) out.push_back(p);
+    }
+  }
+
+  /// f(layer index, dropout layer) for every dropout, in layer order.
+  template <class F>
+  void for_each_dropout(F&& f) {
+    const auto each = [&]<std::size_t First, class Tuple>(Tuple& layers) {
+      [&]<std::size_t... K>(std::index_sequence<K...>) {
+        (
+            [&] {
+              if constexpr (detail::is_dropout<std::tuple_element_t<K, Tuple>>) f(First + K, std::get<K>(layers));
+            }(),
+            ...);
+      }(std::make_index_sequence<std::tuple_size_v<Tuple>>{});
+    };
+    for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
+      if constexpr (G::kind == layer_kind::product)
+        each.template operator()<G::first + tail_first<std::remove_cvref_t<decltype(b)>>>(b.tail.layers);
+      else if constexpr (G::kind == layer_kind::elementwise)
+        each.template operator()<G::first>(b.layers);
+    });
+  }
+
   /// A product layer's parameters, named by its param_names ("weight", "bias" for linear).
   template <class L>
   static void add_layer_params(const std::string& at, L& layer, std::vector<optim::param>& out) {
@@ -568,12 +646,13 @@ class basic_chain {
     }
   }
 
-  template <std::size_t... I>
-  void run_backward(std::size_t n, std::index_sequence<I...>) {
+  template <class F, std::size_t... I>
+  void run_backward(std::size_t n, F& block_done, std::index_sequence<I...>) {
     // Last block first.
     constexpr std::size_t K = sizeof...(I);
-    (timed(K - 1 - I, false, group_flops<std::tuple_element_t<K - 1 - I, groups>, widths>(false) * double(n),
-           [&] { backward_block<K - 1 - I>(n); }),
+    ((timed(K - 1 - I, false, group_flops<std::tuple_element_t<K - 1 - I, groups>, widths>(false) * double(n),
+            [&] { backward_block<K - 1 - I>(n); }),
+      block_done(K - 1 - I)),
      ...);
   }
 };

@@ -188,7 +188,7 @@ struct evaluator<dropout_mask<L>, Lay, V> {
   template <class Ctx>
   SOLDER_INLINE void seek(const segment& s, Ctx& ctx) {
     const std::size_t first = Lay::flat ? s.col : map::row_offset(s.row) + (map::inner ? s.col : 0);
-    bits = ctx.bits16(mask.rng.seed, mask.rng.offset, first, contiguous ? s.len : 1);
+    bits = ctx.bits16(mask.rng.seed, mask.rng.offset, mask.rng.first + first, contiguous ? s.len : 1);
     if constexpr (!contiguous) row_bits = bits[0];
   }
   SOLDER_INLINE M load(std::size_t j) const {
