@@ -1,0 +1,251 @@
+// dist/mpi.hpp: processes training together through MPI (Open MPI): the session, a
+// communicator, and the fixed-order reduction of gradient buckets (dist/reduction.hpp) as
+// non-blocking collectives that advance while the backward runs.
+#pragma once
+
+// The C API only: the deprecated C++ bindings that mpi.h would pull in are not used.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "solder/config.hpp"
+#include "solder/dist/reduction.hpp"
+
+namespace solder::dist {
+
+namespace detail {
+/// Throws solder::error naming the MPI call and MPI's own text for a failed call (the
+/// communicators here return errors instead of aborting: MPI_ERRORS_RETURN).
+inline void mpi_check(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  solder::detail::fail(std::string("solder::dist::mpi: ") + call + " failed: " + std::string(text, std::size_t(len)));
+}
+}  // namespace detail
+
+/// MPI for the life of the object: initializes it (threads: only the main thread calls MPI;
+/// OpenMP threads inside a rank compute only) unless the program already did, and finalizes
+/// what it initialized. Make one in main, before any communicator.
+class mpi_session {
+ public:
+  mpi_session(int* argc = nullptr, char*** argv = nullptr) {
+    int done = 0;
+    MPI_Initialized(&done);
+    if (done) return;
+    int provided = 0;
+    detail::mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    owner = true;
+  }
+  mpi_session(const mpi_session&) = delete;
+  mpi_session& operator=(const mpi_session&) = delete;
+  ~mpi_session() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owner && !finalized) MPI_Finalize();
+  }
+
+ private:
+  bool owner = false;
+};
+
+/// A group of ranks (a duplicate of MPI_COMM_WORLD by default, so solder's messages never meet
+/// the program's own). Errors are returned, and thrown as solder::error, not fatal aborts.
+class mpi_communicator {
+ public:
+  explicit mpi_communicator(MPI_Comm parent = MPI_COMM_WORLD) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized)
+      solder::detail::fail("solder::dist::mpi_communicator: MPI is not initialized; make a solder::dist::mpi_session first");
+    detail::mpi_check(MPI_Comm_dup(parent, &comm), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm, &rank_);
+    MPI_Comm_size(comm, &size_);
+  }
+  mpi_communicator(const mpi_communicator&) = delete;
+  mpi_communicator& operator=(const mpi_communicator&) = delete;
+  ~mpi_communicator() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm handle() const { return comm; }
+
+  /// One bucket's reduction in flight: started by start(), moved on by progress(), ended by
+  /// finish(). Its buffers are sized once and reused by later steps of the same bucket. It
+  /// runs on a communicator of its own (duplicated at its first start): a rank may begin one
+  /// bucket's gather before or after the next bucket's exchange, and collectives on one
+  /// communicator must begin in the same order on every rank.
+  class reduction {
+   public:
+    reduction() = default;
+    reduction(const reduction&) = delete;
+    reduction& operator=(const reduction&) = delete;
+    reduction(reduction&& o) noexcept { *this = std::move(o); }
+    reduction& operator=(reduction&& o) noexcept {
+      if (this != &o) {
+        phase = std::exchange(o.phase, idle);
+        request = std::exchange(o.request, MPI_REQUEST_NULL);
+        comm = std::exchange(o.comm, MPI_COMM_NULL);
+        data = o.data;
+        weights = std::move(o.weights);
+        n = o.n;
+        send = std::move(o.send);
+        parts = std::move(o.parts);
+        reduced = std::move(o.reduced);
+        gathered = std::move(o.gathered);
+      }
+      return *this;
+    }
+    ~reduction() {
+      // A reduction abandoned in flight (an exception between start and finish) is waited for:
+      // MPI still writes into its buffers.
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (finalized) return;
+      if (request != MPI_REQUEST_NULL) MPI_Wait(&request, MPI_STATUS_IGNORE);
+      if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    }
+    bool active() const { return phase != idle; }
+
+   private:
+    friend class mpi_communicator;
+    enum stage { idle, exchanging, gathering };
+    stage phase = idle;
+    MPI_Request request = MPI_REQUEST_NULL;
+    MPI_Comm comm = MPI_COMM_NULL;
+    std::span<float> data;
+    std::vector<double> weights;
+    std::size_t n = 0;
+    std::vector<float> send, parts, reduced, gathered;
+  };
+
+  /// Starts reducing data (n floats, the same n on every rank): afterwards every rank's data
+  /// holds sum_j weights[j] * data_j, ranks in order, and finish() returns the lowest rank whose
+  /// status was status_failed (or -1). weights must be the same on every rank (size() of them).
+  void start(reduction& r, std::span<float> data, std::span<const double> weights, float status = status_ok) {
+    if (r.active()) solder::detail::fail("solder::dist::mpi_communicator::start: the reduction is still in flight");
+    if (weights.size() != std::size_t(size_))
+      solder::detail::fail("solder::dist::mpi_communicator::start: got " + std::to_string(weights.size()) +
+                           " weights for " + std::to_string(size_) + " ranks");
+    const std::size_t P = std::size_t(size_), c = chunk_floats(data.size(), P), stride = chunk_stride(data.size(), P);
+    if (r.comm == MPI_COMM_NULL) {
+      detail::mpi_check(MPI_Comm_dup(comm, &r.comm), "MPI_Comm_dup");
+      MPI_Comm_set_errhandler(r.comm, MPI_ERRORS_RETURN);
+    }
+    r.data = data;
+    r.n = data.size();
+    r.weights.assign(weights.begin(), weights.end());
+    r.send.assign(P * stride, 0.0f);
+    r.parts.resize(P * stride);
+    r.reduced.resize(stride);
+    r.gathered.resize(P * stride);
+    for (std::size_t j = 0; j < P; ++j) {
+      const std::size_t begin = j * c, end = std::min(r.n, begin + c);
+      if (begin < end) std::memcpy(r.send.data() + j * stride, data.data() + begin, (end - begin) * sizeof(float));
+      r.send[j * stride + c] = status;
+    }
+    detail::mpi_check(MPI_Ialltoall(r.send.data(), int(stride), MPI_FLOAT, r.parts.data(), int(stride), MPI_FLOAT, r.comm,
+                                    &r.request),
+                      "MPI_Ialltoall");
+    r.phase = reduction::exchanging;
+  }
+
+  /// Moves r on without waiting (MPI's non-blocking collectives advance inside MPI calls):
+  /// when the exchange is done, sums this rank's chunk and starts the gather. True when r has
+  /// nothing left but finish().
+  bool progress(reduction& r) {
+    if (!r.active()) return true;
+    int done = 0;
+    detail::mpi_check(MPI_Test(&r.request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (!done) return false;
+    if (r.phase == reduction::exchanging) {
+      sum_and_gather(r);
+      return false;
+    }
+    return true;
+  }
+
+  /// Waits for r and writes the result into its data. Returns -1, or the lowest failed rank
+  /// (data is then not meaningful).
+  int finish(reduction& r) {
+    if (!r.active()) solder::detail::fail("solder::dist::mpi_communicator::finish: no reduction in flight");
+    if (r.phase == reduction::exchanging) {
+      detail::mpi_check(MPI_Wait(&r.request, MPI_STATUS_IGNORE), "MPI_Wait");
+      sum_and_gather(r);
+    }
+    detail::mpi_check(MPI_Wait(&r.request, MPI_STATUS_IGNORE), "MPI_Wait");
+    r.phase = reduction::idle;
+    const std::size_t P = std::size_t(size_), c = chunk_floats(r.n, P), stride = c + 1;
+    int failed = -1;
+    for (std::size_t j = 0; j < P; ++j) {
+      const float s = r.gathered[j * stride + c];
+      if (s != 0.0f && (failed < 0 || int(s) - 1 < failed)) failed = int(s) - 1;
+      const std::size_t begin = j * c, end = std::min(r.n, begin + c);
+      if (begin < end) std::memcpy(r.data.data() + begin, r.gathered.data() + j * stride, (end - begin) * sizeof(float));
+    }
+    return failed;
+  }
+
+  /// Blocking: every rank's data replaced by the weighted sum (start + finish).
+  int reduce(std::span<float> data, std::span<const double> weights, float status = status_ok) {
+    reduction r;
+    start(r, data, weights, status);
+    return finish(r);
+  }
+
+  /// The smallest of every rank's value (exact for integers: no rounding to depend on order).
+  std::int64_t min(std::int64_t v) const {
+    std::int64_t out = 0;
+    detail::mpi_check(MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_MIN, comm), "MPI_Allreduce");
+    return out;
+  }
+  std::int64_t max(std::int64_t v) const {
+    std::int64_t out = 0;
+    detail::mpi_check(MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_MAX, comm), "MPI_Allreduce");
+    return out;
+  }
+  /// root's text on every rank.
+  std::string broadcast(const std::string& text, int root) const {
+    std::uint64_t len = text.size();
+    detail::mpi_check(MPI_Bcast(&len, 1, MPI_UINT64_T, root, comm), "MPI_Bcast");
+    std::string out = rank_ == root ? text : std::string(len, '\0');
+    if (len) detail::mpi_check(MPI_Bcast(out.data(), int(len), MPI_CHAR, root, comm), "MPI_Bcast");
+    return out;
+  }
+  void barrier() const { detail::mpi_check(MPI_Barrier(comm), "MPI_Barrier"); }
+
+ private:
+  void sum_and_gather(reduction& r) {
+    const std::size_t P = std::size_t(size_), c = chunk_floats(r.n, P), stride = c + 1;
+    for (std::size_t i = 0; i < c; ++i) r.reduced[i] = weighted_sum_at(r.parts.data(), stride, r.weights.data(), P, i);
+    r.reduced[c] = reduced_status(r.parts.data(), stride, P, c);
+    detail::mpi_check(MPI_Iallgather(r.reduced.data(), int(stride), MPI_FLOAT, r.gathered.data(), int(stride), MPI_FLOAT,
+                                     r.comm, &r.request),
+                      "MPI_Iallgather");
+    r.phase = reduction::gathering;
+  }
+
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace solder::dist

@@ -1,0 +1,225 @@
+// tests/dist/data_parallel.mpi.cpp: data-parallel training through MPI, run by ctest under
+// mpirun with 1 and 2 ranks. Every test case is collective: all ranks run the same cases in the
+// same order. The reduction against sums computed here; the digits MLP trained on the ranks
+// equal bitwise across two runs and within tolerance of one process on the global batch; the
+// start-up checks and a failing rank, each an error on every rank.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "solder/data/csv.hpp"
+#include "solder/data/dataset.hpp"
+#include "solder/dist/data_parallel.hpp"
+#include "solder/dist/mpi.hpp"
+#include "solder/nn/chain.hpp"
+#include "solder/optim/adam.hpp"
+#include "solder/optim/sgd.hpp"
+
+namespace {
+
+using namespace solder;
+
+dist::mpi_communicator& world() {
+  static dist::mpi_communicator c;
+  return c;
+}
+
+/// The value rank j puts at index i: distinct per rank and index, some negative, exact floats.
+float rank_value(int j, std::size_t i) { return float(int((i * 37 + std::size_t(j) * 101) % 2001) - 1000) / 64.0f; }
+
+using mlp = nn::chain<nn::linear<64, 256>, nn::relu, nn::dropout<0.1f>, nn::linear<256, 128>, nn::relu,
+                      nn::dropout<0.1f>, nn::linear<128, 10>>;
+using other_mlp = nn::chain<nn::linear<64, 128>, nn::relu, nn::linear<128, 10>>;
+
+const data::labeled_dataset& digits() {
+  static const data::labeled_dataset d = [] {
+    data::labeled_dataset all = data::load_labeled_csv(SOLDER_DIGITS_CSV, 64, 64);
+    data::divide_features(all, 16.0f);
+    return all;
+  }();
+  return d;
+}
+
+/// Trains `steps` global batches of `global` samples (the same on every rank) and returns the
+/// parameters, concatenated. With a communicator, on its ranks; without, in this process alone.
+std::vector<float> train(dist::mpi_communicator* comm, std::size_t global, int steps, std::size_t bucket_bytes = 64 * 1024) {
+  mlp model(17);
+  optim::adamw opt(model.params(), {.lr = 2e-3f, .weight_decay = 1e-2f});
+  data::batch_loader loader(digits(), global, data::last_batch::drop);
+  loader.shuffle(5, 0);
+  if (comm) {
+    dist::data_parallel dp(model, opt, *comm, {.bucket_bytes = bucket_bytes});
+    for (int t = 0; t < steps; ++t) {
+      const data::batch_view b = loader[std::size_t(t) % loader.size()];
+      dp.train_step(b.features_as<64>(), b.y);
+    }
+  } else {
+    for (int t = 0; t < steps; ++t) {
+      const data::batch_view b = loader[std::size_t(t) % loader.size()];
+      model.train_step(b.features_as<64>(), b.y, opt);
+    }
+  }
+  std::vector<float> out;
+  for (const auto& p : model.params()) out.insert(out.end(), p.value.data(), p.value.data() + p.value.size());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("dist: the reduction is the weighted sum in rank order", "[dist][mpi]") {
+  auto& c = world();
+  const int P = c.size();
+  for (std::size_t n : {std::size_t(1), std::size_t(3), std::size_t(1000), std::size_t(100001)}) {
+    std::vector<double> w(static_cast<std::size_t>(P));
+    for (int j = 0; j < P; ++j) w[std::size_t(j)] = double(j + 1) / double(P * (P + 1) / 2);
+    std::vector<float> data(n);
+    for (std::size_t i = 0; i < n; ++i) data[i] = rank_value(c.rank(), i);
+    REQUIRE(c.reduce(data, w) == -1);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      double s = 0;
+      for (int j = 0; j < P; ++j) s += w[std::size_t(j)] * double(rank_value(j, i));
+      const float expected = float(s);
+      wrong += std::memcmp(&expected, &data[i], sizeof(float)) != 0;
+    }
+    CHECK(wrong == 0);
+  }
+}
+
+TEST_CASE("dist: a failed status reaches every rank with the lowest failed rank", "[dist][mpi]") {
+  auto& c = world();
+  std::vector<double> w(std::size_t(c.size()), 1.0);
+  std::vector<float> data(10, 1.0f);
+  const int last = c.size() - 1;
+  CHECK(c.reduce(data, w, c.rank() == last ? dist::status_failed : dist::status_ok) == last);
+  CHECK(c.reduce(data, w, dist::status_failed) == 0);
+  CHECK(c.reduce(data, w) == -1);
+}
+
+TEST_CASE("dist: shard_of cuts a batch into contiguous shards", "[dist]") {
+  for (std::size_t n : {1, 2, 7, 512}) {
+    for (int P : {1, 2, 3, 5}) {
+      std::size_t next = 0;
+      for (int r = 0; r < P; ++r) {
+        const dist::shard s = dist::shard_of(n, r, P);
+        CHECK(s.first == next);
+        CHECK((s.count == n / std::size_t(P) || s.count == n / std::size_t(P) + 1));
+        next += s.count;
+      }
+      CHECK(next == n);
+    }
+  }
+}
+
+TEST_CASE("dist: data-parallel training is reproducible and matches one process", "[dist][mpi]") {
+  auto& c = world();
+  constexpr std::size_t global = 64;
+  constexpr int steps = 12;
+  const std::vector<float> a = train(&c, global, steps);
+  const std::vector<float> b = train(&c, global, steps, 0);  // a bucket per kernel: same bits
+  const std::vector<float> one = train(nullptr, global, steps);
+  REQUIRE(a.size() == one.size());
+  CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  // The ranks agree bitwise.
+  std::vector<float> mine = a, w0 = a;
+  std::vector<double> only_root(std::size_t(c.size()), 0.0);
+  only_root[0] = 1.0;
+  REQUIRE(c.reduce(w0, only_root) == -1);
+  CHECK(std::memcmp(mine.data(), w0.data(), mine.size() * sizeof(float)) == 0);
+  // One process on the global batch: the same masks, the gradients summed in another grouping
+  // (shards, then ranks), so the weights drift apart by float rounding over the steps; AdamW's
+  // normalized update keeps that near lr-sized steps of rounding noise.
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(double(a[i]) - double(one[i])));
+  INFO("largest weight difference from one process: " << worst);
+  CHECK(worst < 2e-4);
+  if (c.size() == 1) CHECK(std::memcmp(a.data(), one.data(), a.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("dist: ranks whose models differ are refused at start-up", "[dist][mpi]") {
+  auto& c = world();
+  if (c.size() < 2) return;  // needs a second rank to differ from rank 0
+  const bool odd = c.rank() == c.size() - 1;
+  const std::string who = "rank " + std::to_string(c.size() - 1) + " has ";
+  {
+    mlp model(odd ? 18 : 17);  // another seed
+    optim::adamw opt(model.params());
+    CHECK_THROWS_WITH((dist::data_parallel(model, opt, c)),
+                      Catch::Matchers::Contains(who + "parameter 0.weight values with checksum") &&
+                          Catch::Matchers::Contains("the same seed"));
+  }
+  {
+    mlp model(17);
+    optim::adamw opt(model.params(), {.lr = odd ? 1e-3f : 2e-3f});
+    CHECK_THROWS_WITH((dist::data_parallel(model, opt, c)),
+                      Catch::Matchers::Contains(who + "optimizer settings lr=0.00100000005"));
+  }
+  {
+    mlp model(17);
+    optim::sgd sgd_opt(model.params(), {.lr = 0.1f});
+    optim::adamw adam_opt(model.params());
+    if (odd)
+      CHECK_THROWS_WITH((dist::data_parallel(model, sgd_opt, c)), Catch::Matchers::Contains(who + "optimizer solder::optim::"));
+    else
+      CHECK_THROWS_WITH((dist::data_parallel(model, adam_opt, c)), Catch::Matchers::Contains(who + "optimizer solder::optim::"));
+  }
+  {
+    // Another architecture: the type differs first.
+    mlp a(17);
+    other_mlp b(17);
+    optim::adamw oa(a.params()), ob(b.params());
+    if (odd)
+      CHECK_THROWS_WITH((dist::data_parallel(b, ob, c)), Catch::Matchers::Contains(who + "model solder::nn::basic_chain"));
+    else
+      CHECK_THROWS_WITH((dist::data_parallel(a, oa, c)), Catch::Matchers::Contains(who + "model solder::nn::basic_chain"));
+  }
+  {
+    mlp model(17);
+    optim::adamw opt(model.params());
+    CHECK_NOTHROW(dist::data_parallel(model, opt, c, {.bucket_bytes = 1}));
+    CHECK_THROWS_WITH((dist::data_parallel(model, opt, c, {.bucket_bytes = odd ? 2u : 1u})),
+                      Catch::Matchers::Contains(who + "bucket bytes 2"));
+  }
+}
+
+TEST_CASE("dist: a rank that fails its step stops every rank with its error", "[dist][mpi]") {
+  auto& c = world();
+  mlp model(17);
+  optim::adamw opt(model.params());
+  dist::data_parallel dp(model, opt, c);
+  data::batch_loader loader(digits(), 32, data::last_batch::drop);
+  const data::batch_view b = loader[0];
+  const auto before = model.params()[0].value[0];
+  // The last rank passes a label out of range: its loss throws; every rank reports it.
+  std::vector<std::int32_t> labels(b.y.begin(), b.y.end());
+  const dist::shard s = dist::shard_of(32, c.rank(), c.size());
+  if (c.rank() == c.size() - 1) labels[s.first] = 42;
+  CHECK_THROWS_WITH(dp.train_step(b.features_as<64>(), std::span<const std::int32_t>(labels)),
+                    Catch::Matchers::Contains("rank " + std::to_string(c.size() - 1) + " failed in its training step") &&
+                        Catch::Matchers::Contains("42"));
+  CHECK(model.params()[0].value[0] == before);  // no rank stepped
+  // The ranks are still in step: the next step works.
+  CHECK(std::isfinite(dp.train_step(b.features_as<64>(), b.y)));
+  // A shard that is not shard_of's is refused the same way.
+  const std::size_t n = s.count > 1 ? s.count - 1 : s.count;
+  CHECK_THROWS_WITH(dp.train_step(mlp::input_ref(b.x + s.first * 64, n), b.y.subspan(s.first, n), s.first, 32),
+                    Catch::Matchers::Contains("failed in its training step") && Catch::Matchers::Contains("not shard_of's"));
+}
+
+int main(int argc, char** argv) {
+  dist::mpi_session mpi(&argc, &argv);
+  int code = 0;
+  {
+    Catch::Session session;
+    if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
+    code = session.run();
+    // A rank whose cases failed makes the job fail: the exit codes are combined.
+    code = int(world().max(code));
+  }
+  return code;
+}
