@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,8 @@ template <bool Decoupled>
 class basic_adam {
  public:
   static constexpr const char* name = Decoupled ? "solder::optim::adamw" : "solder::optim::adam";
+  /// What checkpoints call this optimizer.
+  static constexpr std::string_view kind = Decoupled ? "adamw" : "adam";
 
   /// The hyperparameters, with PyTorch's names and defaults (AdamW decays by 1e-2 by default).
   struct options {
@@ -33,6 +36,18 @@ class basic_adam {
     float beta2 = 0.999f;
     float eps = 1e-8f;
     float weight_decay = Decoupled ? 1e-2f : 0.0f;
+
+    /// Calls f(name, field) for every hyperparameter, in declaration order, with the names of
+    /// torch's param_groups (its betas as beta1, beta2); o is an options or a const options
+    /// (checkpoints write them so).
+    template <class O, class F>
+    static void for_each_field(O& o, F&& f) {
+      f("lr", o.lr);
+      f("beta1", o.beta1);
+      f("beta2", o.beta2);
+      f("eps", o.eps);
+      f("weight_decay", o.weight_decay);
+    }
   };
 
   /// Allocates m and v (zero) for every parameter, once.
@@ -88,19 +103,42 @@ class basic_adam {
     opt_.lr = lr;
   }
   const options& hyperparameters() const { return opt_; }
+  /// Replaces every hyperparameter (what restoring a checkpoint does, as torch's
+  /// load_state_dict restores the param group), checked as the constructor checks them; on
+  /// error nothing changes.
+  void set_hyperparameters(const options& opt) {
+    check(opt);
+    opt_ = opt;
+  }
   /// Steps taken so far (PyTorch's state['step']).
   std::int64_t steps() const { return steps_; }
+  /// Sets the step count t (restoring a checkpoint); the next step is t + 1, bias-corrected so.
+  void set_steps(std::int64_t t) {
+    if (t < 0) solder::detail::fail(std::string(name) + "::set_steps: the step count must be >= 0, got " + std::to_string(t));
+    steps_ = t;
+  }
   std::span<const param> params() const { return params_; }
   /// Parameter k's first moment m (PyTorch's state['exp_avg']).
-  tensor_ref<const float, shape<dyn>> exp_avg(std::size_t k) const { return state(m_, k); }
+  tensor_ref<const float, shape<dyn>> exp_avg(std::size_t k) const { return state_of(m_, k); }
   /// Parameter k's second moment v (PyTorch's state['exp_avg_sq']).
-  tensor_ref<const float, shape<dyn>> exp_avg_sq(std::size_t k) const { return state(v_, k); }
+  tensor_ref<const float, shape<dyn>> exp_avg_sq(std::size_t k) const { return state_of(v_, k); }
+  /// The state as torch's state_dict names it, writable: "state.<k>.exp_avg" and
+  /// "state.<k>.exp_avg_sq" for every parameter k, shaped as the parameter. (torch keeps
+  /// state.<k>.step per parameter; here the one count is steps().)
+  std::vector<state_tensor> state() {
+    std::vector<state_tensor> out;
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      out.push_back({detail::state_name(k, "exp_avg"), m_[k].ref(), params_[k].dims});
+      out.push_back({detail::state_name(k, "exp_avg_sq"), v_[k].ref(), params_[k].dims});
+    }
+    return out;
+  }
 
  private:
   static void check_lr(float lr) {
     if (!(lr >= 0.0f)) solder::detail::fail(std::string(name) + ": lr must be >= 0, got " + std::to_string(lr));
   }
-  static tensor_ref<const float, shape<dyn>> state(const std::vector<tensor<float, shape<dyn>>>& s, std::size_t k) {
+  static tensor_ref<const float, shape<dyn>> state_of(const std::vector<tensor<float, shape<dyn>>>& s, std::size_t k) {
     if (k >= s.size())
       solder::detail::fail(std::string(name) + ": parameter index " + std::to_string(k) + " is out of range (" +
                            std::to_string(s.size()) + " parameters)");
@@ -117,5 +155,7 @@ class basic_adam {
 using adam = basic_adam<false>;
 /// torch.optim.AdamW: weight decay is decoupled, w *= 1 - lr weight_decay before the update.
 using adamw = basic_adam<true>;
+
+static_assert(StatefulOptimizer<adam> && StatefulOptimizer<adamw>);
 
 }  // namespace solder::optim

@@ -1,12 +1,16 @@
-// optim/optimizer.hpp: what every optimizer shares: the parameter view (`param`), zero_grad,
-// gradient-norm clipping and gradient accumulation over micro-batches. The per-element math
-// lives in ops/optimizer.hpp; it runs here through executor<cpu>'s element loop.
+// optim/optimizer.hpp: what every optimizer shares: the parameter view (`param`), the view of
+// its state (`state_tensor`) and restoring it (`restore_state`), zero_grad, gradient-norm
+// clipping and gradient accumulation over micro-batches. The per-element math lives in
+// ops/optimizer.hpp; it runs here through executor<cpu>'s element loop.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <concepts>
+#include <cstdint>
+#include <cstring>
 #include <span>
+#include <string_view>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -53,7 +57,41 @@ param make_param(std::string name, V& value, G& grad) {
           tensor_ref<float, shape<dyn>>(grad.data(), grad.size()), std::move(dims)};
 }
 
+/// One tensor of an optimizer's state, named as torch's optimizer.state_dict() names it
+/// ("state.0.exp_avg": parameter 0's first moment), as a flat writable view with its
+/// parameter's shape.
+struct state_tensor {
+  std::string name;
+  tensor_ref<float, shape<dyn>> value;
+  std::vector<std::size_t> dims{};
+};
+
+/// A state tensor to restore: its name, as the optimizer's state() names it, and its elements.
+struct saved_state {
+  std::string name;
+  std::span<const float> values;
+};
+
+/// An optimizer whose state can be saved and restored (sgd, adam, adamw): its kind ("sgd"),
+/// its state tensors as writable views, its step count, and its hyperparameters (an `options`
+/// aggregate) to read and to set.
+template <class O>
+concept StatefulOptimizer = requires(O& o, const O& c, std::int64_t t, const typename O::options& h) {
+  { O::kind } -> std::convertible_to<std::string_view>;
+  { o.state() } -> std::same_as<std::vector<state_tensor>>;
+  { c.steps() } -> std::same_as<std::int64_t>;
+  o.set_steps(t);
+  { c.hyperparameters() } -> std::convertible_to<const typename O::options&>;
+  o.set_hyperparameters(h);
+  { c.params() } -> std::convertible_to<std::span<const param>>;
+};
+
 namespace detail {
+
+/// "state.<k>.<what>", the name torch's optimizer.state_dict() gives parameter k's state.
+inline std::string state_name(std::size_t k, std::string_view what) {
+  return "state." + std::to_string(k) + "." + std::string(what);
+}
 
 /// Every param non-empty, with as many gradients as values; `who` names the caller.
 inline void check_params(const char* who, std::span<const param> params) {
@@ -116,6 +154,37 @@ inline double sum_of_squares(const float* x, std::size_t n) {
 }
 
 }  // namespace detail
+
+/// Restores an optimizer's state, as torch's optimizer.load_state_dict restores state: the
+/// elements of every tensor of opt.state(), each given once by name with as many elements, and
+/// the step count. All or nothing: a tensor missing, unknown to the optimizer, given twice or
+/// of another size, or a negative step count, is a solder::error naming it, and the optimizer
+/// is left unchanged. The hyperparameters are not touched (set_hyperparameters sets them).
+template <StatefulOptimizer Optimizer>
+void restore_state(Optimizer& opt, std::span<const saved_state> saved, std::int64_t steps) {
+  const std::string who = "solder::optim::restore_state (" + std::string(std::string_view(Optimizer::kind)) + ")";
+  if (steps < 0) solder::detail::fail(who + ": the step count must be >= 0, got " + std::to_string(steps));
+  const std::vector<state_tensor> state = opt.state();
+  std::vector<const saved_state*> source(state.size(), nullptr);
+  for (const saved_state& s : saved) {
+    const auto it = std::find_if(state.begin(), state.end(), [&](const state_tensor& t) { return t.name == s.name; });
+    if (it == state.end())
+      solder::detail::fail(who + ": the optimizer has no state tensor '" + s.name + "' (it has " +
+                           std::to_string(state.size()) + ")");
+    const std::size_t k = std::size_t(it - state.begin());
+    if (source[k]) solder::detail::fail(who + ": state tensor '" + s.name + "' is given twice");
+    if (s.values.size() != it->value.size())
+      solder::detail::fail(who + ": state tensor '" + s.name + "' has " + std::to_string(s.values.size()) +
+                           " elements; the optimizer's has " + std::to_string(it->value.size()));
+    source[k] = &s;
+  }
+  for (std::size_t k = 0; k < state.size(); ++k)
+    if (!source[k]) solder::detail::fail(who + ": state tensor '" + state[k].name + "' is missing");
+  for (std::size_t k = 0; k < state.size(); ++k)
+    if (state[k].value.size() != 0)
+      std::memcpy(state[k].value.data(), source[k]->values.data(), state[k].value.size() * sizeof(float));
+  opt.set_steps(steps);
+}
 
 /// Sets every gradient to 0 (for callers that accumulate into grads; solder's layers
 /// overwrite theirs).

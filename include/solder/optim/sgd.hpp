@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,9 @@ namespace solder::optim {
 ///   w = w - lr g
 class sgd {
  public:
+  /// What checkpoints call this optimizer.
+  static constexpr std::string_view kind = "sgd";
+
   /// The hyperparameters, with PyTorch's names and defaults (lr has none).
   struct options {
     float lr;
@@ -28,6 +32,17 @@ class sgd {
     float dampening = 0.0f;
     float weight_decay = 0.0f;
     bool nesterov = false;
+
+    /// Calls f(name, field) for every hyperparameter, in declaration order, with the names of
+    /// torch's param_groups; o is an options or a const options (checkpoints write them so).
+    template <class O, class F>
+    static void for_each_field(O& o, F&& f) {
+      f("lr", o.lr);
+      f("momentum", o.momentum);
+      f("dampening", o.dampening);
+      f("weight_decay", o.weight_decay);
+      f("nesterov", o.nesterov);
+    }
   };
 
   /// Allocates the momentum buffers (when momentum != 0), once; checks the options as
@@ -90,14 +105,40 @@ class sgd {
     opt_.lr = lr;
   }
   const options& hyperparameters() const { return opt_; }
+  /// Replaces every hyperparameter (what restoring a checkpoint does, as torch's
+  /// load_state_dict restores the param group). Checked as the constructor checks them; the
+  /// momentum buffers exist or not from construction, so momentum may not change between zero
+  /// and non-zero. On error nothing changes.
+  void set_hyperparameters(const options& opt) {
+    check(opt);
+    if ((opt.momentum != 0.0f) != (opt_.momentum != 0.0f))
+      solder::detail::fail(std::string("solder::optim::sgd::set_hyperparameters: momentum ") +
+                           (opt_.momentum != 0.0f ? "is non-zero; it cannot become 0" : "is 0; it cannot become non-zero") +
+                           " (the momentum buffers are made at construction); construct the optimizer with the momentum you need");
+    opt_ = opt;
+  }
   /// Steps taken so far.
   std::int64_t steps() const { return steps_; }
+  /// Sets the step count (restoring a checkpoint): with momentum, step 0 starts the buffers
+  /// afresh (b = g), any later step continues them.
+  void set_steps(std::int64_t t) {
+    if (t < 0) solder::detail::fail("solder::optim::sgd::set_steps: the step count must be >= 0, got " + std::to_string(t));
+    steps_ = t;
+  }
   std::span<const param> params() const { return params_; }
   /// Parameter k's momentum buffer (PyTorch's state['momentum_buffer']); needs momentum != 0.
   tensor_ref<const float, shape<dyn>> momentum_buffer(std::size_t k) const {
     SOLDER_ASSERT(!momentum_.empty(), "solder::optim::sgd: no momentum buffer: momentum is 0");
     SOLDER_ASSERT(k < momentum_.size(), "solder::optim::sgd: momentum_buffer index out of range");
     return momentum_[k].ref();
+  }
+  /// The state as torch's state_dict names it, writable: "state.<k>.momentum_buffer" for every
+  /// parameter k, shaped as the parameter; none when momentum is 0 (torch keeps none either).
+  std::vector<state_tensor> state() {
+    std::vector<state_tensor> out;
+    for (std::size_t k = 0; k < momentum_.size(); ++k)
+      out.push_back({detail::state_name(k, "momentum_buffer"), momentum_[k].ref(), params_[k].dims});
+    return out;
   }
 
  private:
@@ -110,5 +151,7 @@ class sgd {
   std::vector<tensor<float, shape<dyn>>> momentum_;
   std::int64_t steps_ = 0;
 };
+
+static_assert(StatefulOptimizer<sgd>);
 
 }  // namespace solder::optim
