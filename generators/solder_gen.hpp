@@ -28,7 +28,9 @@
 #include "solder/autodiff/vjp.hpp"
 #include "solder/backend.hpp"
 #include "solder/diagnostic.hpp"
+#include "solder/nn/batch_norm.hpp"
 #include "solder/nn/chain.hpp"
+#include "solder/nn/conv2d.hpp"
 #include "solder/nn/elementwise.hpp"
 #include "solder/nn/elementwise_block.hpp"
 #include "solder/nn/flatten.hpp"
@@ -48,7 +50,7 @@ namespace solder::gen {
 // ---------------------------------------------------------------------------------------------
 
 /// What a layer is to the generated code.
-enum class role { linear, sketched_linear, bias, activation, dropout, layer_norm, softmax, log_softmax, max_pool, avg_pool, flatten };
+enum class role { linear, sketched_linear, conv2d, batch_norm, bias, activation, dropout, layer_norm, softmax, log_softmax, max_pool, avg_pool, flatten };
 
 /// One layer of a chain: its type as C++ spells it, its name (PyTorch's) and its position.
 struct layer_desc {
@@ -73,6 +75,13 @@ struct group_desc {
   /// A sketched product group (nn::sketched_block): its layer's Terms L and Rank k.
   bool sketched = false;
   std::size_t terms = 0, rank = 0;
+  /// A convolution group (nn::conv_block: conv2d, its batch_norm if any, then elementwise
+  /// layers), on NCHW images: the input [channels, height, cols] (below), the output
+  /// [out_channels, out_height, out_cols], the kernel, stride, padding and dilation.
+  bool conv = false;
+  bool conv_bias = false;  // the convolution adds its bias
+  bool norm = false;       // a batch_norm follows it
+  std::size_t out_channels = 0, kernel_h = 0, kernel_w = 0, dilation = 1;
   /// Pooling: the sample [channels, height, cols] in and [channels, out_height, out_cols] out
   /// (NCHW, as the CPU layers and eval/cuda/pool.hpp keep images), the window and its padding
   /// rule. Flatten keeps the bytes: width features in and out.
@@ -155,6 +164,31 @@ struct layer_traits<nn::sketched_linear<In, Out, Terms, Rank, Bias, Strategy, Al
     return {role::sketched_linear, "solder::nn::sketched_linear<" + args + ">", "sketched_linear", i};
   }
 };
+template <std::size_t Cin, std::size_t Cout, std::size_t Kh, std::size_t Kw, std::size_t S, std::size_t P, std::size_t D,
+          std::size_t G, bool B>
+struct layer_traits<nn::conv2d<Cin, Cout, Kh, Kw, S, P, D, G, B>> {
+  static constexpr bool known = G == 1;  // grouped and depthwise convolutions: no product form yet
+  static constexpr bool convolution = true;
+  static layer_desc describe(std::size_t i) {
+    // The arguments up to the last that differs from its default, as a user writes the type.
+    const std::size_t given[] = {Cin, Cout, Kh, Kw, S, P, D, G, B ? 1u : 0u};
+    const std::size_t defaults[] = {0, 0, 0, 0, 1, 0, 1, 1, 1};
+    std::size_t n = 4;
+    for (std::size_t k = 4; k < 9; ++k)
+      if (given[k] != defaults[k]) n = k + 1;
+    std::vector<std::string> args;
+    for (std::size_t k = 0; k < n; ++k) args.push_back(k == 8 ? (B ? "true" : "false") : std::to_string(given[k]));
+    return {role::conv2d, "solder::nn::conv2d<" + join_ints(args) + ">", "conv2d", i};
+  }
+};
+template <std::size_t C>
+struct layer_traits<nn::batch_norm<C>> {
+  static constexpr bool known = true;
+  static constexpr bool normalization = true;
+  static layer_desc describe(std::size_t i) {
+    return {role::batch_norm, "solder::nn::batch_norm<" + std::to_string(C) + ">", "batch_norm", i};
+  }
+};
 template <std::size_t N>
 struct layer_traits<nn::bias<N>> {
   static constexpr bool known = true;
@@ -233,8 +267,8 @@ struct layer_traits<nn::flatten<Extents...>> {
 template <class L>
 constexpr bool check_layer() {
   if constexpr (nn::layer_info<L>::kind == nn::layer_kind::product && !layer_traits<L>::known) {
-    return diagnostic<"solder::gen: the CUDA backend's products run nn::linear and nn::sketched_linear layers only; "
-                      "this product layer has no CUDA kernel yet",
+    return diagnostic<"solder::gen: the CUDA backend's products run nn::linear, nn::sketched_linear and nn::conv2d "
+                      "(Groups = 1) layers only; this product layer has no CUDA kernel yet",
                       L>::reported;
   } else if constexpr (!layer_traits<L>::known) {
     return diagnostic<"solder::gen: no CUDA kernel for this layer; a generated chain holds linear, bias, activations "
@@ -311,11 +345,37 @@ struct product_tail_of<std::tuple<Head, Tail...>> {
   using type = std::tuple<Tail...>;
 };
 
+/// The layers of a convolution group after the convolution and its batch_norm, as a std::tuple.
+template <class Tuple>
+struct conv_tail_of;
+template <class Conv>
+struct conv_tail_of<std::tuple<Conv>> {
+  using type = std::tuple<>;
+};
+template <class Conv, class Next, class... Rest>
+struct conv_tail_of<std::tuple<Conv, Next, Rest...>> {
+  using type = std::conditional_t<requires { layer_traits<Next>::normalization; }, std::tuple<Rest...>,
+                                  std::tuple<Next, Rest...>>;
+};
+
+/// One error for a batch_norm that no convolution precedes (the device runs it in a conv group).
+template <class G, class Head>
+constexpr bool check_block_group() {
+  if constexpr (requires { layer_traits<Head>::normalization; })
+    return diagnostic<"solder::gen: a generated chain runs nn::batch_norm right after an nn::conv2d only (in its "
+                      "group); put the convolution before it",
+                      Head>::reported;
+  else
+    return true;
+}
+
 /// One error for a product group whose backward would need its pre-activation: the generated
 /// backward reads the gate from the output y, and the forward writes y alone.
 template <class Tail>
 constexpr bool check_product_tail() {
-  if constexpr (output_backward_of<Tail>::value)
+  if constexpr (std::tuple_size_v<Tail> == 0)
+    return true;
+  else if constexpr (output_backward_of<Tail>::value)
     return true;
   else
     return diagnostic<"solder::gen: after an nn::linear or nn::sketched_linear a generated chain takes layers whose gradient follows from the "
@@ -337,7 +397,20 @@ std::vector<group_desc> describe_groups(const std::vector<layer_desc>& layers) {
           constexpr bool elementwise = group::kind == nn::layer_kind::elementwise;
           group_desc d{G, elementwise, widths::after[group::first], false, {}};
           if constexpr (elementwise) d.output_backward = output_backward_of<layers_of>::value;
-          if constexpr (group::kind == nn::layer_kind::product) {
+          if constexpr (group::kind == nn::layer_kind::product &&
+                        requires { layer_traits<std::tuple_element_t<0, layers_of>>::convolution; }) {
+            using head = std::tuple_element_t<0, layers_of>;
+            constexpr nn::sample_shape in = group::first == 0 ? widths::input_shape : widths::shapes[group::first - 1];
+            constexpr nn::sample_shape out = widths::shapes[group::first];
+            if constexpr (check_product_tail<typename conv_tail_of<layers_of>::type>()) d.output_backward = true;
+            d.conv = true;
+            d.conv_bias = head::has_bias;
+            d.norm = group::size > 1 && requires { layer_traits<std::tuple_element_t<1, layers_of>>::normalization; };
+            d.channels = in[0], d.height = in[1], d.cols = in[2];
+            d.out_channels = out[0], d.out_height = out[1], d.out_cols = out[2];
+            d.kernel_h = head::kernel_height, d.kernel_w = head::kernel_width;
+            d.stride = head::stride, d.pad = head::padding, d.dilation = head::dilation;
+          } else if constexpr (group::kind == nn::layer_kind::product) {
             using head = std::tuple_element_t<0, layers_of>;
             if constexpr (check_product_tail<typename product_tail_of<layers_of>::type>()) d.output_backward = true;
             d.product = true;
@@ -351,6 +424,7 @@ std::vector<group_desc> describe_groups(const std::vector<layer_desc>& layers) {
           }
           if constexpr (group::kind == nn::layer_kind::block) {
             using head = std::tuple_element_t<0, layers_of>;
+            static_assert(check_block_group<group, head>());
             constexpr nn::sample_shape in = group::first == 0 ? widths::input_shape : widths::shapes[group::first - 1];
             constexpr nn::sample_shape out = widths::shapes[group::first];
             if constexpr (requires { layer_traits<head>::kernel; }) {
@@ -527,6 +601,20 @@ struct group_text {
   }
   std::string width() const { return std::to_string(g.width); }
   std::string rows() const { return "[batch, " + width() + "]"; }
+  /// A convolution group (nn::conv_block) and its extents: the output image, its pixels per
+  /// sample, the columns of im2col (Cin Kh Kw), whether it has a tail after the normalization.
+  bool conv() const { return g.conv; }
+  std::string conv_out() const {
+    return "[batch, " + std::to_string(g.out_channels) + ", " + std::to_string(g.out_height) + ", " +
+           std::to_string(g.out_cols) + "]";
+  }
+  std::size_t out_plane() const { return g.out_height * g.out_cols; }
+  std::size_t taps() const { return g.channels * g.kernel_h * g.kernel_w; }
+  std::size_t conv_tail_size() const { return g.layers.size() - (g.norm ? 2 : 1); }
+  std::string conv_weight_shape() const {
+    return "[" + std::to_string(g.out_channels) + ", " + std::to_string(g.channels) + ", " + std::to_string(g.kernel_h) +
+           ", " + std::to_string(g.kernel_w) + "]";
+  }
   /// A sketched group's L k (S1's columns, S2's rows) and its h = x [S1 | U2] per row (2 L k).
   std::string lk() const { return std::to_string(g.terms * g.rank); }
   std::string h_width() const { return std::to_string(2 * g.terms * g.rank); }
@@ -536,11 +624,16 @@ struct group_text {
   std::string weight_shape() const { return "[" + width() + ", " + in_width() + "]"; }
   /// The group's rows for titles: "[batch, 4096]", or a product's "[batch, 256] -> [batch, 512]".
   std::string extent() const {
-    return g.product ? in_rows() + " -> " + rows() : pool() ? image_in() + " -> " + image_out() : rows();
+    return g.product ? in_rows() + " -> " + rows()
+           : g.conv  ? image_in() + " -> " + conv_out()
+           : pool()  ? image_in() + " -> " + image_out()
+                     : rows();
   }
   /// The position of a layer in the tuple of layers that holds it in the .cu: the block's, or a
   /// product group's tail (after the linear layer).
-  std::size_t held_at(const layer_desc& l) const { return l.index - g.layers.front().index - (g.product ? 1 : 0); }
+  std::size_t held_at(const layer_desc& l) const {
+    return l.index - g.layers.front().index - (g.product ? 1 : g.conv ? (g.norm ? 2 : 1) : 0);
+  }
   /// A bias's parameter: "b", or "b<layer index>" where the group has several.
   std::string bias(const layer_desc& l) const { return of(role::bias).size() == 1 ? "b" : "b" + std::to_string(l.index); }
   std::string seed(const layer_desc& l) const {
@@ -556,10 +649,11 @@ struct group_text {
   }
   /// The type the group runs as.
   std::string block_type() const {
-    if (!g.elementwise && !g.product) return g.layers.front().type;
+    if (!g.elementwise && !g.product && !g.conv) return g.layers.front().type;
     std::vector<std::string> types;
     for (const auto& l : g.layers) types.push_back(l.type);
-    return std::string(g.sketched  ? "solder::nn::sketched_block<"
+    return std::string(g.conv        ? "solder::nn::conv_block<"
+                       : g.sketched  ? "solder::nn::sketched_block<"
                        : g.product ? "solder::nn::linear_block<"
                                    : "solder::nn::elementwise_block<") +
            join(types, ", ") + ">";
@@ -582,6 +676,8 @@ struct group_text {
     for (const auto& l : g.layers) {
       if (l.what == role::linear)
         e = g.product_bias ? "x W^T + b" : "x W^T";
+      else if (l.what == role::conv2d)
+        e = g.conv_bias ? "conv2d(x) + b" : "conv2d(x)";
       else if (l.what == role::sketched_linear)
         e = g.product_bias ? "(x [S1 | U2]) [U1; S2] / (2L) + b" : "(x [S1 | U2]) [U1; S2] / (2L)";
       else
@@ -609,6 +705,13 @@ inline std::string launcher_name(const group_desc& g) {
   if (g.sketched)
     return "solder_" + join(names, "_") + "_f32_" + in + std::to_string(g.width) + "_l" + std::to_string(g.terms) + "k" +
            std::to_string(g.rank);
+  // A convolution group's: its input image C x H x W, then Cout, the kernel, stride, padding
+  // (and dilation where it is not 1): "_1x8x8_16k3x3s1p1".
+  if (g.conv)
+    return "solder_" + join(names, "_") + "_f32_" + std::to_string(g.channels) + "x" + std::to_string(g.height) + "x" +
+           std::to_string(g.cols) + "_" + std::to_string(g.out_channels) + "k" + std::to_string(g.kernel_h) + "x" +
+           std::to_string(g.kernel_w) + "s" + std::to_string(g.stride) + "p" + std::to_string(g.pad) +
+           (g.dilation != 1 ? "d" + std::to_string(g.dilation) : "");
   // A pooling group's width is its input image C x H x W.
   if (!g.elementwise && !g.product && g.channels > 0)
     return "solder_" + join(names, "_") + "_f32_" + std::to_string(g.channels) + "x" + std::to_string(g.height) + "x" +
@@ -618,10 +721,36 @@ inline std::string launcher_name(const group_desc& g) {
 
 // ---- the launchers' parameters and summaries -------------------------------------------------
 
+/// ", then relu (one elementwise pass)": a convolution group's tail in words ("" without one).
+inline std::string conv_tail_text(const group_text& t) {
+  std::vector<std::string> names;
+  for (std::size_t i = t.g.layers.size() - t.conv_tail_size(); i < t.g.layers.size(); ++i)
+    names.push_back(t.g.layers[i].name);
+  return names.empty() ? "" : ", then " + join(names, ", ") + " (one elementwise pass)";
+}
+
 /// The forward launcher's parameters, in order.
 inline std::vector<param> forward_params(const group_text& t) {
   std::vector<param> p{{"const float* x", "x"}};
-  if (t.g.sketched) {
+  if (t.g.conv) {
+    p.push_back({"const float* w", "w"});
+    if (t.g.conv_bias) p.push_back({"const float* b", "b"});
+    if (t.g.norm)
+      p.insert(p.end(), {{"const float* bn_weight", "bn_weight"},
+                         {"const float* bn_bias", "bn_bias"},
+                         {"float* running_mean", "running_mean"},
+                         {"float* running_var", "running_var"},
+                         {"float* z", "z"},
+                         {"float* saved_mean", "saved_mean"},
+                         {"float* saved_rstd", "saved_rstd"}});
+    p.insert(p.end(), {{"float* y", "y"}, {"size_t batch", "batch"}});
+    // As the CPU layer holds them (torch's floats are Python doubles): the same rstd bits.
+    if (t.g.norm) p.insert(p.end(), {{"double eps", "eps"}, {"double momentum", "momentum"}});
+    for (const auto* d : t.of(role::dropout)) {
+      p.push_back({"uint64_t " + t.seed(*d), t.seed(*d)});
+      p.push_back({"uint64_t " + t.offset(*d), t.offset(*d)});
+    }
+  } else if (t.g.sketched) {
     p.insert(p.end(), {{"const float* s1", "s1"}, {"const float* s2", "s2"}});
     if (t.g.product_bias) p.push_back({"const float* b", "b"});
     p.insert(p.end(), {{"float* h", "h"}, {"float* y", "y"}, {"size_t batch", "batch"}, {"uint64_t sketch_seed", "sketch_seed"}});
@@ -666,7 +795,18 @@ inline std::vector<param> forward_params(const group_text& t) {
 /// The backward launcher's parameters, in order.
 inline std::vector<param> backward_params(const group_text& t) {
   std::vector<param> p;
-  if (t.g.sketched) {
+  if (t.g.conv) {
+    p = {{"const float* x", "x"}, {"const float* w", "w"}};
+    if (t.g.norm)
+      p.insert(p.end(), {{"const float* bn_weight", "bn_weight"},
+                         {"const float* z", "z"},
+                         {"const float* saved_mean", "saved_mean"},
+                         {"const float* saved_rstd", "saved_rstd"}});
+    p.insert(p.end(), {{"const float* y", "y"}, {"const float* dy", "dy"}, {"float* dx", "dx"}, {"float* dw", "dw"}});
+    if (t.g.conv_bias) p.push_back({"float* db", "db"});
+    if (t.g.norm) p.insert(p.end(), {{"float* dbn_weight", "dbn_weight"}, {"float* dbn_bias", "dbn_bias"}});
+    p.push_back({"size_t batch", "batch"});
+  } else if (t.g.sketched) {
     p = {{"const float* x", "x"},   {"const float* s1", "s1"}, {"const float* s2", "s2"}, {"const float* h", "h"},
          {"const float* y", "y"},   {"const float* dy", "dy"}, {"float* dx", "dx"},       {"float* ds1", "ds1"},
          {"float* ds2", "ds2"}};
@@ -708,6 +848,22 @@ inline std::vector<param> backward_params(const group_text& t) {
   return p;
 }
 
+/// A convolution group's evaluation launcher's parameters (groups with a batch_norm): the
+/// normalization folded into the weights.
+inline std::vector<param> eval_params(const group_text& t) {
+  std::vector<param> p{{"const float* x", "x"}, {"const float* w", "w"}};
+  if (t.g.conv_bias) p.push_back({"const float* b", "b"});
+  p.insert(p.end(), {{"const float* bn_weight", "bn_weight"},
+                     {"const float* bn_bias", "bn_bias"},
+                     {"const float* running_mean", "running_mean"},
+                     {"const float* running_var", "running_var"},
+                     {"float* y", "y"},
+                     {"size_t batch", "batch"},
+                     {"double eps", "eps"},
+                     {"cudaStream_t stream", "stream"}});
+  return p;
+}
+
 /// The parameters' C declarations.
 inline std::vector<std::string> decls(const std::vector<param>& ps) {
   std::vector<std::string> v;
@@ -727,6 +883,22 @@ inline std::string check_call(const std::vector<param>& ps) {
 
 /// The header's summary of the forward launcher (one paragraph).
 inline std::string forward_summary(const group_text& t) {
+  if (t.g.conv) {
+    std::string s = "y " + t.conv_out() + " = " + t.formula() + " in training mode, as nn::conv_block's forward: x " +
+                    t.image_in() + " (NCHW), w " + t.conv_weight_shape() + " (torch's Conv2d.weight)" +
+                    (t.g.conv_bias ? ", b [" + std::to_string(t.g.out_channels) + "]" : "") +
+                    ". The convolution is one matrix product over the implicit im2col of x, its output channels-last, "
+                    "reordered to NCHW" + (t.g.conv_bias ? " with the bias" : "");
+    if (t.g.norm)
+      s += " into z (which the backward reads); batch_norm in training mode (torch's BatchNorm2d: bn_weight, bn_bias "
+           "[C]) normalizes z by the batch's statistics, writes saved_mean and saved_rstd [C] for the backward and moves "
+           "running_mean and running_var by momentum (eps added to the variance)";
+    s += conv_tail_text(t) + ".";
+    for (const auto* d : t.of(role::dropout))
+      s += " The mask of the dropout (layer " + std::to_string(d->index) + ") is Philox stream (" + t.seed(*d) + ", " +
+           t.offset(*d) + "), as nn::dropout's rng.";
+    return s;
+  }
   if (t.g.sketched) {
     std::string s = "y = " + t.formula() + " in training mode, as nn::sketched_block's forward: x " + t.in_rows() +
                     ", s1 [" + t.in_width() + ", " + t.lk() + "] = [S1_1 | ... | S1_L], s2 [" + t.lk() + ", " +
@@ -782,8 +954,29 @@ inline std::string forward_summary(const group_text& t) {
   return "y = " + t.g.layers.front().name + "(x) along each row: x, y " + t.rows() + ".";
 }
 
+/// The header's summary of a convolution group's evaluation launcher.
+inline std::string eval_summary(const group_text& t) {
+  return "y " + t.conv_out() + " in evaluation mode, as nn::conv_block's folded forward: batch_norm folded into the "
+         "convolution (s = bn_weight / sqrt(running_var + eps), w' = w s, b' = (b - running_mean) s + bn_bias, in double "
+         "and rounded once, as the CPU block folds them), then one matrix product with " +
+         std::string(t.conv_tail_size() ? "the tail in its epilogue" : "b' in its epilogue") +
+         ", its channels-last output reordered to NCHW. Scratch of the stream-ordered allocator.";
+}
+
 /// The header's summary of the backward launcher (one paragraph).
 inline std::string backward_summary(const group_text& t) {
+  if (t.g.conv) {
+    const std::string c = std::to_string(t.g.out_channels);
+    return "dx " + t.image_in() + ", dw " + t.conv_weight_shape() + (t.g.conv_bias ? ", db [" + c + "]" : "") +
+           (t.g.norm ? ", dbn_weight and dbn_bias [" + c + "]" : "") + " (overwritten) from the forward's x" +
+           (t.g.norm ? ", z, saved_mean, saved_rstd" : "") + ", its output y and dy " + t.conv_out() + ": " +
+           (t.conv_tail_size() ? "the tail's gradient from y and dy (masks read from y), " : "") +
+           (t.g.norm ? "batch_norm's backward (a warp per channel), " : "") +
+           "the gradient g of the convolution's output reordered channels-last" +
+           (t.g.conv_bias ? ", db its per-channel sums" : "") +
+           ", dw = g^T im2col(x) and dcol = g w (a matrix product each), dx gathered from dcol (no atomics). Scratch "
+           "of the stream-ordered allocator.";
+  }
   if (t.g.sketched) {
     return "dx " + t.in_rows() + ", ds1 [" + t.in_width() + ", " + t.lk() + "], ds2 [" + t.lk() + ", " + t.width() +
            "]" + (t.g.product_bias ? " and db [" + t.width() + "]" : "") +
@@ -829,7 +1022,15 @@ inline std::string group_overview(const group_text& t) {
   std::string s = "// group " + std::to_string(t.g.index) + ", " + t.layer_range() + ": " + t.layer_list() + " on " +
                   t.extent() + "\n";
   const std::string fwd = t.launcher + "_fwd", bwd = t.launcher + "_bwd";
-  if (t.g.sketched) {
+  if (t.g.conv) {
+    s += "//   " + fwd + "  the product over im2col, NHWC -> NCHW" + (t.g.norm ? ", batch_norm (training)" : "") +
+         (t.conv_tail_size() ? ", the tail" : "") + "\n";
+    s += "//   " + bwd + "  " + (t.conv_tail_size() ? "the tail's gate, " : "") +
+         (t.g.norm ? "batch_norm's backward, " : "") + "NCHW -> NHWC" + (t.g.conv_bias ? ", db" : "") +
+         ", dW and dcol as products, dx gathered\n";
+    if (t.g.norm)
+      s += "//   " + t.launcher + "_eval  batch_norm folded into the weights, one product + epilogue, NHWC -> NCHW\n";
+  } else if (t.g.sketched) {
     s += "//   " + fwd + "  h = x [S1 | U2], then y: two products" +
          (t.g.layers.size() > 1 ? " + epilogue" : "") + "\n";
     s += "//   " + bwd + "  g" + (t.g.product_bias ? ", db" : "") + " in one pass; dS2, dh, dS1, dx\n";
@@ -862,7 +1063,7 @@ inline std::string plan_check(const group_text& t, const std::string& header, co
     planned = "std::tuple_element_t<" + std::to_string(t.g.index) + ", " + t.chain.name + "::blocks_type>";
   else
     planned = t.chain.name;
-  const std::string type = t.prefix + (t.g.elementwise || t.g.product ? "block" : "layer");
+  const std::string type = t.prefix + (t.g.elementwise || t.g.product || t.g.conv ? "block" : "layer");
   return "static_assert(std::is_same_v<" + type + ", " + planned + ">,\n              \"solder::gen: " + t.chain.name +
          " in " + header + " has changed since \"\n              \"" + stem + ".cu was generated; regenerate it\");\n";
 }
@@ -1204,6 +1405,126 @@ inline std::string sketched_definitions(const group_text& t, const std::string& 
   return s;
 }
 
+/// A convolution group's types and bodies: the product over im2col (and, with a batch_norm, the
+/// folded one of evaluation mode), the reorders, the normalization's bodies, the tail's passes,
+/// the backward's two products, the bias sums and the gather.
+inline std::string conv_definitions(const group_text& t, const std::string& header, const std::string& stem,
+                                    bool own_launchers = true) {
+  const auto n = [](std::size_t v) { return std::to_string(v); };
+  const std::string p = t.prefix, cin = n(t.g.channels), cout = n(t.g.out_channels), k = n(t.taps());
+  const std::string kh = n(t.g.kernel_h), kw = n(t.g.kernel_w), plane = n(t.out_plane());
+  const std::string ho = n(t.g.out_height), wo = n(t.g.out_cols);
+  const bool tail = t.conv_tail_size() > 0;
+  std::string s;
+  std::vector<std::string> types;
+  for (const auto& l : t.g.layers) types.push_back(l.type);
+  s += wrap_list("using " + p + "block = solder::nn::conv_block", '<', types, '>', ";") + "\n";
+  s += plan_check(t, header, stem);
+  s += "/// The layers after the convolution" + std::string(t.g.norm ? " and its batch_norm" : "") +
+       ": the tail's ops and dropout streams.\n";
+  s += "using " + p + "tail_type = " + p + "block::tail_type;\n";
+  s += "/// The convolution's geometry, as the CPU layer's, and its input as the product's A' = im2col(x).\n";
+  s += "using " + p + "geometry = solder::nn::detail::conv2d_geometry<" +
+       join({n(t.g.height), n(t.g.cols), kh, kw, n(t.g.stride), n(t.g.pad), n(t.g.dilation)}, ", ") + ">;\n";
+  s += "using " + p + "im2col = solder::eval::cuda::im2col_operand<" + p + "geometry, " + cin + ", " + kh + ", " + kw +
+       ", false>;\n";
+  s += comment("/// ", "Device views: the output images as rows of " + n(t.g.width) + " floats (NCHW), the product's "
+                       "output channels-last [batch " + ho + " " + wo + ", " + cout + "], the columns of dcol [batch " +
+                       ho + " " + wo + ", " + k + "], the weight's gradient [" + cout + ", " + k + "]" +
+                       (t.g.norm ? " and the folded bias [" + cout + "]" : "") + ".");
+  const auto view = [&](const std::string& name, bool out, const std::string& shape) {
+    s += "using " + p + name + " = solder::tensor_ref<" + (out ? "float" : "const float") + ", solder::shape<" + shape +
+         ">, solder::device>;\n";
+  };
+  if (tail) {
+    view("rows", false, "solder::dyn, " + n(t.g.width));
+    view("rows_out", true, "solder::dyn, " + n(t.g.width));
+  }
+  view("pixels", false, "solder::dyn, " + cout);
+  view("pixels_out", true, "solder::dyn, " + cout);
+  view("columns_out", true, "solder::dyn, " + k);
+  view("weight_out", true, cout + ", " + k);
+  if (t.g.norm) view("features", false, cout);
+  s += "/// The products' tilings, by their output columns: " + cout + " for the convolution, " + k + " for dW and dcol.\n";
+  s += "using " + p + "out_tiling = solder::eval::cuda::product_tiling_for<" + cout + ">;\n";
+  s += "using " + p + "in_tiling = solder::eval::cuda::product_tiling_for<" + k + ">;\n";
+  s += "/// The bodies of eval/cuda/layout.hpp, batch_norm.hpp and col2im.hpp on these extents.\n";
+  s += "using " + p + "to_nchw = solder::eval::cuda::nhwc_to_nchw_body<" + cout + ", " + ho + ", " + wo + ">;\n";
+  s += "using " + p + "to_nhwc = solder::eval::cuda::nchw_to_nhwc_body<" + cout + ", " + ho + ", " + wo + ">;\n";
+  if (t.g.conv_bias)
+    s += "using " + p + "bias_sums = solder::eval::cuda::channel_sums_body<" + cout + ", " + ho + ", " + wo + ", true>;\n";
+  if (t.g.norm) {
+    s += "using " + p + "norm_forward = solder::eval::cuda::batch_norm_train_forward_body<" + plane + ">;\n";
+    s += "using " + p + "norm_backward = solder::eval::cuda::batch_norm_train_backward_body<" + plane + ">;\n";
+    s += "using " + p + "fold = solder::eval::cuda::batch_norm_fold_body<" + k + ">;\n";
+  }
+  s += "using " + p + "col2im = solder::eval::cuda::col2im_pass<" + p + "geometry, " + cin + ", " + kh + ", " + kw + ">;\n";
+  if (own_launchers && !t.of(role::dropout).empty()) {
+    s += "\n/// This thread's tail (the caller passes the dropout streams).\n";
+    s += p + "tail_type& " + p + "tail() {\n  thread_local " + p + "tail_type tail;\n  return tail;\n}\n";
+  }
+  s += "\n";
+
+  s += comment("/// ", "c [batch " + ho + " " + wo + ", " + cout + "] = im2col(x) W^T: the convolution as one product, "
+                       "W [" + cout + ", " + k + "] (torch's weight, flattened) read transposed; its output channels-last.");
+  s += wrap_call("auto " + p + "conv", {"const float* x", "const float* w", p + "pixels_out c"}, " {") + "\n";
+  s += "  const std::size_t m = c.batch();\n";
+  s += wrap_call("  return product<" + p + "out_tiling>",
+                 {p + "im2col{x}", "matrix_operand<true>{w, " + k + "}", "m", k,
+                  "solder::write(c, product_value<solder::shape<solder::dyn, " + cout + ">>(m))"},
+                 ";") +
+       "\n}\n";
+  if (t.g.norm) {
+    s += comment("/// ", "c = tail(im2col(x) W'^T + b') in evaluation mode: the convolution with the normalization "
+                         "folded into W' and b', the tail in the product's epilogue (conv_block's folded forward).");
+    s += wrap_call("auto " + p + "folded",
+                   {"const " + p + "tail_type& tail", "const float* x", "const float* wf", p + "features bf", p + "pixels_out c"},
+                   " {") + "\n";
+    s += "  const std::size_t m = c.batch();\n";
+    s += "  const auto z = product_value<solder::shape<solder::dyn, " + cout + ">>(m) + bf;\n";
+    s += wrap_call("  return product<" + p + "out_tiling>",
+                   {p + "im2col{x}", "matrix_operand<true>{wf, " + k + "}", "m", k,
+                    "solder::write(c, tail.expression<solder::nn::mode::eval>(z))"},
+                   ";") +
+         "\n}\n";
+  }
+  if (tail) {
+    s += "/// y = tail(u) in training mode, one elementwise pass over the NCHW images.\n";
+    s += wrap_call("auto " + p + "tail_forward", {"const " + p + "tail_type& tail", p + "rows u", p + "rows_out y"}, " {") + "\n";
+    s += "  return std::make_tuple(solder::write(y, tail.expression<solder::nn::mode::train>(u)));\n}\n";
+    s += "/// The tail's gradient from its output y, as nn::conv_block's backward reads it.\n";
+    s += wrap_call("auto " + p + "gate", {"const " + p + "tail_type& tail", p + "rows y", p + "rows dy", p + "rows_out g"}, " {") + "\n";
+    s += "  return std::make_tuple(solder::write(g, tail.gate_from_output<solder::nn::mode::train>(y, dy)));\n}\n";
+  }
+  s += "/// dW [" + cout + ", " + k + "] = g^T im2col(x), summed over the batch's output pixels (the inner extent).\n";
+  s += wrap_call("auto " + p + "weight_grad", {p + "pixels g", "const float* x", p + "weight_out dw"}, " {") + "\n";
+  s += wrap_call("  return product<" + p + "in_tiling>",
+                 {"matrix_operand<true>{g.data(), " + cout + "}", p + "im2col{x}", cout, "g.batch()",
+                  "solder::write(dw, product_value<solder::shape<" + cout + ", " + k + ">>())"},
+                 ";") +
+       "\n}\n";
+  s += "/// dcol [batch " + ho + " " + wo + ", " + k + "] = g W, each window's gradient per tap (gathered into dx).\n";
+  s += wrap_call("auto " + p + "input_grad", {p + "pixels g", "const float* w", p + "columns_out dcol"}, " {") + "\n";
+  s += "  const std::size_t m = g.batch();\n";
+  s += wrap_call("  return product<" + p + "in_tiling>",
+                 {"matrix_operand<false>{g.data(), " + cout + "}", "matrix_operand<false>{w, " + k + "}", "m", cout,
+                  "solder::write(dcol, product_value<solder::shape<solder::dyn, " + k + ">>(m))"},
+                 ";") +
+       "\n}\n\n";
+  s += "using " + p + "conv_pass = product_pass_of<returned<decltype(" + p + "conv)>::type>::type;\n";
+  if (t.g.norm) s += "using " + p + "folded_pass = product_pass_of<returned<decltype(" + p + "folded)>::type>::type;\n";
+  s += "using " + p + "weight_grad_pass = product_pass_of<returned<decltype(" + p + "weight_grad)>::type>::type;\n";
+  s += "using " + p + "input_grad_pass = product_pass_of<returned<decltype(" + p + "input_grad)>::type>::type;\n";
+  if (tail) {
+    for (const char* pass : {"tail_forward", "gate"}) {
+      s += "using " + p + pass + "_writes = returned<decltype(" + p + pass + ")>::type;\n";
+      if (t.vector_path()) s += "using " + p + pass + "_pass = pass_of<true, " + p + pass + "_writes>::type;\n";
+      s += "using " + p + pass + "_pass_unaligned = pass_of<false, " + p + pass + "_writes>::type;\n";
+    }
+  }
+  return s;
+}
+
 /// A row group's layer type and the row bodies of eval/cuda/row.hpp it runs.
 inline std::string row_definitions(const group_text& t, const std::string& header, const std::string& stem) {
   const std::string p = t.prefix, w = t.width();
@@ -1262,7 +1583,39 @@ inline std::string instantiations(const group_text& t, const std::string& ns, st
       for (const auto& k : ws) emit("column_finish_kernel", pass + ", " + k, pass);
     }
   };
-  if (t.g.sketched) {
+  if (t.g.conv) {
+    const std::string g = "// group " + std::to_string(t.g.index) + ", ";
+    const std::string plane = std::to_string(t.out_plane()), cout = std::to_string(t.g.out_channels);
+    // The reorders run as tiles where both sides are at least 8 wide (batched_transpose::tiled).
+    const bool tiled = t.out_plane() >= 8 && t.g.out_channels >= 8;
+    auto reorder = [&](const std::string& body, const std::string& r, const std::string& c) {
+      if (tiled)
+        emit("transpose_kernel", r + ", " + c, "solder::eval::cuda::batched_transpose<" + r + ", " + c + ">");
+      else
+        emit("elementwise_kernel", q + body, q + body + ", std::size_t");
+    };
+    s += g + "forward: the product over im2col, the reorder to NCHW" + (t.g.norm ? ", batch_norm" : "") +
+         (t.conv_tail_size() ? ", the tail" : "") + "\n";
+    emit("product_kernel", q + "conv_pass", q + "conv_pass");
+    reorder("to_nchw", plane, cout);
+    if (t.g.norm) emit("row_kernel", q + "norm_forward", q + "norm_forward, std::size_t");
+    if (t.conv_tail_size()) pass_kernels("tail_forward", 0);
+    if (t.g.norm) {
+      s += g + "evaluation: the fold, the folded product with the tail in its epilogue, the reorder\n";
+      emit("elementwise_kernel", q + "fold", q + "fold, std::size_t");
+      emit("product_kernel", q + "folded_pass", q + "folded_pass");
+    }
+    s += g + "backward: " + (t.conv_tail_size() ? "the tail's gate, " : "") +
+         (t.g.norm ? "batch_norm's backward, " : "") + "the reorder to NHWC" + (t.g.conv_bias ? ", db" : "") +
+         ", dW and dcol, the gather\n";
+    if (t.conv_tail_size()) pass_kernels("gate", 0);
+    if (t.g.norm) emit("row_kernel", q + "norm_backward", q + "norm_backward, std::size_t");
+    reorder("to_nhwc", cout, plane);
+    if (t.g.conv_bias) emit("row_kernel", q + "bias_sums", q + "bias_sums, std::size_t");
+    emit("product_kernel", q + "weight_grad_pass", q + "weight_grad_pass");
+    emit("product_kernel", q + "input_grad_pass", q + "input_grad_pass");
+    emit("elementwise_kernel", q + "col2im", q + "col2im, std::size_t");
+  } else if (t.g.sketched) {
     const std::string g = "// group " + std::to_string(t.g.index) + ", ";
     s += g + "forward: h = x [S1 | U2], then h [U1; S2] with the tail in its epilogue\n";
     emit("product_kernel", q + "first_pass", q + "first_pass");
@@ -1325,7 +1678,79 @@ inline std::string launchers(const group_text& t) {
     return r;
   };
   const std::string w = t.width();
-  if (t.g.sketched) {
+  if (t.g.conv) {
+    const std::string m = "batch * " + std::to_string(t.out_plane()), cout = std::to_string(t.g.out_channels);
+    const std::string k = std::to_string(t.taps()), rows = "batch * " + w;
+    const bool tail = t.conv_tail_size() > 0;
+    const std::string bias = t.g.conv_bias ? "b" : "nullptr";
+    // Forward, training.
+    s += open(t.launcher + "_fwd", fwd) + "    solder::eval::cuda::require_device_once();\n";
+    if (!t.of(role::dropout).empty()) s += "    " + p + "tail_type& tail = " + p + "tail();\n" + set_streams();
+    else if (tail) s += "    const " + p + "tail_type tail{};\n";
+    s += "    // The product's channels-last output" + std::string(tail ? " and the tail's input" : "") +
+         "; freed on the stream\n    // after the passes that read them.\n";
+    s += "    const auto c = solder::eval::cuda::device_array<float>::allocate(" + m + " * " + cout + ", stream);\n";
+    if (tail) s += "    const auto u = solder::eval::cuda::device_array<float>::allocate(" + rows + ", stream);\n";
+    s += "    run_product(stream, " + p + "conv(x, w, " + p + "pixels_out(c.data(), " + m + ")));\n";
+    const std::string conv_out = t.g.norm ? "z" : tail ? "u.data()" : "y";
+    s += "    solder::eval::cuda::nhwc_to_nchw(" + p + "to_nchw{c.data(), " + conv_out + ", batch, " + bias + "}, stream);\n";
+    if (t.g.norm) {
+      s += wrap_list("    const " + p + "norm_forward norm", '{',
+                     {"z", tail ? "u.data()" : "y", "bn_weight", "bn_bias", "running_mean", "running_var", "saved_mean",
+                      "saved_rstd", "batch", cout, "eps", "momentum"},
+                     '}', ";") + "\n";
+      s += "    solder::eval::cuda::batch_norm_train_forward(norm, stream);\n";
+    }
+    if (tail) s += "    run(stream, " + p + "tail_forward(tail, " + p + "rows(u.data(), batch), " + p + "rows_out(y, batch)));\n";
+    s += close + "\n";
+
+    // Backward.
+    s += open(t.launcher + "_bwd", bwd) + "    solder::eval::cuda::require_device_once();\n";
+    s += "    // Scratch, freed on the stream after the passes that read it: the tail's gradient, the\n"
+         "    // normalization's, the convolution output's gradient channels-last, dcol.\n";
+    std::string grad = "dy";
+    if (tail) {
+      s += "    const " + p + "tail_type tail{};\n";
+      s += "    const auto gu = solder::eval::cuda::device_array<float>::allocate(" + rows + ", stream);\n";
+      s += "    run(stream, " + p + "gate(tail, " + p + "rows(y, batch), " + p + "rows(dy, batch), " + p +
+           "rows_out(gu.data(), batch)));\n";
+      grad = "gu.data()";
+    }
+    if (t.g.norm) {
+      s += "    const auto gz = solder::eval::cuda::device_array<float>::allocate(" + rows + ", stream);\n";
+      s += wrap_list("    const " + p + "norm_backward norm", '{',
+                     {"z", grad, "gz.data()", "bn_weight", "saved_mean", "saved_rstd", "dbn_weight", "dbn_bias", "batch", cout},
+                     '}', ";") + "\n";
+      s += "    solder::eval::cuda::batch_norm_train_backward(norm, stream);\n";
+      grad = "gz.data()";
+    }
+    s += "    const auto g = solder::eval::cuda::device_array<float>::allocate(" + m + " * " + cout + ", stream);\n";
+    s += "    solder::eval::cuda::nchw_to_nhwc(" + p + "to_nhwc{" + grad + ", g.data(), batch}, stream);\n";
+    if (t.g.conv_bias) s += "    solder::eval::cuda::channel_sums(" + p + "bias_sums{g.data(), db, batch}, stream);\n";
+    s += "    run_product(stream, " + p + "weight_grad(" + p + "pixels(g.data(), " + m + "), x, " + p + "weight_out(dw)));\n";
+    s += "    const auto dcol = solder::eval::cuda::device_array<float>::allocate(" + m + " * " + k + ", stream);\n";
+    s += "    run_product(stream, " + p + "input_grad(" + p + "pixels(g.data(), " + m + "), w, " + p + "columns_out(dcol.data(), " +
+         m + ")));\n";
+    s += "    solder::eval::cuda::run_col2im(stream, " + p + "col2im{dcol.data(), dx, batch});\n" + close;
+
+    if (t.g.norm) {
+      // Evaluation: folded.
+      s += "\n" + open(t.launcher + "_eval", eval_params(t)) + "    solder::eval::cuda::require_device_once();\n";
+      s += "    const " + p + "tail_type tail{};\n";
+      s += "    // W', b' and the product's channels-last output; freed on the stream after the passes that\n"
+           "    // read them.\n";
+      s += "    const auto wf = solder::eval::cuda::device_array<float>::allocate(" + cout + " * " + k + ", stream);\n";
+      s += "    const auto bf = solder::eval::cuda::device_array<float>::allocate(" + cout + ", stream);\n";
+      s += "    const auto c = solder::eval::cuda::device_array<float>::allocate(" + m + " * " + cout + ", stream);\n";
+      s += wrap_list("    const " + p + "fold fold", '{',
+                     {"w", bias, "bn_weight", "bn_bias", "running_mean", "running_var", "wf.data()", "bf.data()", cout, "eps"},
+                     '}', ";") + "\n";
+      s += "    solder::eval::cuda::batch_norm_fold(fold, stream);\n";
+      s += "    run_product(stream, " + p + "folded(tail, x, wf.data(), " + p + "features(bf.data()), " + p +
+           "pixels_out(c.data(), " + m + ")));\n";
+      s += "    solder::eval::cuda::nhwc_to_nchw(" + p + "to_nchw{c.data(), y, batch}, stream);\n" + close;
+    }
+  } else if (t.g.sketched) {
     std::vector<std::string> args{"tail", p + "h_rows(h, batch)", "s2", "u"};
     if (t.g.product_bias) args.push_back(p + "features(b)");
     args.push_back(p + "rows_out(y, batch)");
@@ -2000,9 +2425,9 @@ inline files generate(const chain_desc& c, const std::string& header,
   const std::string stem = stem_of(c.name), ns = "solder_gen_" + stem;
   const auto groups = distinct_groups(c);
   bool any_elementwise = false, any_row = false, any_product = false, any_pool = false, any_linear = false,
-       any_sketched = false;
+       any_sketched = false, any_conv = false;
   for (const auto& t : groups) {
-    (t.g.product ? any_product : t.g.elementwise ? any_elementwise : t.pool() ? any_pool : any_row) = true;
+    (t.g.conv ? any_conv : t.g.product ? any_product : t.g.elementwise ? any_elementwise : t.pool() ? any_pool : any_row) = true;
     (t.g.sketched ? any_sketched : any_linear) |= t.g.product;
   }
   const bool whole_chain = has_chain_launchers(c);
@@ -2040,21 +2465,26 @@ inline files generate(const chain_desc& c, const std::string& header,
     cu += "#include <" + std::string(h) + ">\n";
   cu += "\n#include \"" + header + "\"\n#include \"solder/device.hpp\"\n";
   cu += "#include \"solder/eval/cuda/launcher.hpp\"\n";
-  if (any_product) cu += "#include \"solder/eval/cuda/memory.hpp\"\n#include \"solder/eval/cuda/product_kernel.hpp\"\n";
-  if (any_pool) cu += "#include \"solder/eval/cuda/image_kernels.hpp\"\n";
+  if (any_pool || any_conv) cu += "#include \"solder/eval/cuda/image_kernels.hpp\"\n";
+  if (any_conv) cu += "#include \"solder/eval/cuda/layout_kernels.hpp\"\n";
+  if (any_product || any_conv)
+    cu += "#include \"solder/eval/cuda/memory.hpp\"\n#include \"solder/eval/cuda/product_kernel.hpp\"\n";
   if (any_row || whole_chain) cu += "#include \"solder/eval/cuda/row_kernels.hpp\"\n";
   if (whole_chain) cu += "#include \"solder/eval/cuda/optimizer_step.hpp\"\n";
-  if (any_elementwise || any_product) cu += "#include \"solder/nn/elementwise_block.hpp\"\n";
+  if (any_conv) cu += "#include \"solder/nn/conv_block.hpp\"\n";
+  if (any_elementwise || any_product || any_conv) cu += "#include \"solder/nn/elementwise_block.hpp\"\n";
   if (any_linear) cu += "#include \"solder/nn/linear_block.hpp\"\n";
   if (any_sketched) cu += "#include \"solder/nn/sketched_linear.hpp\"\n";
   if (whole_chain || any_sketched) cu += "#include \"solder/random/seed.hpp\"\n";
   cu += "#include \"" + stem + ".h\"\n\n";
-  cu += "namespace " + ns + " {\nnamespace {\n\n" + common_definitions(any_elementwise || any_product, any_product);
+  cu += "namespace " + ns + " {\nnamespace {\n\n" +
+        common_definitions(any_elementwise || any_product || any_conv, any_product || any_conv);
   for (const auto& t : groups) {
     if (!whole_chain && elsewhere.count(t.launcher)) continue;  // nothing here runs it
     cu += "\n" + rule("group " + std::to_string(t.g.index) + ": " + t.layer_list() + " on " + t.extent()) + "\n";
     const bool own = !elsewhere.count(t.launcher);
-    cu += t.g.sketched      ? sketched_definitions(t, header, stem, own)
+    cu += t.g.conv          ? conv_definitions(t, header, stem, own)
+          : t.g.sketched    ? sketched_definitions(t, header, stem, own)
           : t.g.product     ? product_definitions(t, header, stem, own)
           : t.g.elementwise ? elementwise_definitions(t, header, stem)
                             : row_definitions(t, header, stem);
@@ -2102,6 +2532,8 @@ inline files generate(const chain_desc& c, const std::string& header,
          "\n";
     h += comment("/// ", backward_summary(t)) +
          wrap_call("int " + t.launcher + "_bwd", decls(backward_params(t)), ";") + "\n";
+    if (t.g.conv && t.g.norm)
+      h += comment("/// ", eval_summary(t)) + wrap_call("int " + t.launcher + "_eval", decls(eval_params(t)), ";") + "\n";
   }
   if (whole_chain) h += chain_header(c, layout, stem);
   h += "\n/// The message of this thread's last call of a launcher above; \"\" when it succeeded.\n";

@@ -100,4 +100,34 @@ struct batch_norm_train_backward_body {
   }
 };
 
+/// Evaluation mode's normalization folded into the convolution before it (nn::conv_block::fold,
+/// the same bits): per output channel c, s = weight[c] / sqrt(running_var[c] + eps), W'[c] =
+/// W[c] s and b'[c] = (b[c] - running_mean[c]) s + bias[c], in double and rounded once (b = 0
+/// where the convolution has no bias: conv_bias null). A thread per element of W' [C, PerChannel];
+/// each channel's first also writes b'.
+template <std::size_t PerChannel>
+struct batch_norm_fold_body {
+  const float* conv_weight;
+  const float* conv_bias;
+  const float* weight;
+  const float* bias;
+  const float* running_mean;
+  const float* running_var;
+  float* folded_weight;
+  float* folded_bias;
+  std::size_t channels;
+  double eps;
+
+  SOLDER_HD std::size_t elements() const { return channels * PerChannel; }
+  SOLDER_HD SOLDER_INLINE void operator()(std::size_t i) const {
+    const std::size_t c = i / PerChannel;
+    const double s = double(weight[c]) / simd::sqrt(double(running_var[c]) + eps);
+    folded_weight[i] = float(double(conv_weight[i]) * s);
+    if (i % PerChannel == 0) {
+      const double b = conv_bias ? double(conv_bias[c]) : 0.0;
+      folded_bias[c] = float((b - double(running_mean[c])) * s + double(bias[c]));
+    }
+  }
+};
+
 }  // namespace solder::eval::cuda

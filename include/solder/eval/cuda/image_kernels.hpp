@@ -40,6 +40,12 @@ void batch_norm_train_backward(const batch_norm_train_backward_body<HW>& body, c
   detail::launch_rows(body, body.channels, stream, "solder::eval::cuda::batch_norm_train_backward: launching");
 }
 
+/// A normalization folded into the convolution before it (evaluation mode): W' and b'.
+template <std::size_t PerChannel>
+void batch_norm_fold(const batch_norm_fold_body<PerChannel>& body, cudaStream_t stream) {
+  detail::launch_elements(body, body.elements(), stream, "solder::eval::cuda::batch_norm_fold: launching");
+}
+
 /// Pooling forward over `batch` samples of g's geometry.
 template <pool_kind Kind>
 void pool_forward(const pool_forward_body<Kind>& body, std::size_t batch, cudaStream_t stream) {
