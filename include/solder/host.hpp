@@ -80,7 +80,7 @@ inline host_cpu detect_host() {
   if (__get_cpuid(0x80000000u, &ext, &b, &c, &d) && ext >= 0x80000004u) {
     char brand[49] = {};
     for (unsigned leaf = 0; leaf < 3; ++leaf) {
-      unsigned r[4];
+      unsigned r[4] = {};
       __get_cpuid(0x80000002u + leaf, &r[0], &r[1], &r[2], &r[3]);
       for (int i = 0; i < 16; ++i) brand[16 * leaf + i] = char(r[i / 4] >> (8 * (i % 4)));
     }

@@ -44,7 +44,7 @@ std::vector<float> weighted_reference(const std::vector<std::vector<float>>& b, 
   std::vector<float> ref(n);
   for (std::size_t i = 0; i < n; ++i) {
     double s = 0.0;
-    for (std::size_t j = 0; j < b.size(); ++j) s += w[j] * double(b[j][i]);
+    for (std::size_t j = 0; j < b.size(); ++j) s = std::fma(w[j], double(b[j][i]), s);
     ref[i] = float(s);
   }
   return ref;

@@ -83,7 +83,7 @@ TEST_CASE("dist: the reduction is the weighted sum in rank order", "[dist][mpi]"
     std::size_t wrong = 0;
     for (std::size_t i = 0; i < n; ++i) {
       double s = 0;
-      for (int j = 0; j < P; ++j) s += w[std::size_t(j)] * double(rank_value(j, i));
+      for (int j = 0; j < P; ++j) s = std::fma(w[std::size_t(j)], double(rank_value(j, i)), s);
       const float expected = float(s);
       wrong += std::memcmp(&expected, &data[i], sizeof(float)) != 0;
     }

@@ -108,6 +108,7 @@ class mpi_communicator {
         data = o.data;
         weights = std::move(o.weights);
         n = o.n;
+        failed = o.failed;
         send = std::move(o.send);
         parts = std::move(o.parts);
         reduced = std::move(o.reduced);
@@ -135,6 +136,7 @@ class mpi_communicator {
     std::span<float> data;
     std::vector<double> weights;
     std::size_t n = 0;
+    int failed = -1;  // one rank: its own status
     std::vector<float> send, parts, reduced, gathered;
   };
 
@@ -146,13 +148,22 @@ class mpi_communicator {
     if (weights.size() != std::size_t(size_))
       solder::detail::fail("solder::dist::mpi_communicator::start: got " + std::to_string(weights.size()) +
                            " weights for " + std::to_string(size_) + " ranks");
+    r.data = data;
+    r.n = data.size();
+    if (size_ == 1) {
+      // One rank: the sum is w[0] * data, which leaves data's values as they are for the weight
+      // 1 a whole batch gets; nothing to send.
+      if (weights[0] != 1.0)
+        for (float& v : data) v = weighted_sum_at(&v, 1, weights.data(), 1, 0);
+      r.failed = status != status_ok ? 0 : -1;
+      r.phase = reduction::gathering;
+      return;
+    }
     const std::size_t P = std::size_t(size_), c = chunk_floats(data.size(), P), stride = chunk_stride(data.size(), P);
     if (r.comm == MPI_COMM_NULL) {
       detail::mpi_check(MPI_Comm_dup(comm, &r.comm), "MPI_Comm_dup");
       MPI_Comm_set_errhandler(r.comm, MPI_ERRORS_RETURN);
     }
-    r.data = data;
-    r.n = data.size();
     r.weights.assign(weights.begin(), weights.end());
     r.send.assign(P * stride, 0.0f);
     r.parts.resize(P * stride);
@@ -188,6 +199,10 @@ class mpi_communicator {
   /// (data is then not meaningful).
   int finish(reduction& r) {
     if (!r.active()) solder::detail::fail("solder::dist::mpi_communicator::finish: no reduction in flight");
+    if (size_ == 1) {
+      r.phase = reduction::idle;
+      return r.failed;
+    }
     if (r.phase == reduction::exchanging) {
       detail::mpi_check(MPI_Wait(&r.request, MPI_STATUS_IGNORE), "MPI_Wait");
       sum_and_gather(r);

@@ -7,6 +7,7 @@
 // data arrives first, so for a fixed world size a step gives the same bits every run.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -24,12 +25,20 @@ SOLDER_HD constexpr std::size_t chunk_stride(std::size_t n, std::size_t P) { ret
 inline constexpr float status_ok = 0.0f, status_failed = 1.0f;
 
 /// out = sum over ranks j = 0, 1, ..., P - 1 (in that order) of w[j] * parts[j * stride + i],
-/// in double, rounded to float once. parts holds the P ranks' copies of one chunk, stride apart.
+/// each term added by one fused multiply-add in double, rounded to float once. parts holds the P
+/// ranks' copies of one chunk, stride apart. The fma is written out: a compiler may or may not
+/// contract a multiply and an add, and every rank, the host and the device must agree.
 /// NaN and infinities propagate as in the double sum.
 SOLDER_HD inline float weighted_sum_at(const float* parts, std::size_t stride, const double* w, std::size_t P,
                                        std::size_t i) {
   double s = 0.0;
-  for (std::size_t j = 0; j < P; ++j) s += w[j] * double(parts[j * stride + i]);
+  for (std::size_t j = 0; j < P; ++j) {
+#if defined(__CUDA_ARCH__)
+    s = ::fma(w[j], double(parts[j * stride + i]), s);
+#else
+    s = std::fma(w[j], double(parts[j * stride + i]), s);
+#endif
+  }
   return float(s);
 }
 
