@@ -5,7 +5,8 @@
 // the global batch, so the run trains as the single-process demo does on the same global batch.
 // Rank 0 writes a checkpoint after every epoch; --resume continues from it.
 //
-// Usage: mpirun -np 2 digits_mlp_dp [--resume] [path/to/digits.csv] [epochs] [checkpoint]
+// Usage: mpirun -np 2 digits_mlp_dp [--resume] [--stop-after E] [path/to/digits.csv] [epochs] [checkpoint]
+//   --stop-after E: stop after epoch E (of `epochs`, whose schedule it follows), checkpoint written.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -51,9 +52,17 @@ int main(int argc, char** argv) {
   try {
     std::vector<std::string> args(argv + 1, argv + argc);
     bool resume = false;
-    if (!args.empty() && args[0] == "--resume") {
-      resume = true;
-      args.erase(args.begin());
+    int stop_after = -1;
+    while (!args.empty() && args[0].starts_with("--")) {
+      if (args[0] == "--resume") {
+        resume = true;
+        args.erase(args.begin());
+      } else if (args[0] == "--stop-after" && args.size() > 1) {
+        stop_after = std::atoi(args[1].c_str());
+        args.erase(args.begin(), args.begin() + 2);
+      } else {
+        throw solder::error("digits_mlp_dp: unknown option " + args[0]);
+      }
     }
     const std::string path = !args.empty() ? args[0] : std::string(SOLDER_EXAMPLES_DATA) + "/digits.csv";
     const int epochs = args.size() > 1 ? std::atoi(args[1].c_str()) : 40;
@@ -87,7 +96,8 @@ int main(int argc, char** argv) {
     std::int64_t t = std::int64_t(first_epoch) * std::int64_t(loader.size());
     double step_seconds = 0, wait_seconds = 0;
     std::int64_t steps = 0;
-    for (int epoch = first_epoch; epoch < epochs; ++epoch) {
+    const int last_epoch = stop_after > 0 && stop_after < epochs ? stop_after : epochs;
+    for (int epoch = first_epoch; epoch < last_epoch; ++epoch) {
       loader.shuffle(seed, std::uint64_t(epoch));
       double loss_sum = 0;
       for (const data::batch_view b : loader) {
@@ -104,6 +114,10 @@ int main(int argc, char** argv) {
       }
     }
     dp.verify();  // the ranks still hold the same bits
+    if (last_epoch < epochs) {
+      if (root) std::printf("stopped after epoch %d of %d; resume with --resume\n", last_epoch, epochs);
+      return 0;
+    }
     const double acc = accuracy_of(model, test);
     if (root && steps > 0) {
       std::printf("\nheld-out accuracy: %.2f%% of %zu samples\n", 100.0 * acc, test.size());

@@ -9,14 +9,18 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "solder/data/csv.hpp"
 #include "solder/data/dataset.hpp"
 #include "solder/dist/data_parallel.hpp"
 #include "solder/dist/mpi.hpp"
 #include "solder/nn/chain.hpp"
+#include "solder/nn/checkpoint.hpp"
 #include "solder/optim/adam.hpp"
 #include "solder/optim/sgd.hpp"
 
@@ -139,6 +143,42 @@ TEST_CASE("dist: data-parallel training is reproducible and matches one process"
   INFO("largest weight difference from one process: " << worst);
   CHECK(worst < 2e-4);
   if (c.size() == 1) CHECK(std::memcmp(a.data(), one.data(), a.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("dist: a run resumed from rank 0's checkpoint continues bit for bit", "[dist][mpi]") {
+  auto& c = world();
+  constexpr std::size_t global = 48;
+  data::batch_loader loader(digits(), global, data::last_batch::drop);
+  loader.shuffle(9, 0);
+  const auto params_of = [](mlp& m) {
+    std::vector<float> out;
+    for (const auto& p : m.params()) out.insert(out.end(), p.value.data(), p.value.data() + p.value.size());
+    return out;
+  };
+  // A path every rank agrees on (rank 0's temporary directory).
+  const std::string path =
+      c.broadcast((std::filesystem::temp_directory_path() / ("solder_dp_" + std::to_string(::getpid()) + ".safetensors")).string(), 0);
+  mlp a(23);
+  optim::adamw oa(a.params());
+  {
+    dist::data_parallel dp(a, oa, c);
+    for (std::size_t t = 0; t < 6; ++t) {
+      if (t == 3 && c.rank() == 0) nn::save_checkpoint(path, a, oa, {.step = 3});
+      dp.train_step(loader[t].features_as<64>(), loader[t].y);
+    }
+  }
+  c.barrier();  // the file is complete before anyone reads it
+  mlp b(99);    // another seed: everything comes from the file
+  optim::adamw ob(b.params());
+  CHECK(nn::load_checkpoint(path, b, ob).step == 3);
+  {
+    dist::data_parallel dp(b, ob, c);  // the start-up check passes: every rank loaded the same state
+    for (std::size_t t = 3; t < 6; ++t) dp.train_step(loader[t].features_as<64>(), loader[t].y);
+  }
+  const std::vector<float> wa = params_of(a), wb = params_of(b);
+  CHECK(std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)) == 0);
+  c.barrier();
+  if (c.rank() == 0) std::filesystem::remove(path);
 }
 
 TEST_CASE("dist: ranks whose models differ are refused at start-up", "[dist][mpi]") {
