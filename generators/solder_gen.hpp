@@ -1588,33 +1588,52 @@ inline std::string instantiations(const group_text& t, const std::string& ns, st
     const std::string plane = std::to_string(t.out_plane()), cout = std::to_string(t.g.out_channels);
     // The reorders run as tiles where both sides are at least 8 wide (batched_transpose::tiled).
     const bool tiled = t.out_plane() >= 8 && t.g.out_channels >= 8;
+    // The bodies by their full types: two groups' aliases may name the same one, which must be
+    // instantiated once.
+    const auto n = [](std::size_t v) { return std::to_string(v); };
+    const std::string ecu = "solder::eval::cuda::", image = cout + ", " + n(t.g.out_height) + ", " + n(t.g.out_cols);
+    const std::string geometry = "solder::nn::detail::conv2d_geometry<" +
+                                 join({n(t.g.height), n(t.g.cols), n(t.g.kernel_h), n(t.g.kernel_w), n(t.g.stride),
+                                       n(t.g.pad), n(t.g.dilation)}, ", ") + ">";
+    const std::map<std::string, std::string> full{
+        {"to_nchw", ecu + "nhwc_to_nchw_body<" + image + ">"},
+        {"to_nhwc", ecu + "nchw_to_nhwc_body<" + image + ">"},
+        {"bias_sums", ecu + "channel_sums_body<" + image + ", true>"},
+        {"norm_forward", ecu + "batch_norm_train_forward_body<" + plane + ">"},
+        {"norm_backward", ecu + "batch_norm_train_backward_body<" + plane + ">"},
+        {"fold", ecu + "batch_norm_fold_body<" + n(t.taps()) + ">"},
+        {"col2im", ecu + "col2im_pass<" + geometry + ", " + n(t.g.channels) + ", " + n(t.g.kernel_h) + ", " +
+                       n(t.g.kernel_w) + ">"}};
+    auto body_kernel = [&](const char* kernel, const std::string& body) {
+      emit(kernel, full.at(body), full.at(body) + ", std::size_t");
+    };
     auto reorder = [&](const std::string& body, const std::string& r, const std::string& c) {
       if (tiled)
         emit("transpose_kernel", r + ", " + c, "solder::eval::cuda::batched_transpose<" + r + ", " + c + ">");
       else
-        emit("elementwise_kernel", q + body, q + body + ", std::size_t");
+        body_kernel("elementwise_kernel", body);
     };
     s += g + "forward: the product over im2col, the reorder to NCHW" + (t.g.norm ? ", batch_norm" : "") +
          (t.conv_tail_size() ? ", the tail" : "") + "\n";
     emit("product_kernel", q + "conv_pass", q + "conv_pass");
     reorder("to_nchw", plane, cout);
-    if (t.g.norm) emit("row_kernel", q + "norm_forward", q + "norm_forward, std::size_t");
+    if (t.g.norm) body_kernel("row_kernel", "norm_forward");
     if (t.conv_tail_size()) pass_kernels("tail_forward", 0);
     if (t.g.norm) {
       s += g + "evaluation: the fold, the folded product with the tail in its epilogue, the reorder\n";
-      emit("elementwise_kernel", q + "fold", q + "fold, std::size_t");
+      body_kernel("elementwise_kernel", "fold");
       emit("product_kernel", q + "folded_pass", q + "folded_pass");
     }
     s += g + "backward: " + (t.conv_tail_size() ? "the tail's gate, " : "") +
          (t.g.norm ? "batch_norm's backward, " : "") + "the reorder to NHWC" + (t.g.conv_bias ? ", db" : "") +
          ", dW and dcol, the gather\n";
     if (t.conv_tail_size()) pass_kernels("gate", 0);
-    if (t.g.norm) emit("row_kernel", q + "norm_backward", q + "norm_backward, std::size_t");
+    if (t.g.norm) body_kernel("row_kernel", "norm_backward");
     reorder("to_nhwc", cout, plane);
-    if (t.g.conv_bias) emit("row_kernel", q + "bias_sums", q + "bias_sums, std::size_t");
+    if (t.g.conv_bias) body_kernel("row_kernel", "bias_sums");
     emit("product_kernel", q + "weight_grad_pass", q + "weight_grad_pass");
     emit("product_kernel", q + "input_grad_pass", q + "input_grad_pass");
-    emit("elementwise_kernel", q + "col2im", q + "col2im, std::size_t");
+    body_kernel("elementwise_kernel", "col2im");
   } else if (t.g.sketched) {
     const std::string g = "// group " + std::to_string(t.g.index) + ", ";
     s += g + "forward: h = x [S1 | U2], then h [U1; S2] with the tail in its epilogue\n";
@@ -1921,7 +1940,7 @@ inline std::vector<group_text> distinct_groups(const chain_desc& c) {
 /// identical earlier group, its parameters' places in the flat arrays, its output's place in
 /// `hidden`, and its dropouts' places among the chain's streams.
 struct chain_step {
-  const group_desc* g;
+  const group_desc* g = nullptr;
   std::string prefix;         // the definitions it runs through: "g0_"
   std::size_t weight_at = 0;  // its weight's first float in the flat parameter array (a sketched group's S1)
   std::size_t s2_at = 0;      // a sketched group's S2
@@ -1929,6 +1948,11 @@ struct chain_step {
   std::size_t hidden_at = 0;  // its output's first float in a row of `hidden` (every group but the last)
   std::size_t h_at = 0;       // a sketched group's h = x [S1 | U2] in a row of `hidden`
   std::size_t sketch = 0;     // a sketched group's place among the chain's sketched layers
+  /// A convolution group's batch_norm: its weight and bias in the parameters, its running
+  /// statistics and the last forward's saved mean and rstd in `buffers`, and z (its input) in
+  /// a row of `hidden`; a max pooling group's argmax (int32) in a row of `hidden`.
+  std::size_t bn_weight_at = 0, bn_bias_at = 0, running_at = 0, saved_at = 0, z_at = 0, argmax_at = 0;
+  std::string in, out;        // the group's input and output (a flatten's output is its input)
   std::vector<std::pair<std::size_t, std::size_t>> dropouts;  // (position in its tail, index among the chain's)
 };
 
@@ -1938,19 +1962,41 @@ struct chain_layout {
   std::vector<const layer_desc*> dropouts;  // the chain's dropout layers, in order
   std::vector<const layer_desc*> sketches;  // the chain's sketched layers, in order
   std::size_t widest_h = 0;                 // per row of the backward's scratch: the widest dh
+  std::vector<const layer_desc*> norms;     // the chain's batch_norm layers, in order
+  std::size_t buffer_floats = 0;            // running statistics, then the saved ones, of every batch_norm
+  /// Whether the chain holds groups besides products (convolutions, pooling, flatten,
+  /// elementwise): its backward then passes gradients between two buffers.
+  bool general = false;
+  /// Whether the backward draws dropout masks again (an elementwise group's gradient from its
+  /// input, as a dropout alone): it then takes the streams too.
+  bool backward_streams = false;
   std::size_t param_floats = 0;             // the parameters (and gradients, and each optimizer state)
   std::size_t hidden_floats = 0;            // per row: the outputs of every group but the last
   std::size_t widest_out = 0;               // per row of the backward's scratch: the widest gate
   std::size_t widest_inner = 0;             // and the widest gradient of a hidden output
 };
 
-/// Whether a chain gets chain-level launchers: an nn::chain whose every group is a product
-/// group (an MLP of nn::linear layers and their elementwise tails).
+/// Whether a chain gets chain-level launchers: an nn::chain ending in a product group (a
+/// classifier's logits) whose every group is a product group (nn::linear, nn::sketched_linear
+/// with their elementwise tails), a convolution group, a pooling or flatten group, or an
+/// elementwise group without parameters (a dropout).
 inline bool has_chain_launchers(const chain_desc& c) {
-  if (c.kind != spec_kind::chain || c.groups.empty()) return false;
-  for (const auto& g : c.groups)
-    if (!g.product) return false;
+  if (c.kind != spec_kind::chain || c.groups.empty() || !c.groups.back().product) return false;
+  for (const auto& g : c.groups) {
+    const group_text t{c, g, "", ""};
+    const bool ok = g.product || g.conv || t.pool() || t.flatten() || (g.elementwise && t.of(role::bias).empty());
+    if (!ok) return false;
+  }
   return true;
+}
+
+/// `base`, or `base + batch * floats` (a block of rows `floats` floats into a row-blocked array).
+inline std::string rows_at(const std::string& base, std::size_t floats) {
+  return floats == 0 ? base : base + " + batch * " + std::to_string(floats);
+}
+/// `base`, or `base + at` (a parameter in a flat array).
+inline std::string flat_at(const std::string& base, std::size_t at) {
+  return at == 0 ? base : base + " + " + std::to_string(at);
 }
 
 /// The chain's layout; `distinct` are the groups that have definitions of their own.
@@ -1959,7 +2005,10 @@ inline chain_layout layout_of(const chain_desc& c, const std::vector<group_text>
   for (std::size_t k = 0; k < c.groups.size(); ++k) {
     const group_desc& g = c.groups[k];
     const group_text t{c, g, "", launcher_name(g)};
-    chain_step s{&g, "", 0, 0, 0, 0, 0, 0, {}};
+    chain_step s{};
+    s.g = &g;
+    l.general = l.general || !g.product;
+    l.backward_streams = l.backward_streams || (g.elementwise && !g.output_backward && !t.of(role::dropout).empty());
     for (const auto& d : distinct)
       if (s.prefix.empty() && d.launcher == t.launcher && d.block_type() == t.block_type()) s.prefix = d.prefix;
     // torch's named_parameters() order, which the CPU chain's params() keeps: weight, then bias;
@@ -1975,38 +2024,60 @@ inline chain_layout layout_of(const chain_desc& c, const std::vector<group_text>
       s.h_at = l.hidden_floats;
       l.hidden_floats += 2 * lk;
       l.widest_h = std::max(l.widest_h, 2 * lk);
-    } else {
+    } else if (g.conv) {
+      l.param_floats += g.out_channels * t.taps();
+    } else if (g.product) {
       l.param_floats += g.width * g.in_width;
     }
     s.bias_at = l.param_floats;
-    if (g.product_bias) l.param_floats += g.width;
+    if (g.product_bias || g.conv_bias) l.param_floats += g.product ? g.width : g.out_channels;
+    if (g.norm) {
+      s.bn_weight_at = l.param_floats;
+      s.bn_bias_at = l.param_floats + g.out_channels;
+      l.param_floats += 2 * g.out_channels;
+      s.running_at = l.buffer_floats;
+      l.buffer_floats += 2 * g.out_channels;
+      l.norms.push_back(&g.layers[1]);
+      s.z_at = l.hidden_floats;
+      l.hidden_floats += g.width;
+    }
     for (const auto* d : t.of(role::dropout)) {
       s.dropouts.push_back({t.held_at(*d), l.dropouts.size()});
       l.dropouts.push_back(d);
     }
-    if (k + 1 < c.groups.size()) {
+    s.in = k == 0 ? std::string("x") : l.steps.back().out;
+    if (t.flatten()) {
+      s.out = s.in;  // the same bytes
+    } else if (k + 1 < c.groups.size()) {
       s.hidden_at = l.hidden_floats;
       l.hidden_floats += g.width;
+      s.out = rows_at("hidden", s.hidden_at);
+    } else {
+      s.out = "y";
     }
-    if (k > 0) l.widest_inner = std::max(l.widest_inner, g.in_width);
+    if (t.pool() && t.row_role() == role::max_pool) {
+      s.argmax_at = l.hidden_floats;
+      l.hidden_floats += g.width;
+    }
+    const std::size_t in_width = k == 0 ? g.in_width : c.groups[k - 1].width;
+    if (k > 0) l.widest_inner = std::max(l.widest_inner, g.product ? g.in_width : in_width);
     l.widest_out = std::max(l.widest_out, g.width);
     l.steps.push_back(std::move(s));
   }
+  // The saved statistics follow every batch_norm's running ones.
+  for (auto& s : l.steps)
+    if (s.g->norm) {
+      s.saved_at = l.buffer_floats;
+      l.buffer_floats += 2 * s.g->out_channels;
+    }
   return l;
 }
 
-/// `base`, or `base + batch * floats` (a block of rows `floats` floats into a row-blocked array).
-inline std::string rows_at(const std::string& base, std::size_t floats) {
-  return floats == 0 ? base : base + " + batch * " + std::to_string(floats);
-}
-/// `base`, or `base + at` (a parameter in a flat array).
-inline std::string flat_at(const std::string& base, std::size_t at) {
-  return at == 0 ? base : base + " + " + std::to_string(at);
-}
 
 /// The chain-level launchers' parameters.
 inline std::vector<param> chain_forward_params(const chain_layout& l) {
   std::vector<param> p{{"const float* x", "x"}, {"const float* params", "params"}};
+  if (l.buffer_floats) p.push_back({"float* buffers", "buffers"});
   if (l.hidden_floats) p.push_back({"float* hidden", "hidden"});
   p.insert(p.end(), {{"float* y", "y"}, {"size_t batch", "batch"}});
   if (!l.sketches.empty()) p.push_back({"const uint64_t* sketch_seeds", "sketch_seeds"});
@@ -2016,9 +2087,11 @@ inline std::vector<param> chain_forward_params(const chain_layout& l) {
 }
 inline std::vector<param> chain_backward_params(const chain_layout& l) {
   std::vector<param> p{{"const float* x", "x"}, {"const float* params", "params"}};
+  if (l.buffer_floats) p.push_back({"const float* buffers", "buffers"});
   if (l.hidden_floats) p.push_back({"const float* hidden", "hidden"});
   p.insert(p.end(), {{"const float* y", "y"}, {"const float* dy", "dy"}, {"float* grads", "grads"}, {"size_t batch", "batch"}});
   if (!l.sketches.empty()) p.push_back({"const uint64_t* sketch_seeds", "sketch_seeds"});
+  if (l.backward_streams) p.insert(p.end(), {{"const uint64_t* seeds", "seeds"}, {"const uint64_t* offsets", "offsets"}});
   p.push_back({"cudaStream_t stream", "stream"});
   return p;
 }
@@ -2029,6 +2102,7 @@ inline std::vector<param> train_step_params(const chain_layout& l) {
                        {"float* grads", "grads"},
                        {"float* optimizer_state", "optimizer_state"},
                        {"solder_optimizer* optimizer", "optimizer"}};
+  if (l.buffer_floats) p.push_back({"float* buffers", "buffers"});
   if (l.hidden_floats) p.push_back({"float* hidden", "hidden"});
   p.insert(p.end(), {{"float* y", "y"}, {"size_t batch", "batch"}});
   if (!l.sketches.empty()) p.push_back({"const uint64_t* sketch_seeds", "sketch_seeds"});
@@ -2075,10 +2149,28 @@ inline std::string chain_header(const chain_desc& c, const chain_layout& l, cons
                        "starts at the float its macro below names: a weight [out, in] (torch's Linear.weight), a "
                        "bias [out]" + std::string(l.sketches.empty() ? "" : "; a sketched layer's S1 [in, L k] and S2 "
                                                                            "[L k, out] (its s1, s2), then its bias") +
+                       std::string(l.norms.empty() && !l.general ? "" : "; a convolution's weight [out, in, kh, kw] "
+                                                                        "(torch's Conv2d.weight) and bias, then its "
+                                                                        "batch_norm's weight and bias [out]") +
                        ".");
   h += "#define " + upper + "_PARAM_FLOATS " + std::to_string(l.param_floats) + "\n";
   for (const auto& s : l.steps) {
     const std::string at = std::to_string(s.g->layers.front().index);
+    if (s.g->conv) {
+      const group_text t{c, *s.g, "", ""};
+      h += "#define " + upper + "_" + at + "_WEIGHT " + std::to_string(s.weight_at) + "  /* " + t.conv_weight_shape() +
+           " */\n";
+      if (s.g->conv_bias)
+        h += "#define " + upper + "_" + at + "_BIAS " + std::to_string(s.bias_at) + "  /* [" +
+             std::to_string(s.g->out_channels) + "] */\n";
+      if (s.g->norm) {
+        const std::string bn = std::to_string(s.g->layers[1].index), ch = "  /* [" + std::to_string(s.g->out_channels) + "] */\n";
+        h += "#define " + upper + "_" + bn + "_WEIGHT " + std::to_string(s.bn_weight_at) + ch;
+        h += "#define " + upper + "_" + bn + "_BIAS " + std::to_string(s.bn_bias_at) + ch;
+      }
+      continue;
+    }
+    if (!s.g->product) continue;
     if (s.g->sketched) {
       const std::string lk = std::to_string(s.g->terms * s.g->rank);
       h += "#define " + upper + "_" + at + "_S1 " + std::to_string(s.weight_at) + "  /* [" +
@@ -2096,16 +2188,25 @@ inline std::string chain_header(const chain_desc& c, const chain_layout& l, cons
   if (l.hidden_floats) {
     std::vector<std::string> parts;
     for (std::size_t k = 0; k < l.steps.size(); ++k) {
+      const std::string group = "group " + std::to_string(k) + "'s ";
       if (l.steps[k].g->sketched)
-        parts.push_back("group " + std::to_string(k) + "'s h [batch, " +
-                        std::to_string(2 * l.steps[k].g->terms * l.steps[k].g->rank) + "] at " +
+        parts.push_back(group + "h [batch, " + std::to_string(2 * l.steps[k].g->terms * l.steps[k].g->rank) + "] at " +
                         rows_at("hidden", l.steps[k].h_at));
-      if (k + 1 < l.steps.size())
-        parts.push_back("group " + std::to_string(k) + "'s [batch, " + std::to_string(l.steps[k].g->width) + "] at " +
+      if (l.steps[k].g->norm)
+        parts.push_back(group + "z (its batch_norm's input) [batch, " + std::to_string(l.steps[k].g->width) + "] at " +
+                        rows_at("hidden", l.steps[k].z_at));
+      if (k + 1 < l.steps.size() && !(l.steps[k].g->layers.front().what == role::flatten))
+        parts.push_back(group + "[batch, " + std::to_string(l.steps[k].g->width) + "] at " +
                         rows_at("hidden", l.steps[k].hidden_at));
+      if (l.steps[k].g->layers.front().what == role::max_pool)
+        parts.push_back(group + "argmax (int32) [batch, " + std::to_string(l.steps[k].g->width) + "] at " +
+                        rows_at("hidden", l.steps[k].argmax_at));
     }
     h += comment("/// ", "Floats per row of `hidden`, the outputs of every group but the last" +
                              std::string(l.sketches.empty() ? "" : " and each sketched group's h = x [S1 | U2]") +
+                             std::string(l.general ? ", and what each group's backward reads besides (a flatten's output "
+                                                     "is its input)"
+                                                   : "") +
                              ", which the backward reads: " + join(parts, ", ") + ".");
     h += "#define " + upper + "_HIDDEN_FLOATS " + std::to_string(l.hidden_floats) + "\n";
   }
@@ -2115,6 +2216,23 @@ inline std::string chain_header(const chain_desc& c, const chain_layout& l, cons
     h += comment("/// ", "Dropout streams: seeds[i], offsets[i] (host memory) are the Philox stream of the chain's i-th "
                          "dropout (" + std::string(at.size() == 1 ? "layer " : "layers ") + join(at, ", ") + "), as nn::dropout's rng.");
     h += "#define " + upper + "_DROPOUTS " + std::to_string(l.dropouts.size()) + "\n";
+  }
+  if (l.buffer_floats) {
+    h += comment("/// ", "Floats of `buffers` (device): each batch_norm's running_mean and running_var [C] (torch's "
+                         "state_dict buffers, in the CPU chain's buffers() order; the training forward moves them), "
+                         "then each one's saved mean and rstd [C] of the last training forward (the backward reads "
+                         "them).");
+    h += "#define " + upper + "_BUFFER_FLOATS " + std::to_string(l.buffer_floats) + "\n";
+    for (const auto& s : l.steps)
+      if (s.g->norm) {
+        const std::string bn = std::to_string(s.g->layers[1].index), c = std::to_string(s.g->out_channels);
+        h += "#define " + upper + "_" + bn + "_RUNNING_MEAN " + std::to_string(s.running_at) + "  /* [" + c + "] */\n";
+        h += "#define " + upper + "_" + bn + "_RUNNING_VAR " + std::to_string(s.running_at + s.g->out_channels) +
+             "  /* [" + c + "] */\n";
+        h += "#define " + upper + "_" + bn + "_SAVED_MEAN " + std::to_string(s.saved_at) + "  /* [" + c + "] */\n";
+        h += "#define " + upper + "_" + bn + "_SAVED_RSTD " + std::to_string(s.saved_at + s.g->out_channels) +
+             "  /* [" + c + "] */\n";
+      }
   }
   if (!l.sketches.empty()) {
     std::vector<std::string> at;
@@ -2131,19 +2249,36 @@ inline std::string chain_header(const chain_desc& c, const chain_layout& l, cons
                                     "(seeds[i], offsets[i]), as a training forward of the CPU chain moves and draws "
                                     "it.";
   const std::string kept = l.hidden_floats ? " Every group's output but the last goes to hidden, for the backward." : "";
-  h += comment("/// ", "y [batch, " + std::to_string(out) + "] = the chain on x [batch, " + std::to_string(in) +
-                           "] in training mode, as the CPU chain's forward: every group in order, one matrix product "
-                           "each" + std::string(l.sketches.empty() ? "" : " (two for a sketched group)") +
-                           ", its tail in the epilogue." + kept + streams);
+  const std::string in_text = c.groups.front().conv ? std::to_string(c.groups.front().channels * c.groups.front().height *
+                                                                                 c.groups.front().cols)
+                                                    : std::to_string(in);
+  h += comment("/// ", "y [batch, " + std::to_string(out) + "] = the chain on x [batch, " + in_text +
+                           "] in training mode, as the CPU chain's forward: every group in order" +
+                           std::string(l.general ? ", each as its own launcher runs it (every batch_norm normalizing by "
+                                                   "the batch's statistics, saving them in buffers and moving the "
+                                                   "running ones)"
+                                                 : std::string(", one matrix product each") +
+                                                       (l.sketches.empty() ? "" : " (two for a sketched group)") +
+                                                       ", its tail in the epilogue") +
+                           "." + kept + streams);
   h += wrap_call("int solder_" + stem + "_forward", decls(chain_forward_params(l)), ";") + "\n";
   h += comment("/// ", "grads (overwritten, laid out as params) from dy = dL/dy [batch, " + std::to_string(out) +
                            "], after the forward of x that wrote y" + (l.hidden_floats ? " and hidden" : "") +
-                           ", as the CPU chain's backward: every group last to first, its gate pass with the bias "
-                           "gradient, then dW = g^T x and, but for the first group, dx = g W (the chain's input gets no "
-                           "gradient)" + std::string(l.sketches.empty() ? "" : "; a sketched group's dS2, dh, dS1 and "
-                                                                              "(but for the first group) dx") +
+                           ", as the CPU chain's backward: every group last to first, " +
+                           std::string(l.general ? "each group's backward as its own launcher runs it, but the first "
+                                                   "group's input gradient (the chain's input gets none)"
+                                                 : std::string("its gate pass with the bias gradient, then dW = g^T x "
+                                                               "and, but for the first group, dx = g W (the chain's "
+                                                               "input gets no gradient)") +
+                                                       (l.sketches.empty() ? "" : "; a sketched group's dS2, dh, dS1 "
+                                                                                  "and (but for the first group) dx")) +
                            ". Scratch of the stream-ordered allocator: " +
-                           std::to_string(l.widest_out + l.widest_inner + l.widest_h) + " floats per row.");
+                           std::to_string(l.widest_out + (l.general ? 2 : 1) * l.widest_inner + l.widest_h) +
+                           " floats per row" + std::string(l.general ? " and each group's own scratch" : "") + "." +
+                           std::string(l.backward_streams ? " seeds and offsets are the streams the forward drew (as it "
+                                                            "left them): a dropout whose gradient follows from its input "
+                                                            "draws its mask again."
+                                                          : ""));
   h += wrap_call("int solder_" + stem + "_backward", decls(chain_backward_params(l)), ";") + "\n";
   h += comment(
       "/// ",
@@ -2337,6 +2472,258 @@ inline std::string chain_definitions(const chain_desc& c, const chain_layout& l)
   return s;
 }
 
+/// The chain's forward and backward where it holds groups besides products (a CNN): each group
+/// runs the passes of its own launchers, on its places in params, buffers and hidden; the
+/// backward passes the gradient of each group's input to the one before through two buffers.
+inline std::string general_chain_definitions(const chain_desc& c, const chain_layout& l) {
+  const std::size_t n = l.steps.size();
+  const auto num = [](std::size_t v) { return std::to_string(v); };
+  std::string s = "\n" + rule("the chain: the optimizer's update; forward and backward over every group") + optimizer_definitions() + "\n";
+  s += "/// The flat parameter array: every layer's parameters in the CPU chain's params() order.\n";
+  s += "constexpr std::size_t param_floats = " + num(l.param_floats) + ";\n";
+  s += "/// The backward's scratch per row: the widest gate g of a product group, two buffers of the widest\n"
+       "/// gradient of a group's input" + std::string(l.widest_h ? ", and the widest dh of a sketched group" : "") + ".\n";
+  s += "constexpr std::size_t gate_floats = " + num(l.widest_out) + ", inner_floats = " + num(l.widest_inner) +
+       (l.widest_h ? ", h_floats = " + num(l.widest_h) : std::string()) + ";\n";
+  if (!l.norms.empty())
+    s += "/// Every batch_norm's eps and momentum: nn::batch_norm's defaults, torch's, which nn::chain constructs.\n"
+         "constexpr double bn_eps = 1e-5, bn_momentum = 0.1;\n";
+  auto title = [&](std::size_t k) {
+    const group_text t{c, *l.steps[k].g, "", ""};
+    return "  // group " + num(k) + ": " + t.layer_list() + "\n";
+  };
+  auto at = [&](const std::string& base, std::size_t a) { return flat_at(base, a); };
+
+  // The forward.
+  std::vector<std::string> args{"const float* x", "const float* params"};
+  if (l.buffer_floats) args.push_back("float* buffers");
+  if (l.hidden_floats) args.push_back("float* hidden");
+  args.insert(args.end(), {"float* y", "std::size_t batch"});
+  if (!l.sketches.empty()) args.push_back("const std::uint64_t* sketch_seeds");
+  if (!l.dropouts.empty()) args.insert(args.end(), {"const std::uint64_t* seeds", "std::uint64_t* offsets"});
+  args.push_back("cudaStream_t stream");
+  s += "\n" + comment("/// ", "The chain's forward in training mode, as basic_chain::forward: every group in order, its "
+                              "output in hidden (every group but the last) or y; each batch_norm normalizes by the "
+                              "batch's statistics, saves them and moves its running ones." +
+                                  std::string(l.dropouts.empty() ? ""
+                                                                 : " Each dropout's stream first moves on, as the "
+                                                                   "CPU blocks' training forward moves it, then draws."));
+  s += wrap_call("void chain_forward", args, " {") + "\n";
+  if (!l.dropouts.empty()) s += "  for (std::size_t i = 0; i < " + num(l.dropouts.size()) + "; ++i) ++offsets[i];\n";
+  for (std::size_t k = 0; k < n; ++k) {
+    const chain_step& st = l.steps[k];
+    const group_desc& g = *st.g;
+    const group_text t{c, g, st.prefix, ""};
+    const std::string& p = st.prefix;
+    auto set_streams = [&](const std::string& holder) {
+      std::string r;
+      for (const auto& [held, i] : st.dropouts)
+        r += "    std::get<" + num(held) + ">(" + holder + ".layers).rng = {seeds[" + num(i) + "], offsets[" + num(i) + "]};\n";
+      return r;
+    };
+    s += title(k);
+    if (t.flatten()) {
+      s += "  // (the same bytes: its output is its input)\n";
+      continue;
+    }
+    s += "  {\n";
+    if (g.product || g.conv) {
+      const bool tail = g.product || t.conv_tail_size() > 0;
+      if (!st.dropouts.empty())
+        s += "    " + p + "tail_type tail;\n" + set_streams("tail");
+      else if (tail)
+        s += "    const " + p + "tail_type tail{};\n";
+    }
+    if (g.sketched) {
+      const std::string h = rows_at("hidden", st.h_at);
+      s += "    const " + p + "sketches u = " + p + "sketches_of(sketch_seeds[" + num(st.sketch) + "]);\n";
+      s += wrap_call("    run_product(stream, " + p + "first",
+                     {p + "in_rows(" + st.in + ", batch)", at("params", st.weight_at), "u", p + "h_rows_out(" + h + ", batch)"},
+                     ");") + "\n";
+      std::vector<std::string> fargs{"tail", p + "h_rows(" + h + ", batch)", at("params", st.s2_at), "u"};
+      if (g.product_bias) fargs.push_back(p + "features(" + at("params", st.bias_at) + ")");
+      fargs.push_back(p + "rows_out(" + st.out + ", batch)");
+      s += wrap_call("    run_product(stream, " + p + "forward", fargs, ");") + "\n";
+    } else if (g.product) {
+      std::vector<std::string> fargs{"tail", p + "in_rows(" + st.in + ", batch)", at("params", st.weight_at)};
+      if (g.product_bias) fargs.push_back(p + "features(" + at("params", st.bias_at) + ")");
+      fargs.push_back(p + "rows_out(" + st.out + ", batch)");
+      s += wrap_call("    run_product(stream, " + p + "forward", fargs, ");") + "\n";
+    } else if (g.conv) {
+      const bool tail = t.conv_tail_size() > 0;
+      const std::string m = "batch * " + num(t.out_plane()), cout = num(g.out_channels);
+      s += "    const auto c = solder::eval::cuda::device_array<float>::allocate(" + m + " * " + cout + ", stream);\n";
+      if (tail) s += "    const auto u = solder::eval::cuda::device_array<float>::allocate(batch * " + num(g.width) + ", stream);\n";
+      s += wrap_call("    run_product(stream, " + p + "conv", {st.in, at("params", st.weight_at), p + "pixels_out(c.data(), " + m + ")"},
+                     ");") + "\n";
+      const std::string z = rows_at("hidden", st.z_at);
+      const std::string conv_out = g.norm ? z : tail ? "u.data()" : st.out;
+      s += wrap_call("    solder::eval::cuda::nhwc_to_nchw",
+                     {p + "to_nchw{c.data(), " + conv_out + ", batch, " +
+                          (g.conv_bias ? at("params", st.bias_at) : std::string("nullptr")) + "}",
+                      "stream"},
+                     ";") + "\n";
+      if (g.norm) {
+        s += wrap_list("    const " + p + "norm_forward norm", '{',
+                       {z, tail ? "u.data()" : st.out, at("params", st.bn_weight_at), at("params", st.bn_bias_at),
+                        at("buffers", st.running_at), at("buffers", st.running_at + g.out_channels), at("buffers", st.saved_at),
+                        at("buffers", st.saved_at + g.out_channels), "batch", cout, "bn_eps", "bn_momentum"},
+                       '}', ";") + "\n";
+        s += "    solder::eval::cuda::batch_norm_train_forward(norm, stream);\n";
+      }
+      if (tail)
+        s += wrap_call("    run(stream, " + p + "tail_forward",
+                       {"tail", p + "rows(u.data(), batch)", p + "rows_out(" + st.out + ", batch)"}, ");") + "\n";
+    } else if (t.pool()) {
+      const bool max = t.row_role() == role::max_pool;
+      const std::string argmax = max ? "reinterpret_cast<std::int32_t*>(" + rows_at("hidden", st.argmax_at) + ")" : "nullptr";
+      s += wrap_list("    const " + p + "forward_body body", '{',
+                     {st.in, st.out, argmax, p + "geometry", p + "count_include_pad"}, '}', ";") + "\n";
+      s += "    solder::eval::cuda::pool_forward(body, batch, stream);\n";
+    } else {  // elementwise, its gradient from its output
+      s += "    " + std::string(st.dropouts.empty() ? "const " : "") + p + "block block{};\n" + set_streams("block");
+      s += wrap_call("    run(stream, " + p + "forward", {"block", p + "rows(" + st.in + ", batch)", p + "rows_out(" + st.out + ", batch)"},
+                     ");") + "\n";
+    }
+    s += "  }\n";
+  }
+  s += "}\n";
+
+  // The backward: group k reads the gradient of its output from dy or the buffer the group
+  // after it wrote, and writes that of its input to the other buffer (a flatten passes it on).
+  std::vector<std::string> dy_of(n), dx_of(n);
+  dy_of[n - 1] = "dy";
+  for (std::size_t k = n; k-- > 0;) {
+    dx_of[k] = group_text{c, *l.steps[k].g, "", ""}.flatten() ? dy_of[k] : dy_of[k] == "d0" ? "d1" : "d0";
+    if (k > 0) dy_of[k - 1] = dx_of[k];
+  }
+  args = {"const float* x", "const float* params"};
+  if (l.buffer_floats) args.push_back("const float* buffers");
+  if (l.hidden_floats) args.push_back("const float* hidden");
+  args.insert(args.end(), {"const float* y", "const float* dy", "float* grads", "std::size_t batch"});
+  if (!l.sketches.empty()) args.push_back("const std::uint64_t* sketch_seeds");
+  if (l.backward_streams) args.insert(args.end(), {"const std::uint64_t* seeds", "const std::uint64_t* offsets"});
+  args.push_back("cudaStream_t stream");
+  s += "\n" + comment("/// ", "The chain's backward from dy = dL/dy, as basic_chain::backward: every group last to first, "
+                              "each its own launcher's backward on its places in params, buffers and hidden, but the "
+                              "first group's input gradient (backward_params). Gradients go to grads, laid out as the "
+                              "parameters.");
+  s += wrap_call("void chain_backward", args, " {") + "\n";
+  s += "  // g (a product group's gate), d0 and d1 (the gradient of a group's input, written by one group and\n"
+       "  // read by the one before)" + std::string(l.widest_h ? ", dh (a sketched group's)" : "") +
+       ". Freed on the stream after the passes that read them.\n";
+  s += "  const auto scratch = solder::eval::cuda::device_array<float>::allocate(\n      batch * (gate_floats + 2 * inner_floats" +
+       std::string(l.widest_h ? " + h_floats" : "") + "), stream);\n";
+  s += "  float* const g = scratch.data();\n";
+  s += "  float* const d0 = g + batch * gate_floats;\n  float* const d1 = d0 + batch * inner_floats;\n";
+  if (l.widest_h) s += "  float* const dh = d1 + batch * inner_floats;\n";
+  bool any_product = false, uses_d1 = false;
+  for (std::size_t k = 0; k < n; ++k) {
+    any_product = any_product || l.steps[k].g->product;
+    uses_d1 = uses_d1 || dx_of[k] == "d1";
+  }
+  if (!any_product) s += "  (void)g;  // no product group\n";
+  if (!uses_d1) s += "  (void)d1;  // no second buffer needed\n";
+  for (std::size_t kk = n; kk-- > 0;) {
+    const chain_step& st = l.steps[kk];
+    const group_desc& gd = *st.g;
+    const group_text t{c, gd, st.prefix, ""};
+    const std::string& p = st.prefix;
+    s += title(kk);
+    if (t.flatten() || (kk == 0 && !gd.product && !gd.conv)) {
+      s += t.flatten() ? "  // (the gradient passes through)\n" : "  // (no parameters, and the chain's input needs no gradient)\n";
+      continue;
+    }
+    s += "  {\n";
+    const std::string dy = dy_of[kk], dx = dx_of[kk];
+    if (gd.product) {
+      s += "    const " + p + "tail_type tail{};\n";
+      std::vector<std::string> gargs{"tail", p + "rows(" + st.out + ", batch)", p + "rows(" + dy + ", batch)", p + "rows_out(g, batch)"};
+      if (gd.product_bias) gargs.push_back(p + "features_out(" + at("grads", st.bias_at) + ")");
+      s += wrap_call("    run(stream, " + p + "gate", gargs, ");") + "\n";
+      if (gd.sketched) {
+        const std::string h = rows_at("hidden", st.h_at);
+        s += "    const " + p + "sketches u = " + p + "sketches_of(sketch_seeds[" + num(st.sketch) + "]);\n";
+        s += wrap_call("    run_product(stream, " + p + "s2_grad",
+                       {p + "h_rows(" + h + ", batch)", p + "rows(g, batch)", p + "s2_out(" + at("grads", st.s2_at) + ")"}, ");") + "\n";
+        s += wrap_call("    run_product(stream, " + p + "h_grad",
+                       {p + "rows(g, batch)", at("params", st.s2_at), "u", p + "h_rows_out(dh, batch)"}, ");") + "\n";
+        s += wrap_call("    run_product(stream, " + p + "s1_grad",
+                       {p + "in_rows(" + st.in + ", batch)", p + "h_rows(dh, batch)", p + "s1_out(" + at("grads", st.weight_at) + ")"},
+                       ");") + "\n";
+        if (kk > 0)
+          s += wrap_call("    run_product(stream, " + p + "input_grad",
+                         {p + "h_rows(dh, batch)", at("params", st.weight_at), "u", p + "in_rows_out(" + dx + ", batch)"}, ");") + "\n";
+      } else {
+        s += wrap_call("    run_product(stream, " + p + "weight_grad",
+                       {p + "rows(g, batch)", p + "in_rows(" + st.in + ", batch)", p + "weight_out(" + at("grads", st.weight_at) + ")"},
+                       ");") + "\n";
+        if (kk > 0)
+          s += wrap_call("    run_product(stream, " + p + "input_grad",
+                         {p + "rows(g, batch)", at("params", st.weight_at), p + "in_rows_out(" + dx + ", batch)"}, ");") + "\n";
+      }
+    } else if (gd.conv) {
+      const bool tail = t.conv_tail_size() > 0;
+      const std::string m = "batch * " + num(t.out_plane()), cout = num(gd.out_channels), rows = "batch * " + num(gd.width);
+      std::string grad = dy;
+      if (tail) {
+        s += "    const " + p + "tail_type tail{};\n";
+        s += "    const auto gu = solder::eval::cuda::device_array<float>::allocate(" + rows + ", stream);\n";
+        s += wrap_call("    run(stream, " + p + "gate",
+                       {"tail", p + "rows(" + st.out + ", batch)", p + "rows(" + dy + ", batch)", p + "rows_out(gu.data(), batch)"},
+                       ");") + "\n";
+        grad = "gu.data()";
+      }
+      if (gd.norm) {
+        s += "    const auto gz = solder::eval::cuda::device_array<float>::allocate(" + rows + ", stream);\n";
+        s += wrap_list("    const " + p + "norm_backward norm", '{',
+                       {rows_at("hidden", st.z_at), grad, "gz.data()", at("params", st.bn_weight_at), at("buffers", st.saved_at),
+                        at("buffers", st.saved_at + gd.out_channels), at("grads", st.bn_weight_at), at("grads", st.bn_bias_at),
+                        "batch", cout},
+                       '}', ";") + "\n";
+        s += "    solder::eval::cuda::batch_norm_train_backward(norm, stream);\n";
+        grad = "gz.data()";
+      }
+      s += "    const auto gc = solder::eval::cuda::device_array<float>::allocate(" + m + " * " + cout + ", stream);\n";
+      s += "    solder::eval::cuda::nchw_to_nhwc(" + p + "to_nhwc{" + grad + ", gc.data(), batch}, stream);\n";
+      if (gd.conv_bias)
+        s += "    solder::eval::cuda::channel_sums(" + p + "bias_sums{gc.data(), " + at("grads", st.bias_at) + ", batch}, stream);\n";
+      s += wrap_call("    run_product(stream, " + p + "weight_grad",
+                     {p + "pixels(gc.data(), " + m + ")", st.in, p + "weight_out(" + at("grads", st.weight_at) + ")"}, ");") + "\n";
+      if (kk > 0) {
+        s += "    const auto dcol = solder::eval::cuda::device_array<float>::allocate(" + m + " * " + num(t.taps()) + ", stream);\n";
+        s += wrap_call("    run_product(stream, " + p + "input_grad",
+                       {p + "pixels(gc.data(), " + m + ")", at("params", st.weight_at), p + "columns_out(dcol.data(), " + m + ")"},
+                       ");") + "\n";
+        s += "    solder::eval::cuda::run_col2im(stream, " + p + "col2im{dcol.data(), " + dx + ", batch});\n";
+      }
+    } else if (t.pool()) {
+      const bool max = t.row_role() == role::max_pool;
+      const std::string argmax =
+          max ? "reinterpret_cast<const std::int32_t*>(" + rows_at("hidden", st.argmax_at) + ")" : "nullptr";
+      s += wrap_list("    const " + p + "backward_body body", '{',
+                     {dy, argmax, dx, p + "geometry", p + "count_include_pad"}, '}', ";") + "\n";
+      s += "    solder::eval::cuda::pool_backward(body, batch, stream);\n";
+    } else if (gd.output_backward) {
+      s += "    const " + p + "block block{};\n";
+      s += wrap_call("    run(stream, " + p + "backward",
+                     {"block", p + "rows(" + st.out + ", batch)", p + "rows(" + dy + ", batch)", p + "rows_out(" + dx + ", batch)"},
+                     ");") + "\n";
+    } else {
+      // From the input, the masks drawn again from the streams the forward drew.
+      s += "    " + std::string(st.dropouts.empty() ? "const " : "") + p + "block block{};\n";
+      for (const auto& [held, i] : st.dropouts)
+        s += "    std::get<" + num(held) + ">(block.layers).rng = {seeds[" + num(i) + "], offsets[" + num(i) + "]};\n";
+      s += wrap_call("    run(stream, " + p + "backward",
+                     {"block", p + "rows(" + st.in + ", batch)", p + "rows(" + dy + ", batch)", p + "rows_out(" + dx + ", batch)"},
+                     ");") + "\n";
+    }
+    s += "  }\n";
+  }
+  s += "}\n";
+  return s;
+}
+
 /// The chain-level extern "C" launchers.
 inline std::string chain_launchers(const chain_desc& c, const chain_layout& l, const std::string& stem) {
   const std::string p = "solder_" + stem;
@@ -2489,7 +2876,7 @@ inline files generate(const chain_desc& c, const std::string& header,
           : t.g.elementwise ? elementwise_definitions(t, header, stem)
                             : row_definitions(t, header, stem);
   }
-  if (whole_chain) cu += chain_definitions(c, layout);
+  if (whole_chain) cu += layout.general ? general_chain_definitions(c, layout) : chain_definitions(c, layout);
   cu += "\n}  // namespace\n}  // namespace " + ns + "\n\n";
   cu += rule("kernels: every __global__ function the launchers start, instantiated here") + "\n";
   std::set<std::string> done;

@@ -53,3 +53,13 @@ using sketched_mlp = solder::nn::chain<solder::nn::sketched_linear<64, 256, 2, 8
 /// the weights and bias and the relu in the product's epilogue: one product and the reorder.
 using conv_bn_relu = solder::nn::chain<solder::nn::input<64, 16, 16>, solder::nn::conv2d<64, 64, 3, 3, 1, 1>,
                                        solder::nn::batch_norm<64>, solder::nn::relu>;
+
+/// The digits CNN of examples/digits_cnn.cpp: [1, 8, 8] -> conv 3x3 (16) + batch_norm + relu ->
+/// conv 3x3 (32) + batch_norm + relu -> max_pool2d -> flatten -> dropout -> linear 512 -> 10; two
+/// convolution groups, a pooling group (pool_flatten's, whose launchers pool_flatten.cu defines), a
+/// flatten, a dropout and a product group, and the chain-level launchers.
+using digits_cnn =
+    solder::nn::chain<solder::nn::input<1, 8, 8>, solder::nn::conv2d<1, 16, 3, 3, 1, 1>, solder::nn::batch_norm<16>,
+                      solder::nn::relu, solder::nn::conv2d<16, 32, 3, 3, 1, 1>, solder::nn::batch_norm<32>,
+                      solder::nn::relu, solder::nn::max_pool2d<2>, solder::nn::flatten<>, solder::nn::dropout<0.1f>,
+                      solder::nn::linear<512, 10>>;

@@ -150,16 +150,18 @@ template __global__ void solder::eval::cuda::product_kernel<solder_gen_conv_bn_r
     solder_gen_conv_bn_relu::g0_conv_pass);
 template __global__ void solder::eval::cuda::transpose_kernel<256, 64>(
     solder::eval::cuda::batched_transpose<256, 64>);
-template __global__ void solder::eval::cuda::row_kernel<solder_gen_conv_bn_relu::g0_norm_forward>(
-    solder_gen_conv_bn_relu::g0_norm_forward, std::size_t);
+template __global__ void solder::eval::cuda::row_kernel<
+    solder::eval::cuda::batch_norm_train_forward_body<256>>(
+    solder::eval::cuda::batch_norm_train_forward_body<256>, std::size_t);
 template __global__ void solder::eval::cuda::flat_kernel<solder_gen_conv_bn_relu::g0_tail_forward_pass>(
     solder_gen_conv_bn_relu::g0_tail_forward_pass);
 template __global__ void solder::eval::cuda::flat_kernel<
     solder_gen_conv_bn_relu::g0_tail_forward_pass_unaligned>(
     solder_gen_conv_bn_relu::g0_tail_forward_pass_unaligned);
 // group 0, evaluation: the fold, the folded product with the tail in its epilogue, the reorder
-template __global__ void solder::eval::cuda::elementwise_kernel<solder_gen_conv_bn_relu::g0_fold>(
-    solder_gen_conv_bn_relu::g0_fold, std::size_t);
+template __global__ void solder::eval::cuda::elementwise_kernel<
+    solder::eval::cuda::batch_norm_fold_body<576>>(
+    solder::eval::cuda::batch_norm_fold_body<576>, std::size_t);
 template __global__ void solder::eval::cuda::product_kernel<solder_gen_conv_bn_relu::g0_folded_pass>(
     solder_gen_conv_bn_relu::g0_folded_pass);
 // group 0, backward: the tail's gate, batch_norm's backward, the reorder to NHWC, db, dW and dcol, the gather
@@ -167,18 +169,21 @@ template __global__ void solder::eval::cuda::flat_kernel<solder_gen_conv_bn_relu
     solder_gen_conv_bn_relu::g0_gate_pass);
 template __global__ void solder::eval::cuda::flat_kernel<solder_gen_conv_bn_relu::g0_gate_pass_unaligned>(
     solder_gen_conv_bn_relu::g0_gate_pass_unaligned);
-template __global__ void solder::eval::cuda::row_kernel<solder_gen_conv_bn_relu::g0_norm_backward>(
-    solder_gen_conv_bn_relu::g0_norm_backward, std::size_t);
+template __global__ void solder::eval::cuda::row_kernel<
+    solder::eval::cuda::batch_norm_train_backward_body<256>>(
+    solder::eval::cuda::batch_norm_train_backward_body<256>, std::size_t);
 template __global__ void solder::eval::cuda::transpose_kernel<64, 256>(
     solder::eval::cuda::batched_transpose<64, 256>);
-template __global__ void solder::eval::cuda::row_kernel<solder_gen_conv_bn_relu::g0_bias_sums>(
-    solder_gen_conv_bn_relu::g0_bias_sums, std::size_t);
+template __global__ void solder::eval::cuda::row_kernel<
+    solder::eval::cuda::channel_sums_body<64, 16, 16, true>>(
+    solder::eval::cuda::channel_sums_body<64, 16, 16, true>, std::size_t);
 template __global__ void solder::eval::cuda::product_kernel<solder_gen_conv_bn_relu::g0_weight_grad_pass>(
     solder_gen_conv_bn_relu::g0_weight_grad_pass);
 template __global__ void solder::eval::cuda::product_kernel<solder_gen_conv_bn_relu::g0_input_grad_pass>(
     solder_gen_conv_bn_relu::g0_input_grad_pass);
-template __global__ void solder::eval::cuda::elementwise_kernel<solder_gen_conv_bn_relu::g0_col2im>(
-    solder_gen_conv_bn_relu::g0_col2im, std::size_t);
+template __global__ void solder::eval::cuda::elementwise_kernel<
+    solder::eval::cuda::col2im_pass<solder::nn::detail::conv2d_geometry<16, 16, 3, 3, 1, 1, 1>, 64, 3, 3>>(
+    solder::eval::cuda::col2im_pass<solder::nn::detail::conv2d_geometry<16, 16, 3, 3, 1, 1, 1>, 64, 3, 3>, std::size_t);
 
 // ---- launchers (C linkage: global names, whatever the namespace) --------------------------------
 

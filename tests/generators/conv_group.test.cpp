@@ -337,3 +337,61 @@ TEST_CASE("solder-gen: a convolution group's passes and launchers", "[gen][conv]
   CHECK(holds(f.h, "int solder_conv2d_batch_norm_relu_f32_64x16x16_64k3x3s1p1_eval("));
   CHECK(holds(f.h, "float* dbn_weight, float* dbn_bias, size_t batch, cudaStream_t stream);"));
 }
+
+namespace {
+using digits_cnn = nn::chain<nn::input<1, 8, 8>, nn::conv2d<1, 16, 3, 3, 1, 1>, nn::batch_norm<16>, nn::relu,
+                             nn::conv2d<16, 32, 3, 3, 1, 1>, nn::batch_norm<32>, nn::relu, nn::max_pool2d<2>, nn::flatten<>,
+                             nn::dropout<0.1f>, nn::linear<512, 10>>;
+}  // namespace
+
+TEST_CASE("solder-gen: the digits CNN's chain-level launchers and their layout", "[gen][conv]") {
+  const gen::chain_desc c = gen::describe<digits_cnn>("digits_cnn");
+  REQUIRE(c.groups.size() == 6);
+  const gen::files f = gen::generate(c, "chains.hpp");
+  // The parameters in the CPU chain's params() order, the running statistics in its buffers() order.
+  digits_cnn model(1);
+  std::vector<std::size_t> starts;
+  std::size_t at = 0;
+  for (const auto& p : model.params()) {
+    starts.push_back(at);
+    at += p.value.size();
+  }
+  CHECK(at == 10026);
+  CHECK(starts == std::vector<std::size_t>{0, 144, 160, 176, 192, 4800, 4832, 4864, 4896, 10016});
+  std::vector<std::string> buffer_names;
+  for (const auto& b : model.buffers()) buffer_names.push_back(b.name + ":" + std::to_string(b.value.size()));
+  CHECK(buffer_names == std::vector<std::string>{"1.running_mean:16", "1.running_var:16", "4.running_mean:32", "4.running_var:32"});
+  CHECK(holds(f.h, "#define SOLDER_DIGITS_CNN_PARAM_FLOATS 10026\n"));
+  CHECK(holds(f.h, "#define SOLDER_DIGITS_CNN_3_WEIGHT 192  /* [32, 16, 3, 3] */\n"));
+  CHECK(holds(f.h, "#define SOLDER_DIGITS_CNN_4_WEIGHT 4832  /* [32] */\n"));
+  CHECK(holds(f.h, "#define SOLDER_DIGITS_CNN_9_WEIGHT 4896  /* [10, 512] */\n"));
+  CHECK(holds(f.h, "#define SOLDER_DIGITS_CNN_1_RUNNING_MEAN 0  /* [16] */\n"));
+  CHECK(holds(f.h, "#define SOLDER_DIGITS_CNN_4_RUNNING_VAR 64  /* [32] */\n"));
+  CHECK(holds(f.h, "#define SOLDER_DIGITS_CNN_4_SAVED_MEAN 128  /* [32] */\n"));
+  CHECK(holds(f.h, "#define SOLDER_DIGITS_CNN_BUFFER_FLOATS 192\n"));
+  CHECK(holds(f.h, "#define SOLDER_DIGITS_CNN_HIDDEN_FLOATS 7680\n"));
+  CHECK(holds(f.h, "int solder_digits_cnn_train_step(const float* x, const int32_t* labels, float* params, float* grads,"));
+  CHECK(holds(f.h, "const uint64_t* seeds, const uint64_t* offsets, cudaStream_t stream);"));
+  CHECK(model.layer<8>().rng.seed == random::derive_seed(1, 8));
+  CHECK(holds(f.cu, "seeds[0] = solder::random::derive_seed(seed, 8);  // layer 8"));
+  // The forward: z, then the normalization into the tail's input, the running and saved statistics.
+  CHECK(holds(f.cu, "solder::eval::cuda::nhwc_to_nchw(g0_to_nchw{c.data(), hidden, batch, params + 144}, stream);"));
+  CHECK(holds(f.cu, "const g0_norm_forward norm{hidden, u.data(), params + 160, params + 176, buffers, buffers + 16,"));
+  CHECK(holds(f.cu, "buffers + 96, buffers + 112, batch, 16, bn_eps, bn_momentum};"));
+  CHECK(holds(f.cu, "reinterpret_cast<std::int32_t*>(hidden + batch * 6656)"));
+  CHECK(holds(f.cu, "// (the same bytes: its output is its input)"));
+  CHECK(holds(f.cu, "run(stream, g4_forward(block, g4_rows(hidden + batch * 6144, batch),"));
+  // The backward: the gradient between two buffers, the dropout's mask drawn again from its
+  // stream, the pool's argmax, no dx for the first group.
+  CHECK(holds(f.cu, "run_product(stream, g5_input_grad(g5_rows(g, batch), params + 4896, g5_in_rows_out(d0, batch)));"));
+  CHECK(holds(f.cu, "run(stream, g4_backward(block, g4_rows(hidden + batch * 6144, batch), g4_rows(d0, batch),"));
+  CHECK(holds(f.cu, "const g2_backward_body body{d1, reinterpret_cast<const std::int32_t*>(hidden + batch * 6656), d0,"));
+  CHECK(holds(f.cu, "solder::eval::cuda::run_col2im(stream, g1_col2im{dcol.data(), d1, batch});"));
+  CHECK_FALSE(holds(f.cu, "g0_col2im{dcol.data(), d0"));
+  CHECK_FALSE(holds(f.cu, "g0_col2im{dcol.data(), d1"));
+  CHECK(holds(f.cu, "run_product(stream, g0_weight_grad(g0_pixels(gc.data(), batch * 64), x, g0_weight_out(grads)));"));
+  // Two conv groups with the same batch_norm body type: its kernel instantiated once.
+  const auto first = f.cu.find("batch_norm_train_forward_body<64>>(");
+  REQUIRE(first != std::string::npos);
+  CHECK(f.cu.find("batch_norm_train_forward_body<64>>(", first + 1) == std::string::npos);
+}
