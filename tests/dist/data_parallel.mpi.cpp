@@ -17,6 +17,7 @@
 
 #include "solder/data/csv.hpp"
 #include "solder/data/dataset.hpp"
+#include "solder/dist/bucket.hpp"
 #include "solder/dist/data_parallel.hpp"
 #include "solder/dist/mpi.hpp"
 #include "solder/nn/chain.hpp"
@@ -92,6 +93,16 @@ TEST_CASE("dist: the reduction is the weighted sum in rank order", "[dist][mpi]"
       wrong += std::memcmp(&expected, &data[i], sizeof(float)) != 0;
     }
     CHECK(wrong == 0);
+    // The same bits as bucket.hpp's host run of the whole reduction (the GPU path's reference).
+    std::vector<std::vector<float>> all(static_cast<std::size_t>(P), std::vector<float>(n));
+    std::vector<float*> buckets;
+    for (int j = 0; j < P; ++j) {
+      for (std::size_t i = 0; i < n; ++i) all[std::size_t(j)][i] = rank_value(j, i);
+      buckets.push_back(all[std::size_t(j)].data());
+    }
+    const std::vector<float> statuses(std::size_t(P), dist::status_ok);
+    CHECK(dist::reduce_on_host(buckets, n, w, statuses) == -1);
+    CHECK(std::memcmp(all[0].data(), data.data(), n * sizeof(float)) == 0);
   }
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "solder/config.hpp"
+#include "solder/dist/bucket.hpp"
 #include "solder/dist/reduction.hpp"
 
 namespace solder::dist {
@@ -169,6 +170,7 @@ class mpi_communicator {
     r.parts.resize(P * stride);
     r.reduced.resize(stride);
     r.gathered.resize(P * stride);
+    // bucket.hpp's pack_body, a chunk at a time.
     for (std::size_t j = 0; j < P; ++j) {
       const std::size_t begin = j * c, end = std::min(r.n, begin + c);
       if (begin < end) std::memcpy(r.send.data() + j * stride, data.data() + begin, (end - begin) * sizeof(float));
@@ -210,14 +212,12 @@ class mpi_communicator {
     detail::mpi_check(MPI_Wait(&r.request, MPI_STATUS_IGNORE), "MPI_Wait");
     r.phase = reduction::idle;
     const std::size_t P = std::size_t(size_), c = chunk_floats(r.n, P), stride = c + 1;
-    int failed = -1;
+    // bucket.hpp's unpack_body, a chunk at a time.
     for (std::size_t j = 0; j < P; ++j) {
-      const float s = r.gathered[j * stride + c];
-      if (s != 0.0f && (failed < 0 || int(s) - 1 < failed)) failed = int(s) - 1;
       const std::size_t begin = j * c, end = std::min(r.n, begin + c);
       if (begin < end) std::memcpy(r.data.data() + begin, r.gathered.data() + j * stride, (end - begin) * sizeof(float));
     }
-    return failed;
+    return failed_rank(r.gathered.data() + c, stride, P);
   }
 
   /// Blocking: every rank's data replaced by the weighted sum (start + finish).
@@ -250,9 +250,9 @@ class mpi_communicator {
 
  private:
   void sum_and_gather(reduction& r) {
-    const std::size_t P = std::size_t(size_), c = chunk_floats(r.n, P), stride = c + 1;
-    for (std::size_t i = 0; i < c; ++i) r.reduced[i] = weighted_sum_at(r.parts.data(), stride, r.weights.data(), P, i);
-    r.reduced[c] = reduced_status(r.parts.data(), stride, P, c);
+    const sum_body sum{r.parts.data(), r.reduced.data(), r.weights.data(), r.n, std::size_t(size_)};
+    const std::size_t stride = sum.elements();
+    for (std::size_t k = 0; k < stride; ++k) sum(k);
     detail::mpi_check(MPI_Iallgather(r.reduced.data(), int(stride), MPI_FLOAT, r.gathered.data(), int(stride), MPI_FLOAT,
                                      r.comm, &r.request),
                       "MPI_Iallgather");
