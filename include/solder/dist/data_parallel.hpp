@@ -215,6 +215,9 @@ class data_parallel {
   /// labels: this rank takes its shard of it.
   template <class Loss = nn::cross_entropy_loss>
   float train_step(input_ref global_x, std::span<const std::int32_t> labels, const Loss& loss = {}) {
+    if (labels.size() != global_x.batch())
+      solder::detail::fail("solder::dist::data_parallel::train_step: got " + std::to_string(labels.size()) +
+                           " labels for a global batch of " + std::to_string(global_x.batch()));
     const shard s = shard_of(global_x.batch(), comm_.rank(), comm_.size());
     return train_step(input_ref(global_x.data() + s.first * Model::in_features, s.count),
                       labels.subspan(s.first, s.count), s.first, global_x.batch(), loss);
