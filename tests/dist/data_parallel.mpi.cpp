@@ -3,7 +3,6 @@
 // same order. The reduction against sums computed here; the digits MLP trained on the ranks
 // equal bitwise across two runs and within tolerance of one process on the global batch; the
 // start-up checks and a failing rank, each an error on every rank.
-#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -260,17 +259,4 @@ TEST_CASE("dist: a rank that fails its step stops every rank with its error", "[
   const std::size_t n = s.count > 1 ? s.count - 1 : s.count;
   CHECK_THROWS_WITH(dp.train_step(mlp::input_ref(b.x + s.first * 64, n), b.y.subspan(s.first, n), s.first, 32),
                     Catch::Matchers::Contains("failed in its training step") && Catch::Matchers::Contains("not shard_of's"));
-}
-
-int main(int argc, char** argv) {
-  dist::mpi_session mpi(&argc, &argv);
-  int code = 0;
-  {
-    Catch::Session session;
-    if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
-    code = session.run();
-    // A rank whose cases failed makes the job fail: the exit codes are combined.
-    code = int(world().max(code));
-  }
-  return code;
 }
