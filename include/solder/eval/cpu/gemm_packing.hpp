@@ -120,6 +120,7 @@ template <std::size_t MR, bool TransA, class KArg>
 void pack_a(const float* A, std::size_t lda, const row_tiles& tiling, std::size_t t0, std::size_t t1, KArg k_arg,
             float* dst) {
   const std::size_t K = k_of(k_arg);
+  if (K == 0) return;  // nothing to pack; A may be null, and no offset may be added to it
   for (std::size_t t = t0; t < t1; ++t) {
     const std::size_t m0 = tiling.begin(t), rows = tiling.rows(t);
     float* out = dst + (t - t0) * K * MR;
@@ -165,6 +166,7 @@ struct a_rows : a_strided<false> {
 template <std::size_t N, bool TransB, class KArg>
 void pack_b_panels(const float* B, std::size_t ldb, KArg k_arg, float* dst, std::size_t p0, std::size_t p1) {
   const std::size_t K = k_of(k_arg);
+  if (K == 0) return;  // nothing to pack; B may be null, and no offset may be added to it
   using L = b_panels<N>;
   constexpr std::size_t W = L::lanes;
   for (std::size_t p = p0; p < p1; ++p) {
