@@ -2074,14 +2074,17 @@ inline chain_layout layout_of(const chain_desc& c, const std::vector<group_text>
 }
 
 
-/// The chain-level launchers' parameters.
+/// The chain-level launchers' parameters. first_sample: the index of the batch's first sample
+/// in a global batch (a data-parallel shard), which every dropout's mask draws from.
+inline const param first_sample_param{"uint64_t first_sample", "first_sample"};
 inline std::vector<param> chain_forward_params(const chain_layout& l) {
   std::vector<param> p{{"const float* x", "x"}, {"const float* params", "params"}};
   if (l.buffer_floats) p.push_back({"float* buffers", "buffers"});
   if (l.hidden_floats) p.push_back({"float* hidden", "hidden"});
   p.insert(p.end(), {{"float* y", "y"}, {"size_t batch", "batch"}});
   if (!l.sketches.empty()) p.push_back({"const uint64_t* sketch_seeds", "sketch_seeds"});
-  if (!l.dropouts.empty()) p.insert(p.end(), {{"const uint64_t* seeds", "seeds"}, {"uint64_t* offsets", "offsets"}});
+  if (!l.dropouts.empty())
+    p.insert(p.end(), {{"const uint64_t* seeds", "seeds"}, {"uint64_t* offsets", "offsets"}, first_sample_param});
   p.push_back({"cudaStream_t stream", "stream"});
   return p;
 }
@@ -2091,24 +2094,45 @@ inline std::vector<param> chain_backward_params(const chain_layout& l) {
   if (l.hidden_floats) p.push_back({"const float* hidden", "hidden"});
   p.insert(p.end(), {{"const float* y", "y"}, {"const float* dy", "dy"}, {"float* grads", "grads"}, {"size_t batch", "batch"}});
   if (!l.sketches.empty()) p.push_back({"const uint64_t* sketch_seeds", "sketch_seeds"});
-  if (l.backward_streams) p.insert(p.end(), {{"const uint64_t* seeds", "seeds"}, {"const uint64_t* offsets", "offsets"}});
+  if (l.backward_streams)
+    p.insert(p.end(), {{"const uint64_t* seeds", "seeds"}, {"const uint64_t* offsets", "offsets"}, first_sample_param});
   p.push_back({"cudaStream_t stream", "stream"});
   return p;
 }
-inline std::vector<param> train_step_params(const chain_layout& l) {
+/// The forward, loss and backward's parameters; train_step's are these with the optimizer's,
+/// loss_and_backward's with a device loss and the labels' check.
+inline std::vector<param> loss_pass_params(const chain_layout& l, bool writes_params) {
   std::vector<param> p{{"const float* x", "x"},
                        {"const int32_t* labels", "labels"},
-                       {"float* params", "params"},
-                       {"float* grads", "grads"},
-                       {"float* optimizer_state", "optimizer_state"},
-                       {"solder_optimizer* optimizer", "optimizer"}};
+                       {writes_params ? "float* params" : "const float* params", "params"},
+                       {"float* grads", "grads"}};
+  if (writes_params)
+    p.insert(p.end(), {{"float* optimizer_state", "optimizer_state"}, {"solder_optimizer* optimizer", "optimizer"}});
   if (l.buffer_floats) p.push_back({"float* buffers", "buffers"});
   if (l.hidden_floats) p.push_back({"float* hidden", "hidden"});
   p.insert(p.end(), {{"float* y", "y"}, {"size_t batch", "batch"}});
   if (!l.sketches.empty()) p.push_back({"const uint64_t* sketch_seeds", "sketch_seeds"});
-  if (!l.dropouts.empty()) p.insert(p.end(), {{"const uint64_t* seeds", "seeds"}, {"uint64_t* offsets", "offsets"}});
-  p.insert(p.end(), {{"float label_smoothing", "label_smoothing"}, {"float* loss", "loss"}, {"cudaStream_t stream", "stream"}});
+  if (!l.dropouts.empty())
+    p.insert(p.end(), {{"const uint64_t* seeds", "seeds"}, {"uint64_t* offsets", "offsets"}, first_sample_param});
+  p.push_back({"float label_smoothing", "label_smoothing"});
   return p;
+}
+inline std::vector<param> train_step_params(const chain_layout& l) {
+  std::vector<param> p = loss_pass_params(l, true);
+  p.insert(p.end(), {{"float* loss", "loss"}, {"cudaStream_t stream", "stream"}});
+  return p;
+}
+inline std::vector<param> loss_and_backward_params(const chain_layout& l) {
+  std::vector<param> p = loss_pass_params(l, false);
+  p.insert(p.end(), {{"float* loss", "loss"}, {"uint64_t* bad_label_row", "bad_label_row"}, {"cudaStream_t stream", "stream"}});
+  return p;
+}
+inline std::vector<param> optimizer_step_params() {
+  return {{"float* params", "params"},
+          {"const float* grads", "grads"},
+          {"float* optimizer_state", "optimizer_state"},
+          {"solder_optimizer* optimizer", "optimizer"},
+          {"cudaStream_t stream", "stream"}};
 }
 
 /// The C header's optimizer settings, shared by every generated header (hence the guard).
@@ -2247,7 +2271,9 @@ inline std::string chain_header(const chain_desc& c, const chain_layout& l, cons
                                   ? ""
                                   : " Each dropout's offset first moves on by 1, then its mask is Philox stream "
                                     "(seeds[i], offsets[i]), as a training forward of the CPU chain moves and draws "
-                                    "it.";
+                                    "it. first_sample is the index of x's first row in a global batch (0 for a batch "
+                                    "of its own): a data-parallel shard of rows [s, s + batch) passes s and draws the "
+                                    "global batch's masks, as the CPU chain's set_first_sample(s).";
   const std::string kept = l.hidden_floats ? " Every group's output but the last goes to hidden, for the backward." : "";
   const std::string in_text = c.groups.front().conv ? std::to_string(c.groups.front().channels * c.groups.front().height *
                                                                                  c.groups.front().cols)
@@ -2275,21 +2301,36 @@ inline std::string chain_header(const chain_desc& c, const chain_layout& l, cons
                            ". Scratch of the stream-ordered allocator: " +
                            std::to_string(l.widest_out + (l.general ? 2 : 1) * l.widest_inner + l.widest_h) +
                            " floats per row" + std::string(l.general ? " and each group's own scratch" : "") + "." +
-                           std::string(l.backward_streams ? " seeds and offsets are the streams the forward drew (as it "
-                                                            "left them): a dropout whose gradient follows from its input "
-                                                            "draws its mask again."
+                           std::string(l.backward_streams ? " seeds, offsets and first_sample are the streams the forward "
+                                                            "drew (as it left them): a dropout whose gradient follows "
+                                                            "from its input draws its mask again."
                                                           : ""));
   h += wrap_call("int solder_" + stem + "_backward", decls(chain_backward_params(l)), ";") + "\n";
-  h += comment(
-      "/// ",
-      "One training step, as the CPU chain's train_step with nn::cross_entropy_loss and the optimizer: the forward "
-      "(as solder_" + stem + "_forward), the softmax cross-entropy of y against labels [batch] (device int32 in [0, " +
-          std::to_string(out) + ")) with torch's label_smoothing, mean over the batch, and its gradient; the backward "
-          "(as solder_" + stem + "_backward); then *optimizer's update of every parameter (its steps + 1). "
-          "optimizer_state (device, zero before the first step) holds m then v for Adam and AdamW (2 * PARAM_FLOATS), "
-          "the momentum buffer for SGD with momentum (PARAM_FLOATS), nothing for SGD without (it may be null). "
-          "Writes the mean loss to *loss (host): the launcher waits for the stream once, for the loss and the labels' "
-          "check; the backward and the update are queued after it.");
+  const std::string loss_text =
+      "the forward (as solder_" + stem + "_forward), the softmax cross-entropy of y against labels [batch] (device "
+      "int32 in [0, " + std::to_string(out) + ")) with torch's label_smoothing, mean over the batch, and its gradient; "
+      "the backward (as solder_" + stem + "_backward)";
+  const std::string state_text =
+      "optimizer_state (device, zero before the first step) holds m then v for Adam and AdamW (2 * PARAM_FLOATS), "
+      "the momentum buffer for SGD with momentum (PARAM_FLOATS), nothing for SGD without (it may be null).";
+  h += comment("/// ", "The first part of a training step, for data-parallel training: " + loss_text +
+                           ", grads overwritten. Nothing waits: the mean loss goes to *loss (device float, rounded as the "
+                           "CPU loss rounds its double mean), and where bad_label_row (device) is not null the lowest "
+                           "row whose label is outside [0, " + std::to_string(out) + ") to *bad_label_row, UINT64_MAX "
+                           "where every label is in range (the loss is then NaN, and grads are not the gradient). "
+                           "A caller reduces grads across its ranks (the mean of the shards' gradients, each weighted "
+                           "by its rows over the global batch's), then calls solder_" + stem + "_optimizer_step.");
+  h += wrap_call("int solder_" + stem + "_loss_and_backward", decls(loss_and_backward_params(l)), ";") + "\n";
+  h += comment("/// ", "The last part of a training step: *optimizer's update of every parameter of params from grads "
+                       "(device, laid out as params), its steps + 1, as the CPU optimizer's step. " + state_text +
+                       " Queued on the stream; the optimizer struct is host memory.");
+  h += wrap_call("int solder_" + stem + "_optimizer_step", decls(optimizer_step_params()), ";") + "\n";
+  h += comment("/// ", "One training step, as the CPU chain's train_step with nn::cross_entropy_loss and the optimizer, "
+                       "built from the two launchers above: solder_" + stem + "_loss_and_backward's passes (" +
+                           loss_text + "), then solder_" + stem + "_optimizer_step's update of every parameter (its "
+                           "steps + 1). " + state_text + " Writes the mean loss to *loss (host): the launcher waits "
+                           "for the stream once, for the loss and the labels' check, after the backward is queued and "
+                           "before the update is (a label outside the range leaves params and *optimizer as they were).");
   h += wrap_call("int solder_" + stem + "_train_step", decls(train_step_params(l)), ";") + "\n";
   if (!l.dropouts.empty()) {
     h += comment("/// ", "Writes seeds and offsets (host, " + upper + "_DROPOUTS each) as nn::chain(seed) and reseed(seed) "
@@ -2311,10 +2352,21 @@ inline std::string chain_overview(const chain_desc& c, const chain_layout& l, co
   std::string s = "// the chain, " + std::to_string(c.groups.size()) + (c.groups.size() == 1 ? " group" : " groups") + "\n";
   s += "//   " + p + "_forward  every group in order, training mode\n";
   s += "//   " + p + "_backward  every group last to first: every parameter's gradient\n";
-  s += "//   " + p + "_train_step  forward, softmax cross-entropy, backward, optimizer update\n";
+  s += "//   " + p + "_loss_and_backward  forward, softmax cross-entropy, backward; the loss on the device\n";
+  s += "//   " + p + "_optimizer_step  the optimizer's update of every parameter from grads\n";
+  s += "//   " + p + "_train_step  loss_and_backward's passes, one wait for the loss, optimizer_step's update\n";
   if (!l.dropouts.empty()) s += "//   " + p + "_dropout_streams  the dropouts' streams as nn::chain(seed) sets them\n";
   if (!l.sketches.empty()) s += "//   " + p + "_sketch_seeds  the sketched layers' sketch seeds as nn::chain(seed) sets them\n";
   return s;
+}
+
+/// The stream of the chain's i-th dropout in the chain-level passes, over `width` features per
+/// sample: the caller's seed and offset, element 0 drawing counter first_sample * width, as
+/// basic_chain::set_first_sample sets philox_state::first, so a shard starting at sample s of a
+/// global batch draws that batch's masks.
+inline std::string chain_stream(std::size_t i, std::size_t width) {
+  const std::string n = std::to_string(i);
+  return "{seeds[" + n + "], offsets[" + n + "], first_sample * " + std::to_string(width) + "}";
 }
 
 /// The definitions the chain-level launchers share with no chain: the C optimizer struct read
@@ -2364,7 +2416,8 @@ inline std::string chain_definitions(const chain_desc& c, const chain_layout& l)
   if (l.hidden_floats) args.push_back("float* hidden");
   args.insert(args.end(), {"float* y", "std::size_t batch"});
   if (sketched) args.push_back("const std::uint64_t* sketch_seeds");
-  if (!l.dropouts.empty()) args.insert(args.end(), {"const std::uint64_t* seeds", "std::uint64_t* offsets"});
+  if (!l.dropouts.empty())
+    args.insert(args.end(), {"const std::uint64_t* seeds", "std::uint64_t* offsets", "std::uint64_t first_sample"});
   args.push_back("cudaStream_t stream");
   s += "\n" + comment("/// ", "The chain's forward in training mode, as basic_chain::forward: every group in order, its "
                               "output in hidden (every group but the last) or y." +
@@ -2383,8 +2436,7 @@ inline std::string chain_definitions(const chain_desc& c, const chain_layout& l)
     } else {
       s += "    " + p + "tail_type tail;\n";
       for (const auto& [held, i] : st.dropouts)
-        s += "    std::get<" + std::to_string(held) + ">(tail.layers).rng = {seeds[" + std::to_string(i) + "], offsets[" +
-             std::to_string(i) + "]};\n";
+        s += "    std::get<" + std::to_string(held) + ">(tail.layers).rng = " + chain_stream(i, st.g->width) + ";\n";
     }
     if (st.g->sketched) {
       const std::string h = rows_at("hidden", st.h_at);
@@ -2500,7 +2552,8 @@ inline std::string general_chain_definitions(const chain_desc& c, const chain_la
   if (l.hidden_floats) args.push_back("float* hidden");
   args.insert(args.end(), {"float* y", "std::size_t batch"});
   if (!l.sketches.empty()) args.push_back("const std::uint64_t* sketch_seeds");
-  if (!l.dropouts.empty()) args.insert(args.end(), {"const std::uint64_t* seeds", "std::uint64_t* offsets"});
+  if (!l.dropouts.empty())
+    args.insert(args.end(), {"const std::uint64_t* seeds", "std::uint64_t* offsets", "std::uint64_t first_sample"});
   args.push_back("cudaStream_t stream");
   s += "\n" + comment("/// ", "The chain's forward in training mode, as basic_chain::forward: every group in order, its "
                               "output in hidden (every group but the last) or y; each batch_norm normalizes by the "
@@ -2518,7 +2571,7 @@ inline std::string general_chain_definitions(const chain_desc& c, const chain_la
     auto set_streams = [&](const std::string& holder) {
       std::string r;
       for (const auto& [held, i] : st.dropouts)
-        r += "    std::get<" + num(held) + ">(" + holder + ".layers).rng = {seeds[" + num(i) + "], offsets[" + num(i) + "]};\n";
+        r += "    std::get<" + num(held) + ">(" + holder + ".layers).rng = " + chain_stream(i, g.width) + ";\n";
       return r;
     };
     s += title(k);
@@ -2602,7 +2655,8 @@ inline std::string general_chain_definitions(const chain_desc& c, const chain_la
   if (l.hidden_floats) args.push_back("const float* hidden");
   args.insert(args.end(), {"const float* y", "const float* dy", "float* grads", "std::size_t batch"});
   if (!l.sketches.empty()) args.push_back("const std::uint64_t* sketch_seeds");
-  if (l.backward_streams) args.insert(args.end(), {"const std::uint64_t* seeds", "const std::uint64_t* offsets"});
+  if (l.backward_streams)
+    args.insert(args.end(), {"const std::uint64_t* seeds", "const std::uint64_t* offsets", "std::uint64_t first_sample"});
   args.push_back("cudaStream_t stream");
   s += "\n" + comment("/// ", "The chain's backward from dy = dL/dy, as basic_chain::backward: every group last to first, "
                               "each its own launcher's backward on its places in params, buffers and hidden, but the "
@@ -2713,7 +2767,7 @@ inline std::string general_chain_definitions(const chain_desc& c, const chain_la
       // From the input, the masks drawn again from the streams the forward drew.
       s += "    " + std::string(st.dropouts.empty() ? "const " : "") + p + "block block{};\n";
       for (const auto& [held, i] : st.dropouts)
-        s += "    std::get<" + num(held) + ">(block.layers).rng = {seeds[" + num(i) + "], offsets[" + num(i) + "]};\n";
+        s += "    std::get<" + num(held) + ">(block.layers).rng = " + chain_stream(i, gd.width) + ";\n";
       s += wrap_call("    run(stream, " + p + "backward",
                      {"block", p + "rows(" + st.in + ", batch)", p + "rows(" + dy + ", batch)", p + "rows_out(" + dx + ", batch)"},
                      ");") + "\n";
@@ -2724,52 +2778,110 @@ inline std::string general_chain_definitions(const chain_desc& c, const chain_la
   return s;
 }
 
+/// The names of parameters, for a call.
+inline std::vector<std::string> names_of(const std::vector<param>& ps) {
+  std::vector<std::string> v;
+  for (const auto& q : ps) v.push_back(q.name);
+  return v;
+}
+/// ps but the parameter named `name`.
+inline std::vector<param> without(std::vector<param> ps, const std::string& name) {
+  std::erase_if(ps, [&](const param& q) { return q.name == name; });
+  return ps;
+}
+
+/// The pieces train_step is built from, which the data-parallel launchers run apart: the
+/// forward, the loss and the backward queued without a wait, and the optimizer's update.
+inline std::string loss_pass_definitions(const chain_desc& c, const chain_layout& l) {
+  const std::string out = std::to_string(c.groups.back().width);
+  auto internal = [](std::vector<param> ps) {
+    std::vector<std::string> v;
+    for (auto& q : ps) {
+      std::string d = q.decl;
+      for (const char* t : {"size_t", "uint64_t", "int32_t"})
+        if (d.starts_with(t) || d.starts_with("const " + std::string(t)))
+          d.insert(d.find(t), "std::");
+      v.push_back(d);
+    }
+    return v;
+  };
+  std::vector<param> ps = without(loss_and_backward_params(l), "bad_label_row");
+  ps.insert(ps.end() - 1, {"unsigned long long* first_bad", "first_bad"});
+  std::string s = "\n" + comment("/// ", "The forward, the softmax cross-entropy of y against labels (its mean to *loss, device; the "
+                                         "lowest row whose label is outside [0, " + out + ") to *first_bad where it is "
+                                         "not null) and its gradient, and the backward, queued without a wait.");
+  s += wrap_call("void chain_loss_and_backward", internal(ps), " {") + "\n";
+  s += wrap_call("  chain_forward", names_of(chain_forward_params(l)), ";") + "\n";
+  s += "  // The loss's gradient, the dy of the backward; freed on the stream after the backward.\n";
+  s += "  const auto dy = solder::eval::cuda::device_array<float>::allocate(batch * " + out + ", stream);\n";
+  s += wrap_call("  solder::eval::cuda::softmax_cross_entropy_async<" + out + ">",
+                 {"y", "labels", "dy.data()", "batch", "label_smoothing", "loss", "first_bad", "stream"}, ";") + "\n";
+  std::vector<std::string> bargs = names_of(chain_backward_params(l));
+  for (auto& a : bargs)
+    if (a == "dy") a = "dy.data()";
+  s += wrap_call("  chain_backward", bargs, ";") + "\n}\n";
+  s += "\n/// *optimizer's update of every parameter from grads (its steps + 1), its settings checked.\n";
+  s += "void update(solder::eval::cuda::optimizer_settings& settings, solder_optimizer& optimizer, float* params,\n"
+       "            const float* grads, float* optimizer_state, cudaStream_t stream) {\n";
+  s += "  solder::eval::cuda::optimizer_step(settings, params, grads, optimizer_state, param_floats, stream);\n";
+  s += "  optimizer.steps = settings.steps;\n}\n";
+  return s;
+}
+
 /// The chain-level extern "C" launchers.
 inline std::string chain_launchers(const chain_desc& c, const chain_layout& l, const std::string& stem) {
   const std::string p = "solder_" + stem;
-  const std::size_t out = c.groups.back().width;
-  auto names = [](const std::vector<param>& ps) {
-    std::vector<std::string> v;
-    for (const auto& q : ps) v.push_back(q.name);
-    return v;
-  };
+  const std::string out = std::to_string(c.groups.back().width);
   auto open = [&](const std::string& name, const std::vector<param>& ps) {
     return wrap_call("extern \"C\" int " + name, decls(ps), " {") + "\n  return guarded(\"" + name + "\", [&] {\n" +
            check_call(ps) + "    solder::eval::cuda::require_device_once();\n";
   };
   const std::string close = "  });\n}\n";
-  auto without = [](std::vector<param> ps, const std::string& name) {
-    std::erase_if(ps, [&](const param& q) { return q.name == name; });
-    return ps;
-  };
   std::string s;
   const auto fwd = chain_forward_params(l);
   s += open(p + "_forward", fwd);
-  s += wrap_call("    chain_forward", names(fwd), ";") + "\n" + close + "\n";
+  s += wrap_call("    chain_forward", names_of(fwd), ";") + "\n" + close + "\n";
 
   const auto bwd = chain_backward_params(l);
   s += open(p + "_backward", bwd);
-  s += wrap_call("    chain_backward", names(bwd), ";") + "\n" + close + "\n";
+  s += wrap_call("    chain_backward", names_of(bwd), ";") + "\n" + close + "\n";
 
+  // The pieces: the loss's passes, its check on the device (bad_label_row may be null).
+  const auto lab = loss_and_backward_params(l);
+  s += wrap_call("extern \"C\" int " + p + "_loss_and_backward", decls(lab), " {") + "\n  return guarded(\"" + p +
+       "_loss_and_backward\", [&] {\n" + check_call(without(lab, "bad_label_row"));
+  s += "    solder::eval::cuda::require_device_once();\n";
+  std::vector<std::string> largs = names_of(without(lab, "bad_label_row"));
+  largs.insert(largs.end() - 1, "reinterpret_cast<unsigned long long*>(bad_label_row)");
+  s += wrap_call("    chain_loss_and_backward", largs, ";") + "\n" + close + "\n";
+
+  const auto opt = optimizer_step_params();
+  s += wrap_call("extern \"C\" int " + p + "_optimizer_step", decls(opt), " {") + "\n  return guarded(\"" + p +
+       "_optimizer_step\", [&] {\n";
+  s += "    if (!params || !grads || !optimizer) throw solder::error(\"params, grads and optimizer must not be null\");\n";
+  s += "    auto settings = settings_of(*optimizer);\n";
+  s += "    solder::eval::cuda::check_optimizer(settings, optimizer_state);\n";
+  s += "    solder::eval::cuda::require_device_once();\n";
+  s += "    update(settings, *optimizer, params, grads, optimizer_state, stream);\n" + close + "\n";
+
+  // train_step: the same pieces, with one wait between them for the loss and the labels' check.
   const auto step = train_step_params(l);
   s += wrap_call("extern \"C\" int " + p + "_train_step", decls(step), " {") + "\n  return guarded(\"" + p +
        "_train_step\", [&] {\n" + check_call(without(step, "optimizer_state"));
   s += "    auto settings = settings_of(*optimizer);\n";
   s += "    solder::eval::cuda::check_optimizer(settings, optimizer_state);\n";
   s += "    solder::eval::cuda::require_device_once();\n";
-  s += wrap_call("    chain_forward", names(fwd), ";") + "\n";
-  s += "    // The loss's gradient, the dy of the backward; freed on the stream after the backward.\n";
-  s += "    const auto dy = solder::eval::cuda::device_array<float>::allocate(batch * " + std::to_string(out) + ", stream);\n";
-  s += wrap_call("    const double value = solder::eval::cuda::softmax_cross_entropy<" + std::to_string(out) + ">",
-                 {"y", "labels", "dy.data()", "batch", "label_smoothing", "stream"}, ";") +
-       "\n";
-  std::vector<std::string> bargs = names(bwd);
-  for (auto& a : bargs)
-    if (a == "dy") a = "dy.data()";
-  s += wrap_call("    chain_backward", bargs, ";") + "\n";
-  s += "    solder::eval::cuda::optimizer_step(settings, params, grads, optimizer_state, param_floats, stream);\n";
-  s += "    optimizer->steps = settings.steps;\n";
-  s += "    *loss = float(value);  // as the CPU loss rounds its double mean\n" + close;
+  s += "    const auto mean = solder::eval::cuda::device_array<float>::allocate(1, stream);\n";
+  s += "    const auto first_bad = solder::eval::cuda::device_array<unsigned long long>::allocate(1, stream);\n";
+  std::vector<std::string> sargs = names_of(without(without(step, "optimizer_state"), "optimizer"));
+  for (auto& a : sargs)
+    if (a == "loss") a = "mean.data()";
+  sargs.insert(sargs.end() - 1, "first_bad.data()");
+  s += wrap_call("    chain_loss_and_backward", sargs, ";") + "\n";
+  s += "    // The one wait: the loss and the labels' check, before the update is queued.\n";
+  s += "    const float value = solder::eval::cuda::wait_for_loss<" + out + ">(mean.data(), first_bad.data(), labels, stream);\n";
+  s += "    update(settings, *optimizer, params, grads, optimizer_state, stream);\n";
+  s += "    *loss = value;\n" + close;
 
   if (!l.dropouts.empty()) {
     s += "\nextern \"C\" int " + p + "_dropout_streams(uint64_t seed, uint64_t* seeds, uint64_t* offsets) {\n";
@@ -2876,7 +2988,9 @@ inline files generate(const chain_desc& c, const std::string& header,
           : t.g.elementwise ? elementwise_definitions(t, header, stem)
                             : row_definitions(t, header, stem);
   }
-  if (whole_chain) cu += layout.general ? general_chain_definitions(c, layout) : chain_definitions(c, layout);
+  if (whole_chain)
+    cu += (layout.general ? general_chain_definitions(c, layout) : chain_definitions(c, layout)) +
+          loss_pass_definitions(c, layout);
   cu += "\n}  // namespace\n}  // namespace " + ns + "\n\n";
   cu += rule("kernels: every __global__ function the launchers start, instantiated here") + "\n";
   std::set<std::string> done;

@@ -28,7 +28,9 @@
 // the chain, 6 groups
 //   solder_digits_cnn_forward  every group in order, training mode
 //   solder_digits_cnn_backward  every group last to first: every parameter's gradient
-//   solder_digits_cnn_train_step  forward, softmax cross-entropy, backward, optimizer update
+//   solder_digits_cnn_loss_and_backward  forward, softmax cross-entropy, backward; the loss on the device
+//   solder_digits_cnn_optimizer_step  the optimizer's update of every parameter from grads
+//   solder_digits_cnn_train_step  loss_and_backward's passes, one wait for the loss, optimizer_step's update
 //   solder_digits_cnn_dropout_streams  the dropouts' streams as nn::chain(seed) sets them
 //
 // The launchers are declared in digits_cnn.h (C types only); docs/cuda.md describes them.
@@ -388,7 +390,7 @@ constexpr double bn_eps = 1e-5, bn_momentum = 0.1;
 /// training forward moves it, then draws.
 void chain_forward(const float* x, const float* params, float* buffers, float* hidden, float* y,
                    std::size_t batch, const std::uint64_t* seeds, std::uint64_t* offsets,
-                   cudaStream_t stream) {
+                   std::uint64_t first_sample, cudaStream_t stream) {
   for (std::size_t i = 0; i < 1; ++i) ++offsets[i];
   // group 0: conv2d<1, 16, 3, 3, 1, 1>, batch_norm<16>, relu
   {
@@ -427,7 +429,7 @@ void chain_forward(const float* x, const float* params, float* buffers, float* h
   // group 4: dropout<0.1f>
   {
     g4_block block{};
-    std::get<0>(block.layers).rng = {seeds[0], offsets[0]};
+    std::get<0>(block.layers).rng = {seeds[0], offsets[0], first_sample * 512};
     run(stream, g4_forward(block, g4_rows(hidden + batch * 6144, batch),
                            g4_rows_out(hidden + batch * 7168, batch)));
   }
@@ -444,7 +446,8 @@ void chain_forward(const float* x, const float* params, float* buffers, float* h
 /// input gradient (backward_params). Gradients go to grads, laid out as the parameters.
 void chain_backward(const float* x, const float* params, const float* buffers, const float* hidden,
                     const float* y, const float* dy, float* grads, std::size_t batch,
-                    const std::uint64_t* seeds, const std::uint64_t* offsets, cudaStream_t stream) {
+                    const std::uint64_t* seeds, const std::uint64_t* offsets, std::uint64_t first_sample,
+                    cudaStream_t stream) {
   // g (a product group's gate), d0 and d1 (the gradient of a group's input, written by one group and
   // read by the one before). Freed on the stream after the passes that read them.
   const auto scratch = solder::eval::cuda::device_array<float>::allocate(
@@ -464,7 +467,7 @@ void chain_backward(const float* x, const float* params, const float* buffers, c
   // group 4: dropout<0.1f>
   {
     g4_block block{};
-    std::get<0>(block.layers).rng = {seeds[0], offsets[0]};
+    std::get<0>(block.layers).rng = {seeds[0], offsets[0], first_sample * 512};
     run(stream, g4_backward(block, g4_rows(hidden + batch * 6144, batch), g4_rows(d0, batch),
                             g4_rows_out(d1, batch)));
   }
@@ -511,6 +514,30 @@ void chain_backward(const float* x, const float* params, const float* buffers, c
     solder::eval::cuda::channel_sums(g0_bias_sums{gc.data(), grads + 144, batch}, stream);
     run_product(stream, g0_weight_grad(g0_pixels(gc.data(), batch * 64), x, g0_weight_out(grads)));
   }
+}
+
+/// The forward, the softmax cross-entropy of y against labels (its mean to *loss, device; the
+/// lowest row whose label is outside [0, 10) to *first_bad where it is not null) and its gradient,
+/// and the backward, queued without a wait.
+void chain_loss_and_backward(const float* x, const std::int32_t* labels, const float* params, float* grads,
+                             float* buffers, float* hidden, float* y, std::size_t batch,
+                             const std::uint64_t* seeds, std::uint64_t* offsets, std::uint64_t first_sample,
+                             float label_smoothing, float* loss, unsigned long long* first_bad,
+                             cudaStream_t stream) {
+  chain_forward(x, params, buffers, hidden, y, batch, seeds, offsets, first_sample, stream);
+  // The loss's gradient, the dy of the backward; freed on the stream after the backward.
+  const auto dy = solder::eval::cuda::device_array<float>::allocate(batch * 10, stream);
+  solder::eval::cuda::softmax_cross_entropy_async<10>(y, labels, dy.data(), batch, label_smoothing, loss,
+                                                      first_bad, stream);
+  chain_backward(x, params, buffers, hidden, y, dy.data(), grads, batch, seeds, offsets, first_sample,
+                 stream);
+}
+
+/// *optimizer's update of every parameter from grads (its steps + 1), its settings checked.
+void update(solder::eval::cuda::optimizer_settings& settings, solder_optimizer& optimizer, float* params,
+            const float* grads, float* optimizer_state, cudaStream_t stream) {
+  solder::eval::cuda::optimizer_step(settings, params, grads, optimizer_state, param_floats, stream);
+  optimizer.steps = settings.steps;
 }
 
 }  // namespace
@@ -837,32 +864,59 @@ extern "C" int solder_linear_f32_512x10_bwd(const float* x, const float* w, cons
 
 extern "C" int solder_digits_cnn_forward(const float* x, const float* params, float* buffers, float* hidden,
                                          float* y, size_t batch, const uint64_t* seeds, uint64_t* offsets,
-                                         cudaStream_t stream) {
+                                         uint64_t first_sample, cudaStream_t stream) {
   return guarded("solder_digits_cnn_forward", [&] {
     check_arguments(batch, {{"x", x}, {"params", params}, {"buffers", buffers}, {"hidden", hidden}, {"y", y},
                     {"seeds", seeds}, {"offsets", offsets}});
     solder::eval::cuda::require_device_once();
-    chain_forward(x, params, buffers, hidden, y, batch, seeds, offsets, stream);
+    chain_forward(x, params, buffers, hidden, y, batch, seeds, offsets, first_sample, stream);
   });
 }
 
 extern "C" int solder_digits_cnn_backward(const float* x, const float* params, const float* buffers,
                                           const float* hidden, const float* y, const float* dy, float* grads,
                                           size_t batch, const uint64_t* seeds, const uint64_t* offsets,
-                                          cudaStream_t stream) {
+                                          uint64_t first_sample, cudaStream_t stream) {
   return guarded("solder_digits_cnn_backward", [&] {
     check_arguments(batch, {{"x", x}, {"params", params}, {"buffers", buffers}, {"hidden", hidden}, {"y", y},
                     {"dy", dy}, {"grads", grads}, {"seeds", seeds}, {"offsets", offsets}});
     solder::eval::cuda::require_device_once();
-    chain_backward(x, params, buffers, hidden, y, dy, grads, batch, seeds, offsets, stream);
+    chain_backward(x, params, buffers, hidden, y, dy, grads, batch, seeds, offsets, first_sample, stream);
+  });
+}
+
+extern "C" int solder_digits_cnn_loss_and_backward(const float* x, const int32_t* labels, const float* params,
+                                                   float* grads, float* buffers, float* hidden, float* y,
+                                                   size_t batch, const uint64_t* seeds, uint64_t* offsets,
+                                                   uint64_t first_sample, float label_smoothing, float* loss,
+                                                   uint64_t* bad_label_row, cudaStream_t stream) {
+  return guarded("solder_digits_cnn_loss_and_backward", [&] {
+    check_arguments(batch, {{"x", x}, {"labels", labels}, {"params", params}, {"grads", grads},
+                    {"buffers", buffers}, {"hidden", hidden}, {"y", y}, {"seeds", seeds},
+                    {"offsets", offsets}, {"loss", loss}});
+    solder::eval::cuda::require_device_once();
+    chain_loss_and_backward(x, labels, params, grads, buffers, hidden, y, batch, seeds, offsets, first_sample,
+                            label_smoothing, loss, reinterpret_cast<unsigned long long*>(bad_label_row),
+                            stream);
+  });
+}
+
+extern "C" int solder_digits_cnn_optimizer_step(float* params, const float* grads, float* optimizer_state,
+                                                solder_optimizer* optimizer, cudaStream_t stream) {
+  return guarded("solder_digits_cnn_optimizer_step", [&] {
+    if (!params || !grads || !optimizer) throw solder::error("params, grads and optimizer must not be null");
+    auto settings = settings_of(*optimizer);
+    solder::eval::cuda::check_optimizer(settings, optimizer_state);
+    solder::eval::cuda::require_device_once();
+    update(settings, *optimizer, params, grads, optimizer_state, stream);
   });
 }
 
 extern "C" int solder_digits_cnn_train_step(const float* x, const int32_t* labels, float* params,
                                             float* grads, float* optimizer_state, solder_optimizer* optimizer,
                                             float* buffers, float* hidden, float* y, size_t batch,
-                                            const uint64_t* seeds, uint64_t* offsets, float label_smoothing,
-                                            float* loss, cudaStream_t stream) {
+                                            const uint64_t* seeds, uint64_t* offsets, uint64_t first_sample,
+                                            float label_smoothing, float* loss, cudaStream_t stream) {
   return guarded("solder_digits_cnn_train_step", [&] {
     check_arguments(batch, {{"x", x}, {"labels", labels}, {"params", params}, {"grads", grads},
                     {"optimizer", optimizer}, {"buffers", buffers}, {"hidden", hidden}, {"y", y},
@@ -870,15 +924,14 @@ extern "C" int solder_digits_cnn_train_step(const float* x, const int32_t* label
     auto settings = settings_of(*optimizer);
     solder::eval::cuda::check_optimizer(settings, optimizer_state);
     solder::eval::cuda::require_device_once();
-    chain_forward(x, params, buffers, hidden, y, batch, seeds, offsets, stream);
-    // The loss's gradient, the dy of the backward; freed on the stream after the backward.
-    const auto dy = solder::eval::cuda::device_array<float>::allocate(batch * 10, stream);
-    const double value = solder::eval::cuda::softmax_cross_entropy<10>(
-        y, labels, dy.data(), batch, label_smoothing, stream);
-    chain_backward(x, params, buffers, hidden, y, dy.data(), grads, batch, seeds, offsets, stream);
-    solder::eval::cuda::optimizer_step(settings, params, grads, optimizer_state, param_floats, stream);
-    optimizer->steps = settings.steps;
-    *loss = float(value);  // as the CPU loss rounds its double mean
+    const auto mean = solder::eval::cuda::device_array<float>::allocate(1, stream);
+    const auto first_bad = solder::eval::cuda::device_array<unsigned long long>::allocate(1, stream);
+    chain_loss_and_backward(x, labels, params, grads, buffers, hidden, y, batch, seeds, offsets, first_sample,
+                            label_smoothing, mean.data(), first_bad.data(), stream);
+    // The one wait: the loss and the labels' check, before the update is queued.
+    const float value = solder::eval::cuda::wait_for_loss<10>(mean.data(), first_bad.data(), labels, stream);
+    update(settings, *optimizer, params, grads, optimizer_state, stream);
+    *loss = value;
   });
 }
 

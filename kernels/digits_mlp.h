@@ -116,28 +116,55 @@ typedef struct solder_optimizer {
 /// group in order, one matrix product each, its tail in the epilogue. Every group's output but the
 /// last goes to hidden, for the backward. Each dropout's offset first moves on by 1, then its mask
 /// is Philox stream (seeds[i], offsets[i]), as a training forward of the CPU chain moves and draws
-/// it.
+/// it. first_sample is the index of x's first row in a global batch (0 for a batch of its own): a
+/// data-parallel shard of rows [s, s + batch) passes s and draws the global batch's masks, as the
+/// CPU chain's set_first_sample(s).
 int solder_digits_mlp_forward(const float* x, const float* params, float* hidden, float* y, size_t batch,
-                              const uint64_t* seeds, uint64_t* offsets, cudaStream_t stream);
+                              const uint64_t* seeds, uint64_t* offsets, uint64_t first_sample,
+                              cudaStream_t stream);
 /// grads (overwritten, laid out as params) from dy = dL/dy [batch, 10], after the forward of x that
 /// wrote y and hidden, as the CPU chain's backward: every group last to first, its gate pass with
 /// the bias gradient, then dW = g^T x and, but for the first group, dx = g W (the chain's input
 /// gets no gradient). Scratch of the stream-ordered allocator: 512 floats per row.
 int solder_digits_mlp_backward(const float* x, const float* params, const float* hidden, const float* y,
                                const float* dy, float* grads, size_t batch, cudaStream_t stream);
-/// One training step, as the CPU chain's train_step with nn::cross_entropy_loss and the optimizer:
-/// the forward (as solder_digits_mlp_forward), the softmax cross-entropy of y against labels
-/// [batch] (device int32 in [0, 10)) with torch's label_smoothing, mean over the batch, and its
-/// gradient; the backward (as solder_digits_mlp_backward); then *optimizer's update of every
-/// parameter (its steps + 1). optimizer_state (device, zero before the first step) holds m then v
-/// for Adam and AdamW (2 * PARAM_FLOATS), the momentum buffer for SGD with momentum (PARAM_FLOATS),
-/// nothing for SGD without (it may be null). Writes the mean loss to *loss (host): the launcher
-/// waits for the stream once, for the loss and the labels' check; the backward and the update are
-/// queued after it.
+/// The first part of a training step, for data-parallel training: the forward (as
+/// solder_digits_mlp_forward), the softmax cross-entropy of y against labels [batch] (device int32
+/// in [0, 10)) with torch's label_smoothing, mean over the batch, and its gradient; the backward
+/// (as solder_digits_mlp_backward), grads overwritten. Nothing waits: the mean loss goes to *loss
+/// (device float, rounded as the CPU loss rounds its double mean), and where bad_label_row (device)
+/// is not null the lowest row whose label is outside [0, 10) to *bad_label_row, UINT64_MAX where
+/// every label is in range (the loss is then NaN, and grads are not the gradient). A caller reduces
+/// grads across its ranks (the mean of the shards' gradients, each weighted by its rows over the
+/// global batch's), then calls solder_digits_mlp_optimizer_step.
+int solder_digits_mlp_loss_and_backward(const float* x, const int32_t* labels, const float* params,
+                                        float* grads, float* hidden, float* y, size_t batch,
+                                        const uint64_t* seeds, uint64_t* offsets, uint64_t first_sample,
+                                        float label_smoothing, float* loss, uint64_t* bad_label_row,
+                                        cudaStream_t stream);
+/// The last part of a training step: *optimizer's update of every parameter of params from grads
+/// (device, laid out as params), its steps + 1, as the CPU optimizer's step. optimizer_state
+/// (device, zero before the first step) holds m then v for Adam and AdamW (2 * PARAM_FLOATS), the
+/// momentum buffer for SGD with momentum (PARAM_FLOATS), nothing for SGD without (it may be null).
+/// Queued on the stream; the optimizer struct is host memory.
+int solder_digits_mlp_optimizer_step(float* params, const float* grads, float* optimizer_state,
+                                     solder_optimizer* optimizer, cudaStream_t stream);
+/// One training step, as the CPU chain's train_step with nn::cross_entropy_loss and the optimizer,
+/// built from the two launchers above: solder_digits_mlp_loss_and_backward's passes (the forward
+/// (as solder_digits_mlp_forward), the softmax cross-entropy of y against labels [batch] (device
+/// int32 in [0, 10)) with torch's label_smoothing, mean over the batch, and its gradient; the
+/// backward (as solder_digits_mlp_backward)), then solder_digits_mlp_optimizer_step's update of
+/// every parameter (its steps + 1). optimizer_state (device, zero before the first step) holds m
+/// then v for Adam and AdamW (2 * PARAM_FLOATS), the momentum buffer for SGD with momentum
+/// (PARAM_FLOATS), nothing for SGD without (it may be null). Writes the mean loss to *loss (host):
+/// the launcher waits for the stream once, for the loss and the labels' check, after the backward
+/// is queued and before the update is (a label outside the range leaves params and *optimizer as
+/// they were).
 int solder_digits_mlp_train_step(const float* x, const int32_t* labels, float* params, float* grads,
                                  float* optimizer_state, solder_optimizer* optimizer, float* hidden, float* y,
                                  size_t batch, const uint64_t* seeds, uint64_t* offsets,
-                                 float label_smoothing, float* loss, cudaStream_t stream);
+                                 uint64_t first_sample, float label_smoothing, float* loss,
+                                 cudaStream_t stream);
 /// Writes seeds and offsets (host, SOLDER_DIGITS_MLP_DROPOUTS each) as nn::chain(seed) and
 /// reseed(seed) set the dropouts' streams: seeds[i] is derive_seed(seed, the dropout's layer
 /// index), offsets[i] is 0.

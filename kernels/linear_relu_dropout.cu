@@ -9,7 +9,9 @@
 // the chain, 1 group
 //   solder_linear_relu_dropout_forward  every group in order, training mode
 //   solder_linear_relu_dropout_backward  every group last to first: every parameter's gradient
-//   solder_linear_relu_dropout_train_step  forward, softmax cross-entropy, backward, optimizer update
+//   solder_linear_relu_dropout_loss_and_backward  forward, softmax cross-entropy, backward; the loss on the device
+//   solder_linear_relu_dropout_optimizer_step  the optimizer's update of every parameter from grads
+//   solder_linear_relu_dropout_train_step  loss_and_backward's passes, one wait for the loss, optimizer_step's update
 //   solder_linear_relu_dropout_dropout_streams  the dropouts' streams as nn::chain(seed) sets them
 //
 // The launchers are declared in linear_relu_dropout.h (C types only); docs/cuda.md describes them.
@@ -148,12 +150,13 @@ constexpr std::size_t gate_floats = 512, inner_floats = 0;
 /// in hidden (every group but the last) or y. Each dropout's stream first moves on, as the CPU
 /// blocks' training forward moves it, then draws.
 void chain_forward(const float* x, const float* params, float* y, std::size_t batch,
-                   const std::uint64_t* seeds, std::uint64_t* offsets, cudaStream_t stream) {
+                   const std::uint64_t* seeds, std::uint64_t* offsets, std::uint64_t first_sample,
+                   cudaStream_t stream) {
   for (std::size_t i = 0; i < 1; ++i) ++offsets[i];
   // group 0: linear<256, 512>, relu, dropout<0.1f>
   {
     g0_tail_type tail;
-    std::get<1>(tail.layers).rng = {seeds[0], offsets[0]};
+    std::get<1>(tail.layers).rng = {seeds[0], offsets[0], first_sample * 512};
     run_product(stream, g0_forward(tail, g0_in_rows(x, batch), params, g0_features(params + 131072),
                                    g0_rows_out(y, batch)));
   }
@@ -176,6 +179,28 @@ void chain_backward(const float* x, const float* params, const float* y, const f
                         g0_features_out(grads + 131072)));
     run_product(stream, g0_weight_grad(g0_rows(g, batch), g0_in_rows(x, batch), g0_weight_out(grads)));
   }
+}
+
+/// The forward, the softmax cross-entropy of y against labels (its mean to *loss, device; the
+/// lowest row whose label is outside [0, 512) to *first_bad where it is not null) and its gradient,
+/// and the backward, queued without a wait.
+void chain_loss_and_backward(const float* x, const std::int32_t* labels, const float* params, float* grads,
+                             float* y, std::size_t batch, const std::uint64_t* seeds, std::uint64_t* offsets,
+                             std::uint64_t first_sample, float label_smoothing, float* loss,
+                             unsigned long long* first_bad, cudaStream_t stream) {
+  chain_forward(x, params, y, batch, seeds, offsets, first_sample, stream);
+  // The loss's gradient, the dy of the backward; freed on the stream after the backward.
+  const auto dy = solder::eval::cuda::device_array<float>::allocate(batch * 512, stream);
+  solder::eval::cuda::softmax_cross_entropy_async<512>(y, labels, dy.data(), batch, label_smoothing, loss,
+                                                       first_bad, stream);
+  chain_backward(x, params, y, dy.data(), grads, batch, stream);
+}
+
+/// *optimizer's update of every parameter from grads (its steps + 1), its settings checked.
+void update(solder::eval::cuda::optimizer_settings& settings, solder_optimizer& optimizer, float* params,
+            const float* grads, float* optimizer_state, cudaStream_t stream) {
+  solder::eval::cuda::optimizer_step(settings, params, grads, optimizer_state, param_floats, stream);
+  optimizer.steps = settings.steps;
 }
 
 }  // namespace
@@ -241,11 +266,11 @@ extern "C" int solder_linear_relu_dropout_f32_256x512_bwd(const float* x, const 
 
 extern "C" int solder_linear_relu_dropout_forward(const float* x, const float* params, float* y, size_t batch,
                                                   const uint64_t* seeds, uint64_t* offsets,
-                                                  cudaStream_t stream) {
+                                                  uint64_t first_sample, cudaStream_t stream) {
   return guarded("solder_linear_relu_dropout_forward", [&] {
     check_arguments(batch, {{"x", x}, {"params", params}, {"y", y}, {"seeds", seeds}, {"offsets", offsets}});
     solder::eval::cuda::require_device_once();
-    chain_forward(x, params, y, batch, seeds, offsets, stream);
+    chain_forward(x, params, y, batch, seeds, offsets, first_sample, stream);
   });
 }
 
@@ -259,12 +284,39 @@ extern "C" int solder_linear_relu_dropout_backward(const float* x, const float* 
   });
 }
 
+extern "C" int solder_linear_relu_dropout_loss_and_backward(const float* x, const int32_t* labels,
+                                                            const float* params, float* grads, float* y,
+                                                            size_t batch, const uint64_t* seeds,
+                                                            uint64_t* offsets, uint64_t first_sample,
+                                                            float label_smoothing, float* loss,
+                                                            uint64_t* bad_label_row, cudaStream_t stream) {
+  return guarded("solder_linear_relu_dropout_loss_and_backward", [&] {
+    check_arguments(batch, {{"x", x}, {"labels", labels}, {"params", params}, {"grads", grads}, {"y", y},
+                    {"seeds", seeds}, {"offsets", offsets}, {"loss", loss}});
+    solder::eval::cuda::require_device_once();
+    chain_loss_and_backward(x, labels, params, grads, y, batch, seeds, offsets, first_sample, label_smoothing,
+                            loss, reinterpret_cast<unsigned long long*>(bad_label_row), stream);
+  });
+}
+
+extern "C" int solder_linear_relu_dropout_optimizer_step(float* params, const float* grads,
+                                                         float* optimizer_state, solder_optimizer* optimizer,
+                                                         cudaStream_t stream) {
+  return guarded("solder_linear_relu_dropout_optimizer_step", [&] {
+    if (!params || !grads || !optimizer) throw solder::error("params, grads and optimizer must not be null");
+    auto settings = settings_of(*optimizer);
+    solder::eval::cuda::check_optimizer(settings, optimizer_state);
+    solder::eval::cuda::require_device_once();
+    update(settings, *optimizer, params, grads, optimizer_state, stream);
+  });
+}
+
 extern "C" int solder_linear_relu_dropout_train_step(const float* x, const int32_t* labels, float* params,
                                                      float* grads, float* optimizer_state,
                                                      solder_optimizer* optimizer, float* y, size_t batch,
                                                      const uint64_t* seeds, uint64_t* offsets,
-                                                     float label_smoothing, float* loss,
-                                                     cudaStream_t stream) {
+                                                     uint64_t first_sample, float label_smoothing,
+                                                     float* loss, cudaStream_t stream) {
   return guarded("solder_linear_relu_dropout_train_step", [&] {
     check_arguments(batch, {{"x", x}, {"labels", labels}, {"params", params}, {"grads", grads},
                     {"optimizer", optimizer}, {"y", y}, {"seeds", seeds}, {"offsets", offsets},
@@ -272,15 +324,14 @@ extern "C" int solder_linear_relu_dropout_train_step(const float* x, const int32
     auto settings = settings_of(*optimizer);
     solder::eval::cuda::check_optimizer(settings, optimizer_state);
     solder::eval::cuda::require_device_once();
-    chain_forward(x, params, y, batch, seeds, offsets, stream);
-    // The loss's gradient, the dy of the backward; freed on the stream after the backward.
-    const auto dy = solder::eval::cuda::device_array<float>::allocate(batch * 512, stream);
-    const double value = solder::eval::cuda::softmax_cross_entropy<512>(
-        y, labels, dy.data(), batch, label_smoothing, stream);
-    chain_backward(x, params, y, dy.data(), grads, batch, stream);
-    solder::eval::cuda::optimizer_step(settings, params, grads, optimizer_state, param_floats, stream);
-    optimizer->steps = settings.steps;
-    *loss = float(value);  // as the CPU loss rounds its double mean
+    const auto mean = solder::eval::cuda::device_array<float>::allocate(1, stream);
+    const auto first_bad = solder::eval::cuda::device_array<unsigned long long>::allocate(1, stream);
+    chain_loss_and_backward(x, labels, params, grads, y, batch, seeds, offsets, first_sample, label_smoothing,
+                            mean.data(), first_bad.data(), stream);
+    // The one wait: the loss and the labels' check, before the update is queued.
+    const float value = solder::eval::cuda::wait_for_loss<512>(mean.data(), first_bad.data(), labels, stream);
+    update(settings, *optimizer, params, grads, optimizer_state, stream);
+    *loss = value;
   });
 }
 

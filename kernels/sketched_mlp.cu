@@ -16,7 +16,9 @@
 // the chain, 3 groups
 //   solder_sketched_mlp_forward  every group in order, training mode
 //   solder_sketched_mlp_backward  every group last to first: every parameter's gradient
-//   solder_sketched_mlp_train_step  forward, softmax cross-entropy, backward, optimizer update
+//   solder_sketched_mlp_loss_and_backward  forward, softmax cross-entropy, backward; the loss on the device
+//   solder_sketched_mlp_optimizer_step  the optimizer's update of every parameter from grads
+//   solder_sketched_mlp_train_step  loss_and_backward's passes, one wait for the loss, optimizer_step's update
 //   solder_sketched_mlp_dropout_streams  the dropouts' streams as nn::chain(seed) sets them
 //   solder_sketched_mlp_sketch_seeds  the sketched layers' sketch seeds as nn::chain(seed) sets them
 //
@@ -402,12 +404,12 @@ constexpr std::size_t gate_floats = 256, inner_floats = 256, h_floats = 32;
 /// blocks' training forward moves it, then draws.
 void chain_forward(const float* x, const float* params, float* hidden, float* y, std::size_t batch,
                    const std::uint64_t* sketch_seeds, const std::uint64_t* seeds, std::uint64_t* offsets,
-                   cudaStream_t stream) {
+                   std::uint64_t first_sample, cudaStream_t stream) {
   for (std::size_t i = 0; i < 2; ++i) ++offsets[i];
   // group 0: sketched_linear<64, 256, 2, 8>, relu, dropout<0.1f>
   {
     g0_tail_type tail;
-    std::get<1>(tail.layers).rng = {seeds[0], offsets[0]};
+    std::get<1>(tail.layers).rng = {seeds[0], offsets[0], first_sample * 256};
     const g0_sketches u = g0_sketches_of(sketch_seeds[0]);
     run_product(stream, g0_first(g0_in_rows(x, batch), params, u, g0_h_rows_out(hidden, batch)));
     run_product(stream, g0_forward(tail, g0_h_rows(hidden, batch), params + 1024, u,
@@ -416,7 +418,7 @@ void chain_forward(const float* x, const float* params, float* hidden, float* y,
   // group 1: sketched_linear<256, 128, 2, 8>, relu, dropout<0.1f>
   {
     g1_tail_type tail;
-    std::get<1>(tail.layers).rng = {seeds[1], offsets[1]};
+    std::get<1>(tail.layers).rng = {seeds[1], offsets[1], first_sample * 128};
     const g1_sketches u = g1_sketches_of(sketch_seeds[1]);
     run_product(stream, g1_first(g1_in_rows(hidden + batch * 32, batch), params + 5376, u,
                                  g1_h_rows_out(hidden + batch * 288, batch)));
@@ -477,6 +479,29 @@ void chain_backward(const float* x, const float* params, const float* hidden, co
     run_product(stream, g0_h_grad(g0_rows(g, batch), params + 1024, u, g0_h_rows_out(dh, batch)));
     run_product(stream, g0_s1_grad(g0_in_rows(x, batch), g0_h_rows(dh, batch), g0_s1_out(grads)));
   }
+}
+
+/// The forward, the softmax cross-entropy of y against labels (its mean to *loss, device; the
+/// lowest row whose label is outside [0, 10) to *first_bad where it is not null) and its gradient,
+/// and the backward, queued without a wait.
+void chain_loss_and_backward(const float* x, const std::int32_t* labels, const float* params, float* grads,
+                             float* hidden, float* y, std::size_t batch, const std::uint64_t* sketch_seeds,
+                             const std::uint64_t* seeds, std::uint64_t* offsets, std::uint64_t first_sample,
+                             float label_smoothing, float* loss, unsigned long long* first_bad,
+                             cudaStream_t stream) {
+  chain_forward(x, params, hidden, y, batch, sketch_seeds, seeds, offsets, first_sample, stream);
+  // The loss's gradient, the dy of the backward; freed on the stream after the backward.
+  const auto dy = solder::eval::cuda::device_array<float>::allocate(batch * 10, stream);
+  solder::eval::cuda::softmax_cross_entropy_async<10>(y, labels, dy.data(), batch, label_smoothing, loss,
+                                                      first_bad, stream);
+  chain_backward(x, params, hidden, y, dy.data(), grads, batch, sketch_seeds, stream);
+}
+
+/// *optimizer's update of every parameter from grads (its steps + 1), its settings checked.
+void update(solder::eval::cuda::optimizer_settings& settings, solder_optimizer& optimizer, float* params,
+            const float* grads, float* optimizer_state, cudaStream_t stream) {
+  solder::eval::cuda::optimizer_step(settings, params, grads, optimizer_state, param_floats, stream);
+  optimizer.steps = settings.steps;
 }
 
 }  // namespace
@@ -625,12 +650,12 @@ extern "C" int solder_sketched_linear_relu_dropout_f32_256x128_l2k8_bwd(
 
 extern "C" int solder_sketched_mlp_forward(const float* x, const float* params, float* hidden, float* y,
                                            size_t batch, const uint64_t* sketch_seeds, const uint64_t* seeds,
-                                           uint64_t* offsets, cudaStream_t stream) {
+                                           uint64_t* offsets, uint64_t first_sample, cudaStream_t stream) {
   return guarded("solder_sketched_mlp_forward", [&] {
     check_arguments(batch, {{"x", x}, {"params", params}, {"hidden", hidden}, {"y", y},
                     {"sketch_seeds", sketch_seeds}, {"seeds", seeds}, {"offsets", offsets}});
     solder::eval::cuda::require_device_once();
-    chain_forward(x, params, hidden, y, batch, sketch_seeds, seeds, offsets, stream);
+    chain_forward(x, params, hidden, y, batch, sketch_seeds, seeds, offsets, first_sample, stream);
   });
 }
 
@@ -645,12 +670,41 @@ extern "C" int solder_sketched_mlp_backward(const float* x, const float* params,
   });
 }
 
+extern "C" int solder_sketched_mlp_loss_and_backward(const float* x, const int32_t* labels,
+                                                     const float* params, float* grads, float* hidden,
+                                                     float* y, size_t batch, const uint64_t* sketch_seeds,
+                                                     const uint64_t* seeds, uint64_t* offsets,
+                                                     uint64_t first_sample, float label_smoothing,
+                                                     float* loss, uint64_t* bad_label_row,
+                                                     cudaStream_t stream) {
+  return guarded("solder_sketched_mlp_loss_and_backward", [&] {
+    check_arguments(batch, {{"x", x}, {"labels", labels}, {"params", params}, {"grads", grads},
+                    {"hidden", hidden}, {"y", y}, {"sketch_seeds", sketch_seeds}, {"seeds", seeds},
+                    {"offsets", offsets}, {"loss", loss}});
+    solder::eval::cuda::require_device_once();
+    chain_loss_and_backward(x, labels, params, grads, hidden, y, batch, sketch_seeds, seeds, offsets,
+                            first_sample, label_smoothing, loss,
+                            reinterpret_cast<unsigned long long*>(bad_label_row), stream);
+  });
+}
+
+extern "C" int solder_sketched_mlp_optimizer_step(float* params, const float* grads, float* optimizer_state,
+                                                  solder_optimizer* optimizer, cudaStream_t stream) {
+  return guarded("solder_sketched_mlp_optimizer_step", [&] {
+    if (!params || !grads || !optimizer) throw solder::error("params, grads and optimizer must not be null");
+    auto settings = settings_of(*optimizer);
+    solder::eval::cuda::check_optimizer(settings, optimizer_state);
+    solder::eval::cuda::require_device_once();
+    update(settings, *optimizer, params, grads, optimizer_state, stream);
+  });
+}
+
 extern "C" int solder_sketched_mlp_train_step(const float* x, const int32_t* labels, float* params,
                                               float* grads, float* optimizer_state,
                                               solder_optimizer* optimizer, float* hidden, float* y,
                                               size_t batch, const uint64_t* sketch_seeds,
-                                              const uint64_t* seeds, uint64_t* offsets, float label_smoothing,
-                                              float* loss, cudaStream_t stream) {
+                                              const uint64_t* seeds, uint64_t* offsets, uint64_t first_sample,
+                                              float label_smoothing, float* loss, cudaStream_t stream) {
   return guarded("solder_sketched_mlp_train_step", [&] {
     check_arguments(batch, {{"x", x}, {"labels", labels}, {"params", params}, {"grads", grads},
                     {"optimizer", optimizer}, {"hidden", hidden}, {"y", y}, {"sketch_seeds", sketch_seeds},
@@ -658,15 +712,14 @@ extern "C" int solder_sketched_mlp_train_step(const float* x, const int32_t* lab
     auto settings = settings_of(*optimizer);
     solder::eval::cuda::check_optimizer(settings, optimizer_state);
     solder::eval::cuda::require_device_once();
-    chain_forward(x, params, hidden, y, batch, sketch_seeds, seeds, offsets, stream);
-    // The loss's gradient, the dy of the backward; freed on the stream after the backward.
-    const auto dy = solder::eval::cuda::device_array<float>::allocate(batch * 10, stream);
-    const double value = solder::eval::cuda::softmax_cross_entropy<10>(
-        y, labels, dy.data(), batch, label_smoothing, stream);
-    chain_backward(x, params, hidden, y, dy.data(), grads, batch, sketch_seeds, stream);
-    solder::eval::cuda::optimizer_step(settings, params, grads, optimizer_state, param_floats, stream);
-    optimizer->steps = settings.steps;
-    *loss = float(value);  // as the CPU loss rounds its double mean
+    const auto mean = solder::eval::cuda::device_array<float>::allocate(1, stream);
+    const auto first_bad = solder::eval::cuda::device_array<unsigned long long>::allocate(1, stream);
+    chain_loss_and_backward(x, labels, params, grads, hidden, y, batch, sketch_seeds, seeds, offsets,
+                            first_sample, label_smoothing, mean.data(), first_bad.data(), stream);
+    // The one wait: the loss and the labels' check, before the update is queued.
+    const float value = solder::eval::cuda::wait_for_loss<10>(mean.data(), first_bad.data(), labels, stream);
+    update(settings, *optimizer, params, grads, optimizer_state, stream);
+    *loss = value;
   });
 }
 

@@ -113,7 +113,7 @@ struct training {
   float step(const float* x, const std::int32_t* labels) {
     float loss = 0;
     launched(solder_digits_mlp_train_step(x, labels, params.data(), grads.data(), state.data(), &opt, hidden.data(), y.data(),
-                                          batch, seeds, offsets, 0.0f, &loss, solder::current_stream()));
+                                          batch, seeds, offsets, 0, 0.0f, &loss, solder::current_stream()));
     return loss;
   }
 

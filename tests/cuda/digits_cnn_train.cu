@@ -159,7 +159,7 @@ struct gpu_chain {
     opt.lr = lr;
     float loss = -1;
     expect_ok(solder_digits_cnn_train_step(x, labels, params.get(), grads.get(), state.get(), &opt, buffers.get(),
-                                           hidden.get(), y.get(), batch, seeds, offsets, 0.0f, &loss, nullptr),
+                                           hidden.get(), y.get(), batch, seeds, offsets, 0, 0.0f, &loss, nullptr),
               "digits_cnn train_step");
     return loss;
   }
@@ -311,7 +311,7 @@ void argument_checks() {
   gpu_chain gpu(cpu.params(), cpu.running(), {});
   const device_vector<float> x(batch * features);
   const int status = solder_digits_cnn_forward(x.get(), gpu.params.get(), nullptr, gpu.hidden.get(), gpu.y.get(), batch,
-                                               gpu.seeds, gpu.offsets, nullptr);
+                                               gpu.seeds, gpu.offsets, 0, nullptr);
   expect(status == int(cudaErrorInvalidValue) &&
              std::string(solder_digits_cnn_last_error()).find("buffers is a null pointer") != std::string::npos,
          "forward: a null buffers is refused, named");

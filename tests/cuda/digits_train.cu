@@ -81,7 +81,7 @@ struct gpu_chain {
     opt.lr = lr;
     float loss = -1;
     expect_ok(solder_digits_mlp_train_step(x, labels, params.get(), grads.get(), state.get(), &opt, hidden.get(),
-                                           y.get(), batch, seeds, offsets, 0.0f, &loss, nullptr),
+                                           y.get(), batch, seeds, offsets, 0, 0.0f, &loss, nullptr),
               "digits_mlp train_step");
     return loss;
   }
@@ -238,7 +238,7 @@ void argument_checks() {
   float loss = 0;
   auto step = [&](solder_optimizer& o, float* state, const std::int32_t* l) {
     return solder_digits_mlp_train_step(x.get(), l, gpu.params.get(), gpu.grads.get(), state, &o, gpu.hidden.get(),
-                                        gpu.y.get(), batch, gpu.seeds, gpu.offsets, 0.0f, &loss, nullptr);
+                                        gpu.y.get(), batch, gpu.seeds, gpu.offsets, 0, 0.0f, &loss, nullptr);
   };
   auto refused = [](int status, const char* part) {
     return status == int(cudaErrorInvalidValue) &&
@@ -253,7 +253,7 @@ void argument_checks() {
   expect(refused(step(o, gpu.state.get(), bad.get()), "lr must be >= 0"), "train_step: a negative lr is refused");
   expect(gpu.offsets[0] == 0 && gpu.offsets[1] == 0, "train_step: a refused call leaves the streams");
   expect(refused(solder_digits_mlp_forward(x.get(), gpu.params.get(), nullptr, gpu.y.get(), batch, gpu.seeds,
-                                           gpu.offsets, nullptr),
+                                           gpu.offsets, 0, nullptr),
                  "hidden is a null pointer"),
          "forward: a null hidden is refused, named");
   expect(refused(solder_digits_mlp_backward(x.get(), gpu.params.get(), gpu.hidden.get(), gpu.y.get(), gpu.y.get(),

@@ -149,7 +149,7 @@ struct gpu_chain {
     opt.lr = lr;
     float loss = -1;
     expect_ok(solder_sketched_mlp_train_step(x, labels, params.get(), grads.get(), state.get(), &opt, hidden.get(),
-                                             y.get(), batch, sketch_seeds, seeds, offsets, 0.0f, &loss, nullptr),
+                                             y.get(), batch, sketch_seeds, seeds, offsets, 0, 0.0f, &loss, nullptr),
               "sketched_mlp train_step");
     return loss;
   }
@@ -267,7 +267,7 @@ void argument_checks() {
   gpu_chain gpu(cpu.params(), {});
   const device_vector<float> x(batch * features);
   const int status = solder_sketched_mlp_forward(x.get(), gpu.params.get(), gpu.hidden.get(), gpu.y.get(), batch, nullptr,
-                                                 gpu.seeds, gpu.offsets, nullptr);
+                                                 gpu.seeds, gpu.offsets, 0, nullptr);
   expect(status == int(cudaErrorInvalidValue) &&
              std::string(solder_sketched_mlp_last_error()).find("sketch_seeds is a null pointer") != std::string::npos,
          "forward: a null sketch_seeds is refused, named");

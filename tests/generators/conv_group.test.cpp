@@ -371,7 +371,7 @@ TEST_CASE("solder-gen: the digits CNN's chain-level launchers and their layout",
   CHECK(holds(f.h, "#define SOLDER_DIGITS_CNN_BUFFER_FLOATS 192\n"));
   CHECK(holds(f.h, "#define SOLDER_DIGITS_CNN_HIDDEN_FLOATS 7680\n"));
   CHECK(holds(f.h, "int solder_digits_cnn_train_step(const float* x, const int32_t* labels, float* params, float* grads,"));
-  CHECK(holds(f.h, "const uint64_t* seeds, const uint64_t* offsets, cudaStream_t stream);"));
+  CHECK(holds(f.h, "const uint64_t* seeds, const uint64_t* offsets, uint64_t first_sample,"));
   CHECK(model.layer<8>().rng.seed == random::derive_seed(1, 8));
   CHECK(holds(f.cu, "seeds[0] = solder::random::derive_seed(seed, 8);  // layer 8"));
   // The forward: z, then the normalization into the tail's input, the running and saved statistics.

@@ -130,12 +130,12 @@ TEST_CASE("solder-gen: the chain-level launchers' C declarations and layout", "[
   const gen::files f = gen::generate(gen::describe<digits>("digits"), "chains.hpp");
   CHECK(holds(f.h, "int solder_digits_forward(const float* x, const float* params, float* hidden, float* y, "
                    "size_t batch,"));
-  CHECK(holds(f.h, "const uint64_t* seeds, uint64_t* offsets, cudaStream_t stream);"));
+  CHECK(holds(f.h, "const uint64_t* seeds, uint64_t* offsets, uint64_t first_sample,"));
   CHECK(holds(f.h, "int solder_digits_backward(const float* x, const float* params, const float* hidden, "
                    "const float* y,"));
   CHECK(holds(f.h, "int solder_digits_train_step(const float* x, const int32_t* labels, float* params, float* grads,"));
   CHECK(holds(f.h, "float* optimizer_state, solder_optimizer* optimizer, float* hidden, float* y,"));
-  CHECK(holds(f.h, "uint64_t* offsets, float label_smoothing,"));
+  CHECK(holds(f.h, "uint64_t* offsets, uint64_t first_sample, float label_smoothing,"));
   CHECK(holds(f.h, "float* loss, cudaStream_t stream);"));
   CHECK(holds(f.h, "int solder_digits_dropout_streams(uint64_t seed, uint64_t* seeds, uint64_t* offsets);"));
   // The optimizer's settings, once for every generated header a program includes.
@@ -155,7 +155,7 @@ TEST_CASE("solder-gen: the chain's forward, backward and training step", "[gen]"
   const gen::files f = gen::generate(gen::describe<digits>("digits"), "chains.hpp");
   // Forward: the streams move on first, then each group draws its own; outputs into hidden, then y.
   CHECK(holds(f.cu, "  for (std::size_t i = 0; i < 2; ++i) ++offsets[i];\n  // group 0"));
-  CHECK(holds(f.cu, "std::get<1>(tail.layers).rng = {seeds[1], offsets[1]};"));
+  CHECK(holds(f.cu, "std::get<1>(tail.layers).rng = {seeds[1], offsets[1], first_sample * 128};"));
   CHECK(holds(f.cu, "g1_forward(tail, g1_in_rows(hidden, batch), params + 16640,"));
   CHECK(holds(f.cu, "g1_features(params + 49408), g1_rows_out(hidden + batch * 256, batch)"));
   CHECK(holds(f.cu, "g2_rows_out(y, batch)"));
@@ -167,12 +167,12 @@ TEST_CASE("solder-gen: the chain's forward, backward and training step", "[gen]"
   CHECK(holds(f.cu, "g0_weight_grad(g0_rows(g, batch), g0_in_rows(x, batch), g0_weight_out(grads))"));
   CHECK_FALSE(holds(f.cu, "run_product(stream, g0_input_grad(g0_rows(g, batch), params"));
   // The step: loss and gradient by the row kernels, the update by the shared functors.
-  CHECK(holds(f.cu, "solder::eval::cuda::softmax_cross_entropy<10>("));
+  CHECK(holds(f.cu, "solder::eval::cuda::softmax_cross_entropy_async<10>("));
   // The update and the settings' checks are the library's (eval/cuda/optimizer_step.hpp), fed
   // the caller's C struct field by field, the step count written back.
   CHECK(holds(f.cu, "solder::eval::cuda::check_optimizer(settings, optimizer_state);"));
   CHECK(holds(f.cu, "solder::eval::cuda::optimizer_step(settings, params, grads, optimizer_state, param_floats, stream);"));
-  CHECK(holds(f.cu, "optimizer->steps = settings.steps;"));
+  CHECK(holds(f.cu, "optimizer.steps = settings.steps;"));
   CHECK(holds(f.cu, "o.lr, o.weight_decay, o.momentum, o.dampening, o.nesterov != 0, o.beta1, o.beta2, o.eps, o.steps};"));
   CHECK(holds(f.cu, "seeds[1] = solder::random::derive_seed(seed, 5);"));
   CHECK(holds(f.cu, "#include \"solder/eval/cuda/optimizer_step.hpp\""));
@@ -183,7 +183,7 @@ TEST_CASE("solder-gen: identical groups of a chain share definitions, not stream
   REQUIRE(c.groups.size() == 3);
   const gen::files f = gen::generate(c, "chains.hpp");
   CHECK_FALSE(holds(f.cu, "using g1_block"));
-  CHECK(holds(f.cu, "std::get<1>(tail.layers).rng = {seeds[1], offsets[1]};"));
+  CHECK(holds(f.cu, "std::get<1>(tail.layers).rng = {seeds[1], offsets[1], first_sample * 32};"));
   CHECK(holds(f.cu, "g0_forward(tail, g0_in_rows(hidden, batch), params + 1056,"));
   // No bias on the last layer: 2 * (32 * 32 + 32) + 4 * 32 parameters, no db.
   CHECK(holds(f.h, "#define SOLDER_TWINS_PARAM_FLOATS 2240\n"));

@@ -38,6 +38,7 @@
 
 #include "solder/config.hpp"
 #include "solder/dist/reduction.hpp"
+#include "solder/dist/shard.hpp"
 #include "solder/nn/chain.hpp"
 #include "solder/optim/optimizer.hpp"
 
@@ -56,17 +57,6 @@ concept Communicator = requires(C& c, const C& cc, typename C::reduction& r, std
   { cc.min(std::int64_t{}) } -> std::convertible_to<std::int64_t>;
   { cc.broadcast(s, 0) } -> std::convertible_to<std::string>;
 };
-
-/// Rows [first, first + count) of a global batch of n samples that rank r of P trains on: the
-/// batch cut into P contiguous shards whose sizes differ by at most one.
-struct shard {
-  std::size_t first = 0, count = 0;
-};
-constexpr shard shard_of(std::size_t n, int rank, int size) {
-  const std::size_t P = std::size_t(size), r = std::size_t(rank);
-  const std::size_t first = n / P * r + std::min(r, n % P);
-  return {first, n / P + (r < n % P ? 1 : 0)};
-}
 
 struct data_parallel_options {
   /// Gradient bytes per bucket: a bucket closes, walking the kernels last to first, once it

@@ -332,6 +332,51 @@ inline void total(const double* x, std::size_t n, double* out, cudaStream_t stre
   detail::sum_terms(double_terms{x}, n, out, stream, "total launch");
 }
 
+namespace detail {
+/// *out = T(*sum / rows): a mean rounded as the CPU loss rounds its double mean (T float).
+template <class T>
+__global__ void store_mean(const double* sum, double rows, T* out) {
+  *out = T(*sum / rows);
+}
+
+/// The softmax cross-entropy's passes, queued: each row's loss (NaN for a label outside [0, C)),
+/// dlogits where not null, their total into losses[rows], and where first_bad is not null the
+/// lowest row whose label is outside [0, C) into *first_bad (~0 where there is none).
+template <std::size_t C>
+void queue_softmax_cross_entropy(const float* logits, const std::int32_t* labels, float* dlogits, std::size_t rows,
+                                 float label_smoothing, double* losses, unsigned long long* first_bad,
+                                 cudaStream_t stream) {
+  check_row_length<C>();
+  constexpr const char* who = "solder::eval::cuda::softmax_cross_entropy";
+  constexpr const char* what = "softmax_cross_entropy launch";
+  if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
+    solder::detail::fail(std::string(who) + ": label_smoothing must be in [0, 1], got " +
+                         std::to_string(label_smoothing));
+  if (rows == 0) solder::detail::fail(std::string(who) + ": the batch has no rows");
+  const ops::softmax_cross_entropy op{1.0f - label_smoothing, label_smoothing / float(C), 1.0f / float(rows)};
+  if (first_bad) {
+    check(cudaMemsetAsync(first_bad, 0xff, sizeof(unsigned long long), stream), what);
+    find_bad_label<<<grid_blocks(rows, row_block_threads), row_block_threads, 0, stream>>>(labels, rows, C, first_bad);
+    check(cudaGetLastError(), what);
+  }
+  if (dlogits)
+    launch_rows(cross_entropy_body<true, C>{op, logits, labels, dlogits, losses}, rows, stream, what);
+  else
+    launch_rows(cross_entropy_body<false, C>{op, logits, labels, nullptr, losses}, rows, stream, what);
+  sum_terms(double_terms{losses}, rows, losses + rows, stream, what);
+}
+
+/// A solder::error naming row `bad`'s label unless bad is ~0 (every label in [0, C)); waits for
+/// the stream to read the label.
+inline void report_bad_label(const std::int32_t* labels, unsigned long long bad, std::size_t classes,
+                             cudaStream_t stream) {
+  if (bad == ~0ull) return;
+  const std::int32_t label = read_back(labels + bad, stream, "softmax_cross_entropy launch");
+  solder::detail::fail("solder::eval::cuda::softmax_cross_entropy: label " + std::to_string(label) + " of row " +
+                       std::to_string(bad) + " is outside [0, " + std::to_string(classes) + ")");
+}
+}  // namespace detail
+
 /// Softmax cross-entropy of logits [rows, C] against labels [rows] in [0, C) (device int32),
 /// mean over the rows, with torch's label smoothing (nn/loss.hpp's softmax_cross_entropy):
 /// returns the mean loss after waiting for the stream; where dlogits is not null writes the
@@ -340,33 +385,47 @@ inline void total(const double* x, std::size_t n, double* out, cudaStream_t stre
 template <std::size_t C>
 double softmax_cross_entropy(const float* logits, const std::int32_t* labels, float* dlogits, std::size_t rows,
                              float label_smoothing, cudaStream_t stream) {
-  detail::check_row_length<C>();
-  constexpr const char* who = "solder::eval::cuda::softmax_cross_entropy";
   constexpr const char* what = "softmax_cross_entropy launch";
-  if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
-    solder::detail::fail(std::string(who) + ": label_smoothing must be in [0, 1], got " +
-                         std::to_string(label_smoothing));
-  if (rows == 0) solder::detail::fail(std::string(who) + ": the batch has no rows");
-  const ops::softmax_cross_entropy op{1.0f - label_smoothing, label_smoothing / float(C), 1.0f / float(rows)};
   const detail::stream_scratch<double> losses(rows + 1, stream, what);  // the rows' losses, then the total
   const detail::stream_scratch<unsigned long long> first_bad(1, stream, what);
-  check(cudaMemsetAsync(first_bad.get(), 0xff, sizeof(unsigned long long), stream), what);
-  detail::find_bad_label<<<grid_blocks(rows, row_block_threads), row_block_threads, 0, stream>>>(labels, rows, C,
-                                                                                                first_bad.get());
-  check(cudaGetLastError(), what);
-  if (dlogits)
-    detail::launch_rows(cross_entropy_body<true, C>{op, logits, labels, dlogits, losses.get()}, rows, stream, what);
-  else
-    detail::launch_rows(cross_entropy_body<false, C>{op, logits, labels, nullptr, losses.get()}, rows, stream, what);
-  detail::sum_terms(double_terms{losses.get()}, rows, losses.get() + rows, stream, what);
+  detail::queue_softmax_cross_entropy<C>(logits, labels, dlogits, rows, label_smoothing, losses.get(), first_bad.get(),
+                                         stream);
   const double sum = detail::read_back(losses.get() + rows, stream, what);
-  const unsigned long long bad = detail::read_back(first_bad.get(), stream, what);
-  if (bad != ~0ull) {
-    const std::int32_t label = detail::read_back(labels + bad, stream, what);
-    solder::detail::fail(std::string(who) + ": label " + std::to_string(label) + " of row " + std::to_string(bad) +
-                         " is outside [0, " + std::to_string(C) + ")");
-  }
+  detail::report_bad_label(labels, detail::read_back(first_bad.get(), stream, what), C, stream);
   return sum / double(rows);
+}
+
+/// As softmax_cross_entropy<C>, queued on the stream without waiting for it: the mean loss,
+/// rounded to float as the CPU loss rounds its double mean, to *loss (device); where first_bad
+/// (device) is not null, the lowest row whose label is outside [0, C) to *first_bad, ~0 where
+/// every label is in range (such a row's loss is NaN, and so is the mean; its dlogits row is
+/// not written). wait_for_loss reads both back.
+template <std::size_t C>
+void softmax_cross_entropy_async(const float* logits, const std::int32_t* labels, float* dlogits, std::size_t rows,
+                                 float label_smoothing, float* loss, unsigned long long* first_bad,
+                                 cudaStream_t stream) {
+  constexpr const char* what = "softmax_cross_entropy launch";
+  const detail::stream_scratch<double> losses(rows + 1, stream, what);  // the rows' losses, then the total
+  detail::queue_softmax_cross_entropy<C>(logits, labels, dlogits, rows, label_smoothing, losses.get(), first_bad,
+                                         stream);
+  detail::store_mean<<<1, 1, 0, stream>>>(losses.get() + rows, double(rows), loss);
+  check(cudaGetLastError(), what);
+}
+
+/// The loss softmax_cross_entropy_async<C> wrote to *loss, after one wait for the stream; a
+/// solder::error, as softmax_cross_entropy's, where *first_bad names a row whose label is
+/// outside [0, C).
+template <std::size_t C>
+float wait_for_loss(const float* loss, const unsigned long long* first_bad, const std::int32_t* labels,
+                    cudaStream_t stream) {
+  constexpr const char* what = "softmax_cross_entropy launch";
+  float value = 0.0f;
+  unsigned long long bad = 0;
+  check(cudaMemcpyAsync(&value, loss, sizeof value, cudaMemcpyDeviceToHost, stream), what);
+  check(cudaMemcpyAsync(&bad, first_bad, sizeof bad, cudaMemcpyDeviceToHost, stream), what);
+  check(cudaStreamSynchronize(stream), what);
+  detail::report_bad_label(labels, bad, C, stream);
+  return value;
 }
 
 /// Mean squared error, mean((x - t)^2) over n elements (device); where dx is not null writes
