@@ -13,7 +13,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 run() { mpirun --oversubscribe -np "$1" "$bin" "${@:2}"; }
 speed() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])["us_per_step"])' "$1"; }
 
-echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)"
+echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc --all) cores; $(date -u +%Y-%m-%dT%H:%MZ)"
 for model in digits wide; do
   echo "== $model MLP, global batch 512, 1 rank vs 2 ranks (one thread each)"
   for ((r = 1; r <= rounds; ++r)); do

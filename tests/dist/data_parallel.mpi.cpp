@@ -102,6 +102,17 @@ TEST_CASE("dist: the reduction is the weighted sum in rank order", "[dist][mpi]"
     const std::vector<float> statuses(std::size_t(P), dist::status_ok);
     CHECK(dist::reduce_on_host(buckets, n, w, statuses) == -1);
     CHECK(std::memcmp(all[0].data(), data.data(), n * sizeof(float)) == 0);
+    // The same bucket as three spans of uneven sizes (a model's gradient tensors): the same bits.
+    std::vector<float> pieces_data(n);
+    for (std::size_t i = 0; i < n; ++i) pieces_data[i] = rank_value(c.rank(), i);
+    const std::size_t a = n / 3, b = n - n / 2;
+    const std::vector<std::span<float>> pieces = {std::span(pieces_data.data(), a),
+                                                  std::span(pieces_data.data() + a, b - a),
+                                                  std::span(pieces_data.data() + b, n - b)};
+    dist::mpi_communicator::reduction r;
+    c.start(r, pieces, w);
+    REQUIRE(c.finish(r) == -1);
+    CHECK(std::memcmp(pieces_data.data(), data.data(), n * sizeof(float)) == 0);
   }
 }
 

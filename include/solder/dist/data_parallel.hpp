@@ -47,11 +47,11 @@ namespace solder::dist {
 /// What data_parallel needs of a transport (dist/mpi.hpp's mpi_communicator is one): ranks, the
 /// fixed-order weighted reduction of float buckets in flight, and small exact collectives.
 template <class C>
-concept Communicator = requires(C& c, const C& cc, typename C::reduction& r, std::span<float> data,
+concept Communicator = requires(C& c, const C& cc, typename C::reduction& r, std::span<const std::span<float>> pieces,
                                 std::span<const double> w, std::string s) {
   { cc.rank() } -> std::convertible_to<int>;
   { cc.size() } -> std::convertible_to<int>;
-  c.start(r, data, w, status_ok);
+  c.start(r, pieces, w, status_ok);  // the spans reduced as one bucket, in place
   { c.progress(r) } -> std::convertible_to<bool>;
   { c.finish(r) } -> std::convertible_to<int>;
   { cc.min(std::int64_t{}) } -> std::convertible_to<std::int64_t>;
@@ -195,10 +195,9 @@ class data_parallel {
     if (failed >= 0)
       solder::detail::fail("solder::dist::data_parallel: rank " + std::to_string(failed) + " failed in its training step: " +
                            comm_.broadcast(failure, failed));
-    for (auto& b : buckets) unpack(b);
     opt_.step();
     timing.step_seconds = seconds(clock::now() - t0);
-    return buckets.back().data.back();
+    return buckets.back().loss;
   }
 
   /// train_step given the whole global batch (every rank reads the same one) with integer
@@ -220,7 +219,11 @@ class data_parallel {
   };
   std::vector<bucket_info> bucket_plan() const {
     std::vector<bucket_info> out;
-    for (const auto& b : buckets) out.push_back({b.lo, b.hi, b.data.size()});
+    for (const auto& b : buckets) {
+      std::size_t floats = 0;
+      for (const auto& piece : b.pieces) floats += piece.size();
+      out.push_back({b.lo, b.hi, floats});
+    }
     return out;
   }
   Comm& communicator() { return comm_; }
@@ -231,8 +234,8 @@ class data_parallel {
 
   struct bucket {
     std::size_t lo = 0, hi = 0;       // kernels [lo, hi], launched after kernel lo's backward
-    std::vector<optim::param> params;  // their parameters, in params() order
-    std::vector<float> data;           // the gradients packed (and the loss, in the last bucket)
+    std::vector<std::span<float>> pieces;  // their gradients, in params() order (and the loss)
+    float loss = 0;                        // the rank's loss, then the global one (last bucket)
     typename Comm::reduction red;
   };
 
@@ -263,22 +266,25 @@ class data_parallel {
   void plan_buckets() {
     buckets.clear();
     std::size_t floats = 0, hi = Model::kernels - 1;
-    std::vector<optim::param> held;
+    std::vector<std::span<float>> held;
     for (std::size_t k = Model::kernels; k-- > 0;) {
       const auto ps = model_.block_params(k);
-      held.insert(held.begin(), ps.begin(), ps.end());
+      std::vector<std::span<float>> grads;
+      for (const auto& p : ps) grads.emplace_back(p.grad.data(), p.grad.size());
+      held.insert(held.begin(), grads.begin(), grads.end());
       for (const auto& p : ps) floats += p.grad.size();
       if (k == 0 || (floats > 0 && floats * sizeof(float) >= options_.bucket_bytes)) {
         bucket& b = buckets.emplace_back();
         b.lo = k;
         b.hi = hi;
-        b.params = std::move(held);
-        b.data.resize(floats + (k == 0 ? 1 : 0));  // the last bucket carries the loss
+        b.pieces = std::move(held);
         held = {};
         floats = 0;
         hi = k - 1;
       }
     }
+    // The last bucket carries the loss; its address is final once the vector stops growing.
+    buckets.back().pieces.emplace_back(&buckets.back().loss, 1);
   }
 
   void set_weights(std::size_t global) {
@@ -287,26 +293,10 @@ class data_parallel {
     for (int j = 0; j < comm_.size(); ++j) weights[std::size_t(j)] = double(shard_of(global, j, comm_.size()).count) / double(global);
   }
 
-  void pack(bucket& b) {
-    std::size_t at = 0;
-    for (const auto& p : b.params) {
-      std::memcpy(b.data.data() + at, p.grad.data(), p.grad.size() * sizeof(float));
-      at += p.grad.size();
-    }
-  }
-  void unpack(bucket& b) {
-    std::size_t at = 0;
-    for (const auto& p : b.params) {
-      std::memcpy(p.grad.data(), b.data.data() + at, p.grad.size() * sizeof(float));
-      at += p.grad.size();
-    }
-  }
-
   /// Kernel k's backward has run: launch the bucket it completes, and move the others on.
   void block_done(std::size_t k) {
     if (launched < buckets.size() && buckets[launched].lo == k && buckets[launched].lo != 0) {
-      pack(buckets[launched]);
-      comm_.start(buckets[launched].red, buckets[launched].data, weights, status_ok);
+      comm_.start(buckets[launched].red, buckets[launched].pieces, weights, status_ok);
       ++launched;
     }
     for (std::size_t i = 0; i < launched; ++i) comm_.progress(buckets[i].red);
@@ -316,9 +306,8 @@ class data_parallel {
   void launch_rest(float status, float local_loss) {
     for (; launched < buckets.size(); ++launched) {
       bucket& b = buckets[launched];
-      if (status == status_ok) pack(b);
-      if (b.lo == 0) b.data.back() = local_loss;
-      comm_.start(b.red, b.data, weights, status);
+      if (b.lo == 0) b.loss = local_loss;
+      comm_.start(b.red, b.pieces, weights, status);
     }
   }
 

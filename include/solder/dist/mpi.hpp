@@ -13,6 +13,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -106,7 +107,7 @@ class mpi_communicator {
         phase = std::exchange(o.phase, idle);
         request = std::exchange(o.request, MPI_REQUEST_NULL);
         comm = std::exchange(o.comm, MPI_COMM_NULL);
-        data = o.data;
+        pieces = std::move(o.pieces);
         weights = std::move(o.weights);
         n = o.n;
         failed = o.failed;
@@ -114,6 +115,7 @@ class mpi_communicator {
         parts = std::move(o.parts);
         reduced = std::move(o.reduced);
         gathered = std::move(o.gathered);
+        sums = std::move(o.sums);
       }
       return *this;
     }
@@ -134,46 +136,61 @@ class mpi_communicator {
     stage phase = idle;
     MPI_Request request = MPI_REQUEST_NULL;
     MPI_Comm comm = MPI_COMM_NULL;
-    std::span<float> data;
+    std::vector<std::span<float>> pieces;  // the bucket: these spans, one after the other
     std::vector<double> weights;
     std::size_t n = 0;
     int failed = -1;  // one rank: its own status
     std::vector<float> send, parts, reduced, gathered;
+    std::vector<double> sums;
   };
 
   /// Starts reducing data (n floats, the same n on every rank): afterwards every rank's data
   /// holds sum_j weights[j] * data_j, ranks in order, and finish() returns the lowest rank whose
   /// status was status_failed (or -1). weights must be the same on every rank (size() of them).
   void start(reduction& r, std::span<float> data, std::span<const double> weights, float status = status_ok) {
+    const std::span<float> one[] = {data};
+    start(r, std::span<const std::span<float>>(one), weights, status);
+  }
+  /// start for a bucket made of several spans (a model's gradient tensors), reduced as if they
+  /// were one array, one after the other: packed from them and written back into them, with no
+  /// copy of the whole bucket in between.
+  void start(reduction& r, std::span<const std::span<float>> pieces, std::span<const double> weights,
+             float status = status_ok) {
     if (r.active()) solder::detail::fail("solder::dist::mpi_communicator::start: the reduction is still in flight");
     if (weights.size() != std::size_t(size_))
       solder::detail::fail("solder::dist::mpi_communicator::start: got " + std::to_string(weights.size()) +
                            " weights for " + std::to_string(size_) + " ranks");
-    r.data = data;
-    r.n = data.size();
+    r.pieces.assign(pieces.begin(), pieces.end());
+    r.n = 0;
+    for (const auto& piece : pieces) r.n += piece.size();
     if (size_ == 1) {
       // One rank: the sum is w[0] * data, which leaves data's values as they are for the weight
       // 1 a whole batch gets; nothing to send.
       if (weights[0] != 1.0)
-        for (float& v : data) v = weighted_sum_at(&v, 1, weights.data(), 1, 0);
+        for (const auto& piece : pieces)
+          for (float& v : piece) v = weighted_sum_at(&v, 1, weights.data(), 1, 0);
       r.failed = status != status_ok ? 0 : -1;
       r.phase = reduction::gathering;
       return;
     }
-    const std::size_t P = std::size_t(size_), c = chunk_floats(data.size(), P), stride = chunk_stride(data.size(), P);
+    const std::size_t P = std::size_t(size_), c = chunk_floats(r.n, P), stride = chunk_stride(r.n, P);
     if (r.comm == MPI_COMM_NULL) {
       detail::mpi_check(MPI_Comm_dup(comm, &r.comm), "MPI_Comm_dup");
       MPI_Comm_set_errhandler(r.comm, MPI_ERRORS_RETURN);
     }
     r.weights.assign(weights.begin(), weights.end());
-    r.send.assign(P * stride, 0.0f);
+    r.send.resize(P * stride);
     r.parts.resize(P * stride);
     r.reduced.resize(stride);
     r.gathered.resize(P * stride);
-    // bucket.hpp's pack_body, a chunk at a time.
+    // bucket.hpp's pack_body, a run of one piece at a time: element e of the bucket goes to
+    // chunk e / c, position e % c; then the last chunk's padding and every chunk's status.
+    walk_chunks(r.pieces, c, stride, [&](float* piece, std::size_t at, std::size_t len) {
+      std::memcpy(r.send.data() + at, piece, len * sizeof(float));
+    });
     for (std::size_t j = 0; j < P; ++j) {
-      const std::size_t begin = j * c, end = std::min(r.n, begin + c);
-      if (begin < end) std::memcpy(r.send.data() + j * stride, data.data() + begin, (end - begin) * sizeof(float));
+      const std::size_t filled = std::min(c, r.n - std::min(r.n, j * c));
+      std::fill(r.send.data() + j * stride + filled, r.send.data() + j * stride + c, 0.0f);
       r.send[j * stride + c] = status;
     }
     detail::mpi_check(MPI_Ialltoall(r.send.data(), int(stride), MPI_FLOAT, r.parts.data(), int(stride), MPI_FLOAT, r.comm,
@@ -212,11 +229,10 @@ class mpi_communicator {
     detail::mpi_check(MPI_Wait(&r.request, MPI_STATUS_IGNORE), "MPI_Wait");
     r.phase = reduction::idle;
     const std::size_t P = std::size_t(size_), c = chunk_floats(r.n, P), stride = c + 1;
-    // bucket.hpp's unpack_body, a chunk at a time.
-    for (std::size_t j = 0; j < P; ++j) {
-      const std::size_t begin = j * c, end = std::min(r.n, begin + c);
-      if (begin < end) std::memcpy(r.data.data() + begin, r.gathered.data() + j * stride, (end - begin) * sizeof(float));
-    }
+    // bucket.hpp's unpack_body, a run of one piece at a time.
+    walk_chunks(r.pieces, c, stride, [&](float* piece, std::size_t at, std::size_t len) {
+      std::memcpy(piece, r.gathered.data() + at, len * sizeof(float));
+    });
     return failed_rank(r.gathered.data() + c, stride, P);
   }
 
@@ -249,10 +265,41 @@ class mpi_communicator {
   void barrier() const { detail::mpi_check(MPI_Barrier(comm), "MPI_Barrier"); }
 
  private:
+  /// f(p, at, len) for every run of len bucket elements that lie in one piece (from p) and one
+  /// chunk (at packed position at: chunk e / c, offset e % c, chunks stride apart).
+  template <class F>
+  static void walk_chunks(const std::vector<std::span<float>>& pieces, std::size_t c, std::size_t stride, F&& f) {
+    std::size_t e = 0;
+    for (const auto& piece : pieces) {
+      for (std::size_t i = 0; i < piece.size();) {
+        const std::size_t k = (e + i) % c, len = std::min(piece.size() - i, c - k);
+        f(piece.data() + i, (e + i) / c * stride + k, len);
+        i += len;
+      }
+      e += piece.size();
+    }
+  }
+
   void sum_and_gather(reduction& r) {
-    const sum_body sum{r.parts.data(), r.reduced.data(), r.weights.data(), r.n, std::size_t(size_)};
-    const std::size_t stride = sum.elements();
-    for (std::size_t k = 0; k < stride; ++k) sum(k);
+    // sum_body's values with the loops exchanged: the same fma per rank, in rank order, into
+    // a double per element, so the compiler can vectorize along the chunk (tests/dist checks the
+    // bits against reduce_on_host, which runs sum_body itself).
+    // The first rank's term starts each sum (an fma onto 0, as weighted_sum_at's first step),
+    // the last one's rounds it to float.
+    const std::size_t P = std::size_t(size_), c = chunk_floats(r.n, P), stride = c + 1;
+    r.sums.resize(c);
+    double* acc = r.sums.data();
+    const float* part = r.parts.data();
+    for (std::size_t k = 0; k < c; ++k) acc[k] = std::fma(r.weights[0], double(part[k]), 0.0);
+    for (std::size_t j = 1; j + 1 < P; ++j) {
+      part = r.parts.data() + j * stride;
+      const double w = r.weights[j];
+      for (std::size_t k = 0; k < c; ++k) acc[k] = std::fma(w, double(part[k]), acc[k]);
+    }
+    part = r.parts.data() + (P - 1) * stride;
+    const double w_last = r.weights[P - 1];
+    for (std::size_t k = 0; k < c; ++k) r.reduced[k] = float(std::fma(w_last, double(part[k]), acc[k]));
+    r.reduced[c] = reduced_status(r.parts.data(), stride, P, c);
     detail::mpi_check(MPI_Iallgather(r.reduced.data(), int(stride), MPI_FLOAT, r.gathered.data(), int(stride), MPI_FLOAT,
                                      r.comm, &r.request),
                       "MPI_Iallgather");
