@@ -10,14 +10,17 @@ packages=(
   cmake ninja-build g++ make pkg-config
   libxsimd-dev xtl-dev libxtensor-dev libboost-dev nlohmann-json3-dev catch2
   libbenchmark-dev libeigen3-dev libopenblas-dev libdnnl-dev
+  # Data-parallel training across processes (solder/dist/mpi.hpp, tests/dist, the dp example).
+  libopenmpi-dev openmpi-bin
   # Debian's dnnl-config.cmake requires OpenCL (its GPU runtime) but the package only
   # recommends it, and recommends are not installed below.
   ocl-icd-opencl-dev
 )
 
-# `setup.sh clang` (scripts/test.sh clang): Clang 19 and its OpenMP runtime as well.
-if [[ ${1:-} == clang ]]; then
-  packages+=(clang-19 libomp-19-dev)
+# `setup.sh clang` and `setup.sh asan` (scripts/test.sh clang|asan): Clang 19, its OpenMP
+# runtime and its sanitizer runtimes as well.
+if [[ ${1:-} == clang || ${1:-} == asan ]]; then
+  packages+=(clang-19 libomp-19-dev libclang-rt-19-dev)
 fi
 
 if ! command -v dpkg-query >/dev/null; then
