@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "../../generators/solder_gen.hpp"
-#include "chains.hpp"
+#include "../../kernels/chains.hpp"
 #include "solder/nn/chain.hpp"
 #include "solder/nn/elementwise.hpp"
 #include "solder/nn/elementwise_block.hpp"
