@@ -116,7 +116,7 @@ TEST_CASE("solder-gen: the chain-level launchers take first_sample and start eac
   CHECK(holds(cnn.h, "const uint64_t* seeds, const uint64_t* offsets, uint64_t first_sample,"));
 }
 
-TEST_CASE("generated passes: a shard starting at row s draws the whole batch's masks of rows [s, n)", "[gen][dist]") {
+TEST_CASE("generated passes: a shard starting at row s draws the whole batch's masks of its rows", "[gen][dist]") {
   constexpr std::size_t n = 37;
   // The masks draw counters in groups of 128: s * 100 is a group boundary for s = 32 only (3200 =
   // 25 * 128), s * 50 for none of these s.
