@@ -4,7 +4,7 @@
     bash bench/results.sh [--quick] [--from-json] [--no-build] [--no-torch]
 
 (bench/results.sh runs this under build/torch-venv/bin/python, which has matplotlib, in
-its own session (setsid) at the top scheduling weight.) Steps:
+its own scheduling group (setsid) at the top scheduling weight.) Steps:
 
   1. builds solder_bench (the release preset) unless --no-build;
   2. runs it on the named cases (NAMED_FILTER), one process, peers interleaved at random, one

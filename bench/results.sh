@@ -3,9 +3,9 @@
 # docs/PERFORMANCE.md on this host and rewrites its tables and plots (bench/results.py says how).
 #
 # It makes build/torch-venv first where it is missing or lacks matplotlib (bench/torch_venv.sh),
-# then runs bench/results.py with that python in its own session (setsid) at the top autogroup
+# then runs bench/results.py with that python in its own scheduling group (setsid) at the top autogroup
 # weight and nice level (root only; elsewhere at the normal ones), as bench/README.md's
-# measurement commands do: processes of other login sessions (a compiler) then take little of
+# measurement commands do: processes of other scheduling groups (a compiler) then take little of
 # the cores.
 # A full run takes about 20 minutes (--quick about 5); run it on a quiet host.
 set -euo pipefail

@@ -1,6 +1,6 @@
 // tests/dist/mpi_main.cpp: the Catch2 runner of the MPI test programs (tests/dist/*.mpi.cpp),
-// inside an MPI session; compiled once, like support/main.cpp. Every rank runs the same cases
-// in the same order (they are collective), and the job fails if any rank's cases failed.
+// between MPI_Init and MPI_Finalize; compiled once, like support/main.cpp. Every rank runs the
+// same cases in the same order (they are collective), and the job fails if any rank's failed.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 

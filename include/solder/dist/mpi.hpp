@@ -1,4 +1,4 @@
-// dist/mpi.hpp: processes training together through MPI (Open MPI): the session, a
+// dist/mpi.hpp: processes training together through MPI (Open MPI): MPI set up and torn down, a
 // communicator, and the fixed-order reduction of gradient buckets (dist/reduction.hpp) as
 // non-blocking collectives that advance while the backward runs.
 #pragma once
