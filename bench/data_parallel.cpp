@@ -4,8 +4,9 @@
 // iteration counts would wait on each other's reductions forever.
 //
 //   mpirun -np 2 solder_bench_data_parallel [--model digits|wide] [--global-batch 512]
-//          [--steps 40] [--reps 7] [--bucket-bytes N]      one line of JSON from rank 0
-//   mpirun -np 2 solder_bench_data_parallel --reduce        the reduction alone, by size
+//          [--steps 40] [--reps 7] [--bucket-bytes N] [--messages]   one line of JSON from rank 0
+//   mpirun -np 2 solder_bench_data_parallel --reduce [--messages]    the reduction alone, by size
+// --messages reduces through MPI's collectives where the ranks could share memory.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -38,6 +39,8 @@ struct settings {
   std::size_t bucket_bytes = dist::data_parallel_options{}.bucket_bytes;
   bool reduce_only = false;
 };
+
+const char* route(const dist::mpi_communicator& comm) { return comm.shared_memory() ? "shared_memory" : "messages"; }
 
 double median(std::vector<double> v) {
   std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
@@ -79,9 +82,9 @@ void run_steps(dist::mpi_communicator& comm, const settings& s) {
   if (comm.rank() == 0) {
     std::size_t floats = 0;
     for (const auto& b : dp.bucket_plan()) floats += b.floats;
-    std::printf("{\"model\": \"%s\", \"ranks\": %d, \"global_batch\": %zu, \"bucket_bytes\": %zu, \"buckets\": %zu, "
-                "\"gradient_floats\": %zu, \"us_per_step\": %.1f, \"wait_share\": %.4f}\n",
-                s.model.c_str(), comm.size(), s.global_batch, s.bucket_bytes, dp.bucket_plan().size(), floats,
+    std::printf("{\"model\": \"%s\", \"ranks\": %d, \"route\": \"%s\", \"global_batch\": %zu, \"bucket_bytes\": %zu, "
+                "\"buckets\": %zu, \"gradient_floats\": %zu, \"us_per_step\": %.1f, \"wait_share\": %.4f}\n",
+                s.model.c_str(), comm.size(), route(comm), s.global_batch, s.bucket_bytes, dp.bucket_plan().size(), floats,
                 median(step_us), median(wait_share));
   }
 }
@@ -109,8 +112,8 @@ void run_reduce(dist::mpi_communicator& comm, const settings& s) {
       us.push_back(1e6 * std::chrono::duration<double>(clock_type::now() - t0).count() / count);
     }
     if (comm.rank() == 0)
-      std::printf("{\"reduce_floats\": %zu, \"ranks\": %d, \"us\": %.1f, \"gb_per_s\": %.3f}\n", n, comm.size(),
-                  median(us), 4.0 * double(n) / median(us) * 1e-3);
+      std::printf("{\"reduce_floats\": %zu, \"ranks\": %d, \"route\": \"%s\", \"us\": %.1f, \"gb_per_s\": %.3f}\n", n,
+                  comm.size(), route(comm), median(us), 4.0 * double(n) / median(us) * 1e-3);
   }
 }
 
@@ -118,7 +121,10 @@ void run_reduce(dist::mpi_communicator& comm, const settings& s) {
 
 int main(int argc, char** argv) {
   dist::mpi_session mpi(&argc, &argv);
-  dist::mpi_communicator comm;
+  // --messages is read first: the communicator's route is chosen when it is made.
+  bool messages = false;
+  for (int i = 1; i < argc; ++i) messages = messages || std::string(argv[i]) == "--messages";
+  dist::mpi_communicator comm(MPI_COMM_WORLD, {.shared_memory = !messages});
   try {
     settings s;
     for (int i = 1; i < argc; ++i) {
@@ -133,6 +139,7 @@ int main(int argc, char** argv) {
       else if (a == "--reps") s.reps = std::stoi(next());
       else if (a == "--bucket-bytes") s.bucket_bytes = std::size_t(std::stoul(next()));
       else if (a == "--reduce") s.reduce_only = true;
+      else if (a == "--messages") continue;  // read above
       else throw solder::error("solder_bench_data_parallel: unknown option " + a);
     }
     if (s.steps < 1 || s.reps < 1) throw solder::error("solder_bench_data_parallel: --steps and --reps must be at least 1");

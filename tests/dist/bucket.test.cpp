@@ -204,3 +204,19 @@ TEST_CASE("dist bucket: NaN and infinities reach their own element of every rank
     CHECK(bit_differences_any_nan(got.data(), ref.data(), n) == 0);
   }
 }
+
+TEST_CASE("dist bucket: the host's owner sum over runs of a chunk gives the body's bits", "[dist][bucket]") {
+  const std::size_t P = GENERATE(1u, 2u, 3u, 5u);
+  const std::size_t n = GENERATE(1u, 255u, 256u, 257u, 1001u);  // around the sum's blocks of 256
+  CAPTURE(P, n);
+  auto b = rank_buckets(n, P);
+  b[P - 1][n / 3] = std::numeric_limits<float>::quiet_NaN();
+  b[0][n - 1] = std::numeric_limits<float>::infinity();
+  const auto w = rank_weights(P);
+  std::vector<const float*> parts;
+  for (const auto& v : b) parts.push_back(v.data());
+  std::vector<float> out(n + 1, -7.0f);
+  weighted_sum_run(parts.data(), w.data(), P, n, out.data());
+  CHECK(bit_differences_any_nan(out.data(), weighted_reference(b, w).data(), n) == 0);
+  CHECK(out[n] == -7.0f);  // nothing past the run is written
+}

@@ -32,6 +32,11 @@ dist::mpi_communicator& world() {
   static dist::mpi_communicator c;
   return c;
 }
+/// The same ranks reducing through messages (all-to-all and all-gather), never shared memory.
+dist::mpi_communicator& by_messages() {
+  static dist::mpi_communicator c(MPI_COMM_WORLD, {.shared_memory = false});
+  return c;
+}
 
 /// The value rank j puts at index i: distinct per rank and index, some negative, exact floats.
 float rank_value(int j, std::size_t i) { return float(int((i * 37 + std::size_t(j) * 101) % 2001) - 1000) / 64.0f; }
@@ -75,8 +80,14 @@ std::vector<float> train(dist::mpi_communicator* comm, std::size_t global, int s
 
 }  // namespace
 
+TEST_CASE("dist: ranks on one machine reduce through shared memory unless told not to", "[dist][mpi]") {
+  CHECK(world().shared_memory() == (world().size() > 1));  // one rank has nothing to share
+  CHECK_FALSE(by_messages().shared_memory());
+}
+
 TEST_CASE("dist: the reduction is the weighted sum in rank order", "[dist][mpi]") {
-  auto& c = world();
+  dist::mpi_communicator& c = *GENERATE(&world(), &by_messages());
+  INFO((c.shared_memory() ? "through shared memory" : "through messages"));
   const int P = c.size();
   for (std::size_t n : {std::size_t(1), std::size_t(3), std::size_t(1000), std::size_t(100001)}) {
     std::vector<double> w(static_cast<std::size_t>(P));
@@ -117,7 +128,8 @@ TEST_CASE("dist: the reduction is the weighted sum in rank order", "[dist][mpi]"
 }
 
 TEST_CASE("dist: a failed status reaches every rank with the lowest failed rank", "[dist][mpi]") {
-  auto& c = world();
+  dist::mpi_communicator& c = *GENERATE(&world(), &by_messages());
+  INFO((c.shared_memory() ? "through shared memory" : "through messages"));
   std::vector<double> w(std::size_t(c.size()), 1.0);
   std::vector<float> data(10, 1.0f);
   const int last = c.size() - 1;
@@ -147,9 +159,11 @@ TEST_CASE("dist: data-parallel training is reproducible and matches one process"
   constexpr int steps = 12;
   const std::vector<float> a = train(&c, global, steps);
   const std::vector<float> b = train(&c, global, steps, 0);  // a bucket per kernel: same bits
+  const std::vector<float> m = train(&by_messages(), global, steps);  // the other route: same bits
   const std::vector<float> one = train(nullptr, global, steps);
   REQUIRE(a.size() == one.size());
   CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(a.data(), m.data(), a.size() * sizeof(float)) == 0);
   // The ranks agree bitwise.
   std::vector<float> mine = a, w0 = a;
   std::vector<double> only_root(std::size_t(c.size()), 0.0);

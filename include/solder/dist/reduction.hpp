@@ -7,6 +7,7 @@
 // data arrives first, so for a fixed world size a step gives the same bits every run.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +42,27 @@ SOLDER_HD inline float weighted_sum_at(const float* parts, std::size_t stride, c
   }
   return float(s);
 }
+
+#if !defined(__CUDA_ARCH__)
+/// weighted_sum_at for len consecutive elements: out[k] = the sum over ranks j in order of
+/// w[j] * parts[j][k], the same fma per rank into a double and one rounding, with the loops
+/// exchanged so that the compiler vectorizes along k. The host's owner sum; the same bits.
+inline void weighted_sum_run(const float* const* parts, const double* w, std::size_t P, std::size_t len, float* out) {
+  constexpr std::size_t block = 256;
+  double acc[block];
+  for (std::size_t at = 0; at < len; at += block) {
+    const std::size_t m = std::min(block, len - at);
+    const float* first = parts[0] + at;
+    for (std::size_t k = 0; k < m; ++k) acc[k] = std::fma(w[0], double(first[k]), 0.0);
+    for (std::size_t j = 1; j < P; ++j) {
+      const float* part = parts[j] + at;
+      const double wj = w[j];
+      for (std::size_t k = 0; k < m; ++k) acc[k] = std::fma(wj, double(part[k]), acc[k]);
+    }
+    for (std::size_t k = 0; k < m; ++k) out[at + k] = float(acc[k]);
+  }
+}
+#endif
 
 /// The status an owner writes into its reduced chunk: 1 + the lowest rank whose status says it
 /// failed, or 0 when none did (exact in a float for any world size below 2^24).
