@@ -43,7 +43,6 @@ SOLDER_HD inline float weighted_sum_at(const float* parts, std::size_t stride, c
   return float(s);
 }
 
-#if !defined(__CUDA_ARCH__)
 /// weighted_sum_at for len consecutive elements: out[k] = the sum over ranks j in order of
 /// w[j] * parts[j][k], the same fma per rank into a double and one rounding, with the loops
 /// exchanged so that the compiler vectorizes along k. The host's owner sum; the same bits.
@@ -62,7 +61,6 @@ inline void weighted_sum_run(const float* const* parts, const double* w, std::si
     for (std::size_t k = 0; k < m; ++k) out[at + k] = float(acc[k]);
   }
 }
-#endif
 
 /// The status an owner writes into its reduced chunk: 1 + the lowest rank whose status says it
 /// failed, or 0 when none did (exact in a float for any world size below 2^24).
