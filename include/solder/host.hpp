@@ -38,6 +38,24 @@ inline std::string trim(std::string s) {
   return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
 }
 
+/// One subleaf of CPUID's deterministic cache parameters (leaf 4 on Intel, 0x8000001D on AMD,
+/// the same layout): the cache's level, whether it holds data (data or unified), and its size
+/// (ways x partitions x line size x sets); type 0 ends the list.
+struct cache_leaf {
+  unsigned type = 0, level = 0;  // type: 0 none, 1 data, 2 instruction, 3 unified
+  std::size_t bytes = 0;
+  constexpr bool holds_data() const { return type == 1 || type == 3; }
+};
+constexpr cache_leaf decode_cache_leaf(unsigned eax, unsigned ebx, unsigned ecx) {
+  cache_leaf c;
+  c.type = eax & 0x1f;
+  c.level = (eax >> 5) & 0x7;
+  if (c.type != 0)
+    c.bytes = std::size_t(((ebx >> 22) & 0x3ff) + 1) * (((ebx >> 12) & 0x3ff) + 1) * ((ebx & 0xfff) + 1) *
+              (std::size_t(ecx) + 1);
+  return c;
+}
+
 inline std::size_t sysconf_bytes([[maybe_unused]] int name) {
 #if defined(__GLIBC__)
   const long v = ::sysconf(name);
@@ -75,6 +93,24 @@ inline host_cpu detect_host() {
       h.avx512f = (b >> 16) & 1;
       h.avx512bw = (b >> 30) & 1;
     }
+    // Cache sizes from the deterministic cache leaves, as the kernel reads them. Not glibc's
+    // sysconf: on AMD, glibc 2.36 takes L3 from the legacy leaf 0x80000006, which a hypervisor
+    // may fill with the whole machine's L3 (320 MiB on a Zen 4 guest whose core complex has 32).
+    unsigned ext_max = 0, cache_leaf_id = 0;
+    __get_cpuid(0x80000000u, &ext_max, &b, &c, &d);
+    if (h.vendor == cpu_vendor::intel && max_leaf >= 4) cache_leaf_id = 4;
+    if (h.vendor == cpu_vendor::amd && ext_max >= 0x8000001Du && __get_cpuid(0x80000001u, &a, &b, &c, &d) &&
+        ((c >> 22) & 1))  // the topology extensions
+      cache_leaf_id = 0x8000001Du;
+    for (unsigned sub = 0; cache_leaf_id != 0 && sub < 16; ++sub) {
+      __cpuid_count(cache_leaf_id, sub, a, b, c, d);
+      const cache_leaf leaf = decode_cache_leaf(a, b, c);
+      if (leaf.type == 0) break;
+      if (!leaf.holds_data()) continue;
+      if (leaf.level == 1) h.l1d_bytes = leaf.bytes;
+      if (leaf.level == 2) h.l2_bytes = leaf.bytes;
+      if (leaf.level == 3) h.l3_bytes = leaf.bytes;
+    }
   }
   unsigned ext = 0;
   if (__get_cpuid(0x80000000u, &ext, &b, &c, &d) && ext >= 0x80000004u) {
@@ -88,10 +124,10 @@ inline host_cpu detect_host() {
   }
 #endif
 #if defined(__GLIBC__)
-  // glibc reads these from CPUID (leaf 4 on Intel, 0x8000001D on AMD).
-  h.l1d_bytes = sysconf_bytes(_SC_LEVEL1_DCACHE_SIZE);
-  h.l2_bytes = sysconf_bytes(_SC_LEVEL2_CACHE_SIZE);
-  h.l3_bytes = sysconf_bytes(_SC_LEVEL3_CACHE_SIZE);
+  // Where CPUID said nothing (another vendor, an old CPU): what glibc reports.
+  if (h.l1d_bytes == 0) h.l1d_bytes = sysconf_bytes(_SC_LEVEL1_DCACHE_SIZE);
+  if (h.l2_bytes == 0) h.l2_bytes = sysconf_bytes(_SC_LEVEL2_CACHE_SIZE);
+  if (h.l3_bytes == 0) h.l3_bytes = sysconf_bytes(_SC_LEVEL3_CACHE_SIZE);
 #endif
   h.logical_cpus = std::thread::hardware_concurrency();
   return h;

@@ -56,6 +56,42 @@ TEST_CASE("host: CPUID's vendor, family, model and name are the kernel's", "[hos
   CHECK(h.l2_bytes % KiB == 0);
 }
 
+TEST_CASE("host: CPUID's cache leaves decoded, with a Zen 4 guest's registers", "[host]") {
+  using solder::detail::decode_cache_leaf;
+  // CPUID 0x8000001D on a 2-vCPU AMD EPYC (Zen 4) guest, subleaves 0-3 (EAX, EBX, ECX).
+  constexpr auto l1d = decode_cache_leaf(0x121, 0x1c0003f, 0x3f);
+  constexpr auto l1i = decode_cache_leaf(0x122, 0x1c0003f, 0x3f);
+  constexpr auto l2 = decode_cache_leaf(0x143, 0x1c0003f, 0x7ff);
+  constexpr auto l3 = decode_cache_leaf(0x4163, 0x3c0003f, 0x7fff);
+  STATIC_REQUIRE((l1d.level == 1 && l1d.holds_data() && l1d.bytes == 32 * KiB));
+  STATIC_REQUIRE((l1i.level == 1 && !l1i.holds_data()));
+  STATIC_REQUIRE((l2.level == 2 && l2.holds_data() && l2.bytes == 1 * MiB));
+  STATIC_REQUIRE((l3.level == 3 && l3.holds_data() && l3.bytes == 32 * MiB));
+  // Leaf 4's layout on Intel is the same: 16 ways of 2048 sets of 64-byte lines, 2 MiB.
+  STATIC_REQUIRE(decode_cache_leaf(0x43, (15u << 22) | 63u, 2047).bytes == 2 * MiB);
+  STATIC_REQUIRE(decode_cache_leaf(0, 0x1c0003f, 0x3f).bytes == 0);  // type 0: the list's end
+}
+
+TEST_CASE("host: the cache sizes are the kernel's (sysfs), where it lists them", "[host]") {
+  const solder::host_cpu& h = solder::this_host();
+  int compared = 0;
+  for (int index = 0; index < 8; ++index) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    std::ifstream level_in(dir + "level"), type_in(dir + "type"), size_in(dir + "size");
+    int level = 0;
+    std::string type, size;
+    if (!(level_in >> level) || !(type_in >> type) || !(size_in >> size)) break;
+    if (type == "Instruction" || size.empty() || size.back() != 'K') continue;
+    const std::size_t bytes = std::stoull(size.substr(0, size.size() - 1)) * KiB;
+    CAPTURE(level, type, size);
+    if (level == 1) CHECK(h.l1d_bytes == bytes);
+    if (level == 2) CHECK(h.l2_bytes == bytes);
+    if (level == 3) CHECK(h.l3_bytes == bytes);
+    ++compared;
+  }
+  if (compared == 0) SUCCEED("no sysfs cache list on this system");
+}
+
 TEST_CASE("tuning: the choices for the hosts solder has met, and for unknown ones", "[host]") {
   // Intel Sapphire/Emerald Rapids: 2 MiB L2, a large mesh L3 that is not worth writing through.
   constexpr auto intel = choose_tuning(cpu_vendor::intel, 2 * MiB, 300 * MiB);
