@@ -68,7 +68,8 @@ inline std::size_t sysconf_bytes([[maybe_unused]] int name) {
 inline host_cpu detect_host() {
   host_cpu h;
 #if defined(__x86_64__) || defined(__i386__)
-  unsigned a = 0, b = 0, c = 0, d = 0;
+  unsigned a = 0, b = 0, c = 0, d = 0, ext_max = 0;
+  __get_cpuid(0x80000000u, &ext_max, &b, &c, &d);  // the highest extended leaf
   if (__get_cpuid(0, &a, &b, &c, &d)) {
     const unsigned max_leaf = a;
     char id[13] = {};
@@ -96,8 +97,7 @@ inline host_cpu detect_host() {
     // Cache sizes from the deterministic cache leaves, as the kernel reads them. Not glibc's
     // sysconf: on AMD, glibc 2.36 takes L3 from the legacy leaf 0x80000006, which a hypervisor
     // may fill with the whole machine's L3 (320 MiB on a Zen 4 guest whose core complex has 32).
-    unsigned ext_max = 0, cache_leaf_id = 0;
-    __get_cpuid(0x80000000u, &ext_max, &b, &c, &d);
+    unsigned cache_leaf_id = 0;
     if (h.vendor == cpu_vendor::intel && max_leaf >= 4) cache_leaf_id = 4;
     if (h.vendor == cpu_vendor::amd && ext_max >= 0x8000001Du && __get_cpuid(0x80000001u, &a, &b, &c, &d) &&
         ((c >> 22) & 1))  // the topology extensions
@@ -112,8 +112,7 @@ inline host_cpu detect_host() {
       if (leaf.level == 3) h.l3_bytes = leaf.bytes;
     }
   }
-  unsigned ext = 0;
-  if (__get_cpuid(0x80000000u, &ext, &b, &c, &d) && ext >= 0x80000004u) {
+  if (ext_max >= 0x80000004u) {
     char brand[49] = {};
     for (unsigned leaf = 0; leaf < 3; ++leaf) {
       unsigned r[4] = {};

@@ -143,6 +143,8 @@ class mpi_communicator {
         parts = std::move(o.parts);
         reduced = std::move(o.reduced);
         gathered = std::move(o.gathered);
+        sources = std::move(o.sources);
+        statuses = std::move(o.statuses);
         win = std::exchange(o.win, MPI_WIN_NULL);
         segments = std::move(o.segments);
         segment_n = o.segment_n;
@@ -174,6 +176,8 @@ class mpi_communicator {
     std::size_t n = 0;
     int failed = -1;  // one rank: its own status
     std::vector<float> send, parts, reduced, gathered;
+    std::vector<const float*> sources;  // the owner's sum: where each rank's copy of the chunk is
+    std::vector<float> statuses;        // each owner's reduced status
     // Shared memory: every rank's segment of the window, the bucket size it was made for, the
     // number of starts so far (the same on every rank) and whether this rank's chunk is summed.
     MPI_Win win = MPI_WIN_NULL;
@@ -213,6 +217,8 @@ class mpi_communicator {
       return;
     }
     r.weights.assign(weights.begin(), weights.end());
+    r.sources.resize(std::size_t(size_));
+    r.statuses.resize(std::size_t(size_));
     if (shared_) {
       start_shared(r, status);
       return;
@@ -332,9 +338,8 @@ class mpi_communicator {
     // sum_body's values by weighted_sum_run (tests/dist checks the bits against reduce_on_host,
     // which runs sum_body itself).
     const std::size_t P = std::size_t(size_), c = chunk_floats(r.n, P), stride = c + 1;
-    std::vector<const float*> parts(P);
-    for (std::size_t j = 0; j < P; ++j) parts[j] = r.parts.data() + j * stride;
-    weighted_sum_run(parts.data(), r.weights.data(), P, c, r.reduced.data());
+    for (std::size_t j = 0; j < P; ++j) r.sources[j] = r.parts.data() + j * stride;
+    weighted_sum_run(r.sources.data(), r.weights.data(), P, c, r.reduced.data());
     r.reduced[c] = reduced_status(r.parts.data(), stride, P, c);
     detail::mpi_check(MPI_Iallgather(r.reduced.data(), int(stride), MPI_FLOAT, r.gathered.data(), int(stride), MPI_FLOAT,
                                      r.comm, &r.request),
@@ -420,15 +425,14 @@ class mpi_communicator {
   void sum_shared(reduction& r) {
     const std::size_t P = std::size_t(size_), c = chunk_floats(r.n, P), first = std::size_t(rank_) * c;
     const std::size_t len = std::min(c, r.n - std::min(r.n, first));
-    std::vector<const float*> parts(P);
     float status = status_ok;
     for (std::size_t j = 0; j < P; ++j) {
       const float* copy = floats(r.segments[j], copy_at);
-      parts[j] = copy + first;
+      r.sources[j] = copy + first;
       if (status == status_ok && copy[r.n] != status_ok) status = float(j + 1);  // reduced_status
     }
     float* sums = floats(r.segments[std::size_t(rank_)], sums_at(r.n));
-    weighted_sum_run(parts.data(), r.weights.data(), P, len, sums);
+    weighted_sum_run(r.sources.data(), r.weights.data(), P, len, sums);
     sums[c] = status;
     counter(r.segments[std::size_t(rank_)], summed_at).store(r.epoch, std::memory_order_release);
     r.summed = true;
@@ -445,10 +449,9 @@ class mpi_communicator {
     walk_chunks(r.pieces, c, stride, [&](float* piece, std::size_t at, std::size_t len) {
       std::memcpy(piece, floats(r.segments[at / stride], sums_at(r.n)) + at % stride, len * sizeof(float));
     });
-    std::vector<float> statuses(P);
-    for (std::size_t j = 0; j < P; ++j) statuses[j] = floats(r.segments[j], sums_at(r.n))[c];
+    for (std::size_t j = 0; j < P; ++j) r.statuses[j] = floats(r.segments[j], sums_at(r.n))[c];
     r.phase = reduction::idle;
-    return failed_rank(statuses.data(), 1, P);
+    return failed_rank(r.statuses.data(), 1, P);
   }
 
   MPI_Comm comm = MPI_COMM_NULL;
