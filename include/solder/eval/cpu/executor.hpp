@@ -1,6 +1,7 @@
 // eval/cpu/executor.hpp: executor<cpu>, the CPU backend as the rest of solder sees it (chosen
-// by tag, backend.hpp): assignment, and the loops and row walks the layers' math from ops/ runs
-// in. Layers, losses and optimizers reach the CPU through these names only.
+// by tag, backend.hpp; its verbs are declared in executor.hpp): assignment, and the loops and
+// row walks the layers' math from ops/ runs in. Layers, losses and optimizers reach the CPU
+// through these names only.
 #pragma once
 
 #include <cstddef>
@@ -11,6 +12,7 @@
 #include "solder/eval/cpu/parallel.hpp"
 #include "solder/eval/cpu/row.hpp"
 #include "solder/eval/cpu/row_writes.hpp"
+#include "solder/executor.hpp"
 #include "solder/expr/write.hpp"
 
 namespace solder {
@@ -18,6 +20,7 @@ namespace solder {
 /// The CPU backend: evaluates into host memory.
 template <>
 struct executor<cpu> {
+  using space = host;
   /// The vector type of float math on this target (xsimd::batch<float, arch>).
   using vec = eval::cpu::vec<float>;
   /// The vector walk of a row of N floats (whole vectors, then a padded tail).
@@ -69,6 +72,25 @@ struct executor<cpu> {
   static void for_each_element(std::size_t n, const F& f) {
     eval::cpu::for_each_element(n, f);
   }
+
+  /// body(row<N>{}, r) for every row r of [0, count) (row<dyn>{body.n} when N is dyn), over
+  /// the threads.
+  template <std::size_t N, class Body>
+  static void rows(std::size_t count, const Body& body) {
+    if constexpr (N == dyn) {
+      const row<dyn> walker(body.n);
+      for_rows(count, body.n, [&](std::size_t r) { body(walker, r); });
+    } else {
+      for_rows(count, N, [&](std::size_t r) { body(row<N>{}, r); });
+    }
+  }
+  /// body.template operator()<V>(i): V = vec at every whole vector of [0, n), float after.
+  template <class Body>
+  static void elements(std::size_t n, const Body& body) {
+    for_each_element(n, body);
+  }
 };
+
+static_assert(Executor<executor<cpu>>, "solder: executor<cpu> must provide every verb executor.hpp declares");
 
 }  // namespace solder

@@ -1,13 +1,20 @@
 // eval/cuda/executor.hpp: executor<cuda>, the CUDA backend as the rest of solder sees it (chosen
-// by tag, backend.hpp): assignments into device tensors run as one fused pass on the calling
-// thread's current stream (solder::current_stream(), set by solder::stream_guard). nvcc only.
+// by tag, backend.hpp; its verbs are declared in executor.hpp): assignments into device tensors
+// run as one fused pass, row and element bodies as warp-per-row and thread-per-element kernels,
+// all on the calling thread's current stream (solder::current_stream(), set by
+// solder::stream_guard). Every call returns before the GPU has finished. nvcc only.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 #include "solder/backend.hpp"
 #include "solder/eval/cuda/kernels.hpp"
+#include "solder/eval/cuda/row.hpp"
+#include "solder/eval/cuda/row_kernels.hpp"
 #include "solder/eval/cuda/stream.hpp"
+#include "solder/executor.hpp"
 #include "solder/expr/write.hpp"
 
 namespace solder {
@@ -15,8 +22,9 @@ namespace solder {
 /// The CUDA backend: evaluates into device memory.
 template <>
 struct executor<cuda> {
-  /// Evaluates several writes in ONE pass over their common shape (see solder::assign_all),
-  /// queued on the current stream: the call returns before the GPU has finished.
+  using space = device;
+
+  /// Evaluates several writes in ONE pass over their common shape (see solder::assign_all).
   template <class W0, class... Ws>
   static void run(const W0& w0, const Ws&... ws) {
     eval::cuda::run_writes(current_stream(), w0, ws...);
@@ -26,6 +34,20 @@ struct executor<cuda> {
   static void assign(const Out& out, const E& e) {
     run(write(out, e));
   }
+
+  /// body(walker, r) for every row r of [0, count): one warp per row (eval::cuda::warp_row).
+  template <std::size_t N, class Body>
+  static void rows(std::size_t count, const Body& body) {
+    eval::cuda::detail::launch_rows(eval::cuda::warp_rows<N, Body>{body}, count, current_stream(), "solder::executor<cuda>::rows");
+  }
+  /// body.template operator()<float>(i) for every i of [0, n): one thread per element.
+  template <class Body>
+  static void elements(std::size_t n, const Body& body) {
+    eval::cuda::detail::launch_elements(eval::cuda::thread_elements<Body>{body}, n, current_stream(),
+                                "solder::executor<cuda>::elements");
+  }
 };
+
+static_assert(Executor<executor<cuda>>, "solder: executor<cuda> must provide every verb executor.hpp declares");
 
 }  // namespace solder

@@ -159,6 +159,30 @@ SOLDER_HD SOLDER_INLINE warp_row<N, Team> make_warp_row(std::size_t n, const Tea
     return warp_row<N, Team>(team);
 }
 
+/// A walker-generic row body (executor's rows<N>: body(walker, r), written once for every
+/// backend) as a warp's row body: row r walked by the team's lanes. body.n is the row length
+/// when N is dyn.
+template <std::size_t N, class Body>
+struct warp_rows {
+  Body body;
+  SOLDER_EXEC_CHECK_OFF
+  template <class Team>
+  SOLDER_HD void operator()(std::size_t r, const Team& team) const {
+    std::size_t n = N;
+    if constexpr (N == dyn) n = body.n;
+    body(make_warp_row<N>(n, team), r);
+  }
+};
+
+/// An element body (executor's elements: body.template operator()<V>(i)) one element per
+/// thread: V is float on the device.
+template <class Body>
+struct thread_elements {
+  Body body;
+  SOLDER_EXEC_CHECK_OFF
+  SOLDER_HD void operator()(std::size_t i) const { body.template operator()<float>(i); }
+};
+
 // The row bodies: what one warp does for one row (or chunk), a function of the row index and
 // the team, so the kernels of row_kernels.hpp and the host tests run the same code. Pointers
 // are the whole arrays; `n` is the row length (used when N is dyn, else equal to N).

@@ -1,0 +1,58 @@
+// executor.hpp: what every backend provides, declared once. A layer, a loss or an optimizer
+// written over a memory space calls executor<backend_of_t<Space>> through these verbs only;
+// eval/cpu/executor.hpp and eval/cuda/executor.hpp implement the same list (each checks itself
+// against the Executor concept below), as every xsimd architecture implements one declared API.
+//
+//   verb                              what it runs
+//   space                             the memory space it evaluates into (host, device)
+//   run(writes...), assign(out, e)    ONE pass over expressions: elementwise maps, reductions,
+//                                     and a matrix product with its epilogue (a contract node)
+//   rows<N>(count, body)              body(walker, r) for every row r of [0, count): rows of N
+//                                     floats (N = dyn: body.n of them), walked by the backend's
+//                                     row walker, which ops/ row ops are written over (docs/ops.md)
+//   elements(n, body)                 body.template operator()<V>(i) covering [0, n) once: V the
+//                                     backend's widest value (a vector on the CPU, float on CUDA)
+//                                     at i, float for the elements a vector cannot take
+//
+// Results never depend on the thread count or the launch shape: rows and elements hand out
+// independent pieces, and a body that reduces does so in an order fixed by its sizes.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+
+#include "solder/backend.hpp"
+#include "solder/config.hpp"
+#include "solder/shape.hpp"
+
+namespace solder {
+
+namespace detail {
+
+/// A row body of the shape rows<N> takes, reading nothing: for the concept's check only.
+struct probe_row_body {
+  std::size_t n = 0;
+  template <class R>
+  SOLDER_HD void operator()(const R&, std::size_t) const {}
+};
+
+/// An element body of the shape elements takes: for the concept's check only.
+struct probe_element_body {
+  template <class V>
+  SOLDER_HD void operator()(std::size_t) const {}
+};
+
+}  // namespace detail
+
+/// E provides every verb of the list above. Checked by each backend's own header, so a verb
+/// one backend lacks is a compile error there and not in the layer that calls it.
+template <class E>
+concept Executor = MemorySpace<typename E::space> &&
+                   std::same_as<E, executor<backend_of_t<typename E::space>>> &&
+                   requires(std::size_t n) {
+                     E::template rows<4>(n, detail::probe_row_body{});
+                     E::template rows<dyn>(n, detail::probe_row_body{});
+                     E::elements(n, detail::probe_element_body{});
+                   };
+
+}  // namespace solder

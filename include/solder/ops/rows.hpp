@@ -1,0 +1,41 @@
+// ops/rows.hpp: a row op over a batch of rows, as a body of the executor's rows<N> verb
+// (executor.hpp): body(walker, r) runs the op on row r with whichever walker the backend hands
+// it (the CPU's vector walk, a CUDA warp), so a layer writes its row loop once for every backend.
+#pragma once
+
+#include <cstddef>
+
+#include "solder/config.hpp"
+
+namespace solder::ops {
+
+/// y_r = Op.forward(x_r) for row r of x, y [rows, n] (n = N, or a run-time length when N is dyn).
+template <class Op, std::size_t N>
+struct rows_forward {
+  const float* x;
+  float* y;
+  std::size_t n = N;
+  SOLDER_EXEC_CHECK_OFF
+  template <class R>
+  SOLDER_HD SOLDER_INLINE void operator()(const R& walker, std::size_t r) const {
+    Op{}.forward(walker, x + r * n, y + r * n);
+  }
+};
+
+/// dx_r = Op.backward(y_r, dy_r) for row r, from the op's output (an op whose trait
+/// output_backward says it differentiates from y alone); all [rows, n].
+template <class Op, std::size_t N>
+struct rows_backward_from_output {
+  static_assert(Op::output_backward, "solder::ops::rows_backward_from_output: this op's backward needs its input, not its output");
+  const float* y;
+  const float* dy;
+  float* dx;
+  std::size_t n = N;
+  SOLDER_EXEC_CHECK_OFF
+  template <class R>
+  SOLDER_HD SOLDER_INLINE void operator()(const R& walker, std::size_t r) const {
+    Op{}.backward(walker, y + r * n, dy + r * n, dx + r * n);
+  }
+};
+
+}  // namespace solder::ops
