@@ -54,7 +54,11 @@ template <class V> SOLDER_HD SOLDER_INLINE V tanh(const V& x) { return vocab<V>:
 template <class V> SOLDER_HD SOLDER_INLINE V erf(const V& x) { return vocab<V>::erf(x); }
 /// erfc(x) = 1 - erf(x), accurate where erf(x) is near -1 (erfc(+inf) = 0, erfc(-inf) = 2).
 template <class V> SOLDER_HD SOLDER_INLINE V erfc(const V& x) { return vocab<V>::erfc(x); }
-/// fma(a, b, c) = a * b + c, rounded once where the target has the instruction.
+/// fma(a, b, c) = a * b + c rounded once, on every target and in host and device code alike
+/// (::fmaf / ::fma: the instruction, or libm's exact emulation where there is none). Where bits
+/// must agree between compilers, write the fma out: nvcc contracts a * b + c into one fma by
+/// default, GCC does in C++ where the target has the instruction (-march with FMA), and a host
+/// without it does not, so an unwritten contraction differs between the device and the CPU.
 template <class V> SOLDER_HD SOLDER_INLINE V fma(const V& a, const V& b, const V& c) { return vocab<V>::fma(a, b, c); }
 template <class V> SOLDER_HD SOLDER_INLINE mask_t<V> isnan(const V& x) { return vocab<V>::isnan(x); }
 template <class V>
@@ -135,7 +139,7 @@ struct vocab<float> {
   SOLDER_HD static float tanh(float x) { return ::tanhf(x); }
   SOLDER_HD static float erf(float x) { return ::erff(x); }
   SOLDER_HD static float erfc(float x) { return ::erfcf(x); }
-  SOLDER_HD static float fma(float a, float b, float c) { return ::fmaf(a, b, c); }
+  SOLDER_HD SOLDER_INLINE static float fma(float a, float b, float c) { return ::fmaf(a, b, c); }
   SOLDER_HD static bool isnan(float x) { return x != x; }
   SOLDER_HD static float select(bool m, float a, float b) { return m ? a : b; }
 };
@@ -154,7 +158,7 @@ struct vocab<double> {
   SOLDER_HD static double tanh(double x) { return ::tanh(x); }
   SOLDER_HD static double erf(double x) { return ::erf(x); }
   SOLDER_HD static double erfc(double x) { return ::erfc(x); }
-  SOLDER_HD static double fma(double a, double b, double c) { return ::fma(a, b, c); }
+  SOLDER_HD SOLDER_INLINE static double fma(double a, double b, double c) { return ::fma(a, b, c); }
   SOLDER_HD static bool isnan(double x) { return x != x; }
   SOLDER_HD static double select(bool m, double a, double b) { return m ? a : b; }
 };

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -200,6 +201,35 @@ TEST_CASE("cuda product: TF32 and BF16 rounding, to nearest (TF32 ties away, BF1
   CHECK(std::isnan(cu::round_tf32(NAN)));
   CHECK(std::isnan(cu::round_bf16(NAN)));
   CHECK(std::isnan(cu::round_bf16(-NAN)));
+}
+
+TEST_CASE("cuda product: TF32 rounding makes every NaN the canonical NaN, never an infinity", "[cuda][product]") {
+  // The tensor cores read a TF32 operand's top 19 bits only. A NaN whose payload lies in the
+  // low 13 bits alone would read as an infinity if the rounding kept it; cvt.rna.tf32.f32
+  // returns the canonical NaN instead. Every NaN of both signs, those payloads first.
+  const auto bits = [](float x) {
+    std::uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    return u;
+  };
+  const auto as_float = [](std::uint32_t u) {
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+  };
+  std::size_t low_payload_bad = 0, other_bad = 0;
+  for (std::uint32_t sign = 0; sign < 2; ++sign)
+    for (std::uint32_t payload = 1; payload < (1u << 23); ++payload) {
+      const float r = cu::round_tf32(as_float(sign << 31 | 0x7F800000u | payload));
+      const std::uint32_t read = bits(r) & 0xFFFFE000u;  // what a tensor core reads
+      const bool ok = bits(r) == cu::tf32_canonical_nan && std::isnan(as_float(read));
+      (payload < (1u << 13) ? low_payload_bad : other_bad) += !ok;
+    }
+  CHECK(low_payload_bad == 0);
+  CHECK(other_bad == 0);
+  CHECK((cu::tf32_canonical_nan & 0x1FFFu) == 0);  // a TF32 value: nothing below its 10 fraction bits
+  CHECK(bits(cu::round_tf32(INFINITY)) == 0x7F800000u);
+  CHECK(bits(cu::round_tf32(-INFINITY)) == 0xFF800000u);
 }
 
 namespace {

@@ -8,11 +8,11 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
 #include "solder/config.hpp"
+#include "solder/simd.hpp"
 
 namespace solder::dist {
 
@@ -34,11 +34,7 @@ SOLDER_HD inline float weighted_sum_at(const float* parts, std::size_t stride, c
                                        std::size_t i) {
   double s = 0.0;
   for (std::size_t j = 0; j < P; ++j) {
-#if defined(__CUDA_ARCH__)
-    s = ::fma(w[j], double(parts[j * stride + i]), s);
-#else
-    s = std::fma(w[j], double(parts[j * stride + i]), s);
-#endif
+    s = simd::fma(w[j], double(parts[j * stride + i]), s);
   }
   return float(s);
 }
@@ -52,11 +48,11 @@ inline void weighted_sum_run(const float* const* parts, const double* w, std::si
   for (std::size_t at = 0; at < len; at += block) {
     const std::size_t m = std::min(block, len - at);
     const float* first = parts[0] + at;
-    for (std::size_t k = 0; k < m; ++k) acc[k] = std::fma(w[0], double(first[k]), 0.0);
+    for (std::size_t k = 0; k < m; ++k) acc[k] = simd::fma(w[0], double(first[k]), 0.0);
     for (std::size_t j = 1; j < P; ++j) {
       const float* part = parts[j] + at;
       const double wj = w[j];
-      for (std::size_t k = 0; k < m; ++k) acc[k] = std::fma(wj, double(part[k]), acc[k]);
+      for (std::size_t k = 0; k < m; ++k) acc[k] = simd::fma(wj, double(part[k]), acc[k]);
     }
     for (std::size_t k = 0; k < m; ++k) out[at + k] = float(acc[k]);
   }

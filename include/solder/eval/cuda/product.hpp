@@ -30,17 +30,9 @@
 #include "solder/expr/operand.hpp"
 #include "solder/expr/write.hpp"
 #include "solder/random/sketch.hpp"
+#include "solder/simd.hpp"
 
 namespace solder::eval::cuda {
-
-/// a * b + c rounded once: the same instruction on the device and the host.
-SOLDER_HD SOLDER_INLINE float fused_multiply_add(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-  return fmaf(a, b, c);
-#else
-  return std::fma(a, b, c);
-#endif
-}
 
 SOLDER_HD SOLDER_INLINE std::uint32_t float_bits(float x) {
 #if defined(__CUDA_ARCH__)
@@ -61,11 +53,18 @@ SOLDER_HD SOLDER_INLINE float bits_float(std::uint32_t u) {
 #endif
 }
 
+/// The NaN round_tf32 gives for every NaN: PTX's canonical NaN 0x7FFFFFFF (what cvt.rna.tf32.f32
+/// returns for a NaN) as the tensor cores read it, its low 13 bits dropped.
+inline constexpr std::uint32_t tf32_canonical_nan = 0x7FFFE000u;
+
 /// x rounded to TF32 (10 fraction bits), to nearest with ties away from zero, as the
-/// tensor cores' cvt.rna.tf32.f32; NaN and infinities unchanged. Integer arithmetic, so the
-/// device and the host round alike.
+/// tensor cores' cvt.rna.tf32.f32: the low 13 bits are zero in every result. Infinities stay;
+/// every NaN becomes tf32_canonical_nan, as cvt.rna canonicalizes it: a NaN whose payload lies
+/// only in the low 13 bits would otherwise read as an infinity once they are dropped. Integer
+/// arithmetic, so the device and the host round alike.
 SOLDER_HD SOLDER_INLINE float round_tf32(float x) {
   const std::uint32_t u = float_bits(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return bits_float(tf32_canonical_nan);
   if ((u & 0x7F800000u) == 0x7F800000u) return x;
   return bits_float((u + 0x1000u) & 0xFFFFE000u);
 }
@@ -131,7 +130,7 @@ struct product_tiling {
       SOLDER_UNROLL
       for (unsigned i = 0; i < TM; ++i)
         SOLDER_UNROLL
-        for (unsigned j = 0; j < TN; ++j) acc.v[i][j] = fused_multiply_add(av[i], bv[j], acc.v[i][j]);
+        for (unsigned j = 0; j < TN; ++j) acc.v[i][j] = simd::fma(av[i], bv[j], acc.v[i][j]);
     }
   }
   /// f(row, col, value) for each of thread t's accumulators, at its coordinates in the tile.
