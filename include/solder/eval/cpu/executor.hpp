@@ -9,6 +9,7 @@
 #include "solder/backend.hpp"
 #include "solder/eval/cpu/assign.hpp"
 #include "solder/eval/cpu/chunking.hpp"
+#include "solder/eval/cpu/conv2d.hpp"
 #include "solder/eval/cpu/parallel.hpp"
 #include "solder/eval/cpu/row.hpp"
 #include "solder/eval/cpu/row_writes.hpp"
@@ -50,6 +51,13 @@ struct executor<cpu> {
   static auto row_writes(std::size_t batch, const Ws&... ws) {
     return eval::cpu::make_row_writes<S>(batch, ws...);
   }
+
+  /// A convolution layer's work (Spec: ops::conv2d_spec, eval/cpu/conv2d.hpp): an object the
+  /// layer keeps (it holds the weights packed for a frozen model) whose forward<G>,
+  /// forward_layouts<G> and backward<G> run the layer on images of geometry G
+  /// (ops::conv2d_geometry), and pack_weights / weights_changed.
+  template <class Spec>
+  using conv2d = eval::cpu::conv2d<Spec>;
 
   /// f(r) for every row r of [0, rows) (rows of row_elements elements), over the threads.
   template <class F>
