@@ -86,8 +86,8 @@ void check_pool(Layer& layer, std::size_t K, std::size_t S, std::size_t P, bool 
   x.data()[5] = NAN;  // a NaN wins its max window, as torch
   layer.forward(x, y_cpu);
   layer.backward(x, y_cpu, dy, dx_cpu);
-  const nn::pool2d::geometry g{nn::pool2d::index(C), nn::pool2d::index(H), nn::pool2d::index(W), nn::pool2d::index(Ho),
-                               nn::pool2d::index(Wo), nn::pool2d::index(K), nn::pool2d::index(S), nn::pool2d::index(P)};
+  using I = ops::pool2d::index;
+  const ops::pool2d::geometry g{I(C), I(H), I(W), I(Ho), I(Wo), I(K), I(S), I(P)};
   std::vector<std::int32_t> argmax(y.size());
   const cu::pool_forward_body<Kind> fwd{x.data(), y.data(), argmax.data(), g, count_include_pad};
   for (std::size_t k = 0; k < y.size(); ++k) fwd(k);

@@ -1,23 +1,23 @@
 // eval/cuda/pool.hpp: max, average and adaptive average pooling over NCHW images on the CUDA
 // backend, one thread per output element forward and per input element backward (a gather
-// over the windows that hold it: no atomics): the CPU layers' per-element bodies of
-// nn/pool.hpp as functions of a flat index. Host+device code without CUDA headers; the host
-// suite runs them over every index, eval/cuda/image_kernels.hpp launches them.
+// over the windows that hold it: no atomics): the per-element bodies of ops/pool.hpp, which the
+// CPU layers run too, as functions of a flat index. Host+device code without CUDA headers; the
+// host suite runs them over every index, eval/cuda/image_kernels.hpp launches them.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 #include "solder/config.hpp"
-#include "solder/nn/pool.hpp"
+#include "solder/ops/pool.hpp"
 
 namespace solder::eval::cuda {
 
 /// The coordinates (n, c, i, j) of flat index k of [batch, C, rows, cols].
 struct plane_index {
-  nn::pool2d::index n, c, i, j;
-  SOLDER_HD plane_index(std::size_t k, nn::pool2d::index channels, nn::pool2d::index rows, nn::pool2d::index cols) {
-    const auto q = nn::pool2d::index(k);
+  ops::pool2d::index n, c, i, j;
+  SOLDER_HD plane_index(std::size_t k, ops::pool2d::index channels, ops::pool2d::index rows, ops::pool2d::index cols) {
+    const auto q = ops::pool2d::index(k);
     j = q % cols;
     i = (q / cols) % rows;
     c = (q / (cols * rows)) % channels;
@@ -33,16 +33,16 @@ struct pool_forward_body {
   const float* x;
   float* y;
   std::int32_t* argmax;  // max only
-  nn::pool2d::geometry g;
+  ops::pool2d::geometry g;
   bool count_include_pad;  // avg only
   SOLDER_HD void operator()(std::size_t k) const {
     const plane_index p(k, g.channels, g.ho, g.wo);
     if constexpr (Kind == pool_kind::max)
-      nn::pool2d::max_forward_at(x, y, argmax, g, p.n, p.c, p.i, p.j);
+      ops::pool2d::max_forward_at(x, y, argmax, g, p.n, p.c, p.i, p.j);
     else if constexpr (Kind == pool_kind::avg)
-      nn::pool2d::avg_forward_at(x, y, g, count_include_pad, p.n, p.c, p.i, p.j);
+      ops::pool2d::avg_forward_at(x, y, g, count_include_pad, p.n, p.c, p.i, p.j);
     else
-      nn::pool2d::adaptive_avg_forward_at(x, y, g, p.n, p.c, p.i, p.j);
+      ops::pool2d::adaptive_avg_forward_at(x, y, g, p.n, p.c, p.i, p.j);
   }
 };
 
@@ -53,16 +53,16 @@ struct pool_backward_body {
   const float* dy;
   const std::int32_t* argmax;  // max only
   float* dx;
-  nn::pool2d::geometry g;
+  ops::pool2d::geometry g;
   bool count_include_pad;  // avg only
   SOLDER_HD void operator()(std::size_t k) const {
     const plane_index p(k, g.channels, g.h, g.w);
     if constexpr (Kind == pool_kind::max)
-      nn::pool2d::max_backward_at(dy, argmax, dx, g, p.n, p.c, p.i, p.j);
+      ops::pool2d::max_backward_at(dy, argmax, dx, g, p.n, p.c, p.i, p.j);
     else if constexpr (Kind == pool_kind::avg)
-      nn::pool2d::avg_backward_at(dy, dx, g, count_include_pad, p.n, p.c, p.i, p.j);
+      ops::pool2d::avg_backward_at(dy, dx, g, count_include_pad, p.n, p.c, p.i, p.j);
     else
-      nn::pool2d::adaptive_avg_backward_at(dy, dx, g, p.n, p.c, p.i, p.j);
+      ops::pool2d::adaptive_avg_backward_at(dy, dx, g, p.n, p.c, p.i, p.j);
   }
 };
 
