@@ -1,5 +1,6 @@
-// ops/optimizer.hpp: the per-element math of training: the SGD, Adam and AdamW updates, the
-// gradient-clipping scale and the gradient-accumulation fold, written once for every value type.
+// ops/optimizer.hpp: the math of training, written once for every value type and backend: the
+// SGD, Adam and AdamW hyperparameters (torch's names, defaults and checks) and per-element
+// updates, gradient clipping's sum of squares and scale, and the gradient-accumulation fold.
 //
 // Each is a functor whose members are its hyperparameters (or the per-step scalars derived from
 // them) and whose `operator()` updates one element, or one vector of elements, held in
@@ -10,12 +11,96 @@
 
 #include <math.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "solder/config.hpp"
 #include "solder/simd.hpp"
 
 namespace solder::ops {
+
+/// torch.optim.SGD's hyperparameters, with its names and defaults (lr has none): what
+/// optim::sgd takes and the CUDA backend's train steps are given.
+struct sgd_options {
+  /// The optimizer named in messages.
+  static constexpr const char* name = "solder::optim::sgd";
+
+  float lr;
+  float momentum = 0.0f;
+  float dampening = 0.0f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+
+  /// Calls f(name, field) for every hyperparameter, in declaration order, with the names of
+  /// torch's param_groups; o is an sgd_options or a const one (checkpoints write them so).
+  template <class O, class F>
+  static void for_each_field(O& o, F&& f) {
+    f("lr", o.lr);
+    f("momentum", o.momentum);
+    f("dampening", o.dampening);
+    f("weight_decay", o.weight_decay);
+    f("nesterov", o.nesterov);
+  }
+
+  /// Throws solder::error for a learning rate torch refuses (negative or NaN).
+  static void check_lr(float lr) {
+    if (!(lr >= 0.0f)) solder::detail::fail(std::string(name) + ": lr must be >= 0, got " + std::to_string(lr));
+  }
+  /// Throws solder::error, naming the option, for settings torch refuses (Nesterov momentum
+  /// needs momentum > 0 and zero dampening).
+  static void check(const sgd_options& opt) {
+    check_lr(opt.lr);
+    if (!(opt.momentum >= 0.0f))
+      solder::detail::fail(std::string(name) + ": momentum must be >= 0, got " + std::to_string(opt.momentum));
+    if (!(opt.weight_decay >= 0.0f))
+      solder::detail::fail(std::string(name) + ": weight_decay must be >= 0, got " + std::to_string(opt.weight_decay));
+    if (!(opt.dampening == opt.dampening)) solder::detail::fail(std::string(name) + ": dampening is NaN");
+    if (opt.nesterov && (opt.momentum <= 0.0f || opt.dampening != 0.0f))
+      solder::detail::fail(std::string(name) + ": Nesterov momentum requires momentum > 0 and dampening = 0");
+  }
+};
+
+/// torch.optim.Adam's (Decoupled = false) and torch.optim.AdamW's hyperparameters, with their
+/// names and defaults (AdamW decays by 1e-2 by default; betas as beta1, beta2).
+template <bool Decoupled>
+struct adam_options {
+  /// The optimizer named in messages.
+  static constexpr const char* name = Decoupled ? "solder::optim::adamw" : "solder::optim::adam";
+
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = Decoupled ? 1e-2f : 0.0f;
+
+  /// Calls f(name, field) for every hyperparameter, in declaration order, with the names of
+  /// torch's param_groups (its betas as beta1, beta2); o is an adam_options or a const one.
+  template <class O, class F>
+  static void for_each_field(O& o, F&& f) {
+    f("lr", o.lr);
+    f("beta1", o.beta1);
+    f("beta2", o.beta2);
+    f("eps", o.eps);
+    f("weight_decay", o.weight_decay);
+  }
+
+  /// Throws solder::error for a learning rate torch refuses (negative or NaN).
+  static void check_lr(float lr) {
+    if (!(lr >= 0.0f)) solder::detail::fail(std::string(name) + ": lr must be >= 0, got " + std::to_string(lr));
+  }
+  /// Throws solder::error, naming the option, for settings torch refuses.
+  static void check(const adam_options& opt) {
+    check_lr(opt.lr);
+    if (!(opt.beta1 >= 0.0f && opt.beta1 < 1.0f))
+      solder::detail::fail(std::string(name) + ": beta1 must be in [0, 1), got " + std::to_string(opt.beta1));
+    if (!(opt.beta2 >= 0.0f && opt.beta2 < 1.0f))
+      solder::detail::fail(std::string(name) + ": beta2 must be in [0, 1), got " + std::to_string(opt.beta2));
+    if (!(opt.eps >= 0.0f)) solder::detail::fail(std::string(name) + ": eps must be >= 0, got " + std::to_string(opt.eps));
+    if (!(opt.weight_decay >= 0.0f))
+      solder::detail::fail(std::string(name) + ": weight_decay must be >= 0, got " + std::to_string(opt.weight_decay));
+  }
+};
 
 /// torch.optim.SGD, one element (w the weight, g its gradient, b its momentum buffer):
 ///   g = g + weight_decay w
@@ -105,6 +190,33 @@ struct adam_update {
     v = v * V(beta2) + V(one_minus_beta2) * g * g;
     const V denom = simd::sqrt(v) / V(bias2_sqrt) + V(eps);
     w = w - V(step_size) * (m / denom);
+  }
+};
+
+/// The sum of squares sum x_i^2 of n floats that gradient-norm clipping takes the root of, in
+/// double, cut into blocks of `block` elements: a block sums with four interleaved accumulators
+/// (independent additions keep the adder busy), and the backend adds the block sums in an order
+/// fixed by n, so the bits do not depend on threads. Squares of floats are exact in double; a NaN
+/// or infinity in x makes the sum NaN or infinite.
+struct square_sum {
+  static constexpr std::size_t block = 1024;
+
+  /// Blocks of n elements: ceil(n / block).
+  SOLDER_HD static constexpr std::size_t blocks(std::size_t n) { return (n + block - 1) / block; }
+  /// The sum of x_i^2 over block b of x[0, n): (a0 + a1) + (a2 + a3), where a_k sums the
+  /// elements k, k + 4, ... of the block's whole groups of four, and a0 also its last few.
+  SOLDER_HD static double of_block(const float* x, std::size_t n, std::size_t b) {
+    const std::size_t begin = b * block, end = n < begin + block ? n : begin + block;
+    double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    std::size_t i = begin;
+    for (; i + 4 <= end; i += 4) {
+      a0 += double(x[i]) * x[i];
+      a1 += double(x[i + 1]) * x[i + 1];
+      a2 += double(x[i + 2]) * x[i + 2];
+      a3 += double(x[i + 3]) * x[i + 3];
+    }
+    for (; i < end; ++i) a0 += double(x[i]) * x[i];
+    return (a0 + a1) + (a2 + a3);
   }
 };
 

@@ -25,30 +25,13 @@ namespace solder::optim {
 template <bool Decoupled>
 class basic_adam {
  public:
-  static constexpr const char* name = Decoupled ? "solder::optim::adamw" : "solder::optim::adam";
+  static constexpr const char* name = ops::adam_options<Decoupled>::name;
   /// What checkpoints call this optimizer.
   static constexpr std::string_view kind = Decoupled ? "adamw" : "adam";
 
-  /// The hyperparameters, with PyTorch's names and defaults (AdamW decays by 1e-2 by default).
-  struct options {
-    float lr = 1e-3f;
-    float beta1 = 0.9f;
-    float beta2 = 0.999f;
-    float eps = 1e-8f;
-    float weight_decay = Decoupled ? 1e-2f : 0.0f;
-
-    /// Calls f(name, field) for every hyperparameter, in declaration order, with the names of
-    /// torch's param_groups (its betas as beta1, beta2); o is an options or a const options
-    /// (checkpoints write them so).
-    template <class O, class F>
-    static void for_each_field(O& o, F&& f) {
-      f("lr", o.lr);
-      f("beta1", o.beta1);
-      f("beta2", o.beta2);
-      f("eps", o.eps);
-      f("weight_decay", o.weight_decay);
-    }
-  };
+  /// The hyperparameters, with PyTorch's names and defaults (AdamW decays by 1e-2 by default):
+  /// ops/optimizer.hpp's, which the CUDA backend's train steps take too.
+  using options = ops::adam_options<Decoupled>;
 
   /// Allocates m and v (zero) for every parameter, once.
   basic_adam(std::vector<param> params, options opt) : params_(std::move(params)), opt_(opt) {
@@ -58,18 +41,9 @@ class basic_adam {
     v_ = detail::make_state(params_);
   }
 
-  /// Throws solder::error, naming the option, for options PyTorch refuses (also what the CUDA
-  /// backend's generated train steps check).
-  static void check(const options& opt) {
-    check_lr(opt.lr);
-    if (!(opt.beta1 >= 0.0f && opt.beta1 < 1.0f))
-      solder::detail::fail(std::string(name) + ": beta1 must be in [0, 1), got " + std::to_string(opt.beta1));
-    if (!(opt.beta2 >= 0.0f && opt.beta2 < 1.0f))
-      solder::detail::fail(std::string(name) + ": beta2 must be in [0, 1), got " + std::to_string(opt.beta2));
-    if (!(opt.eps >= 0.0f)) solder::detail::fail(std::string(name) + ": eps must be >= 0, got " + std::to_string(opt.eps));
-    if (!(opt.weight_decay >= 0.0f))
-      solder::detail::fail(std::string(name) + ": weight_decay must be >= 0, got " + std::to_string(opt.weight_decay));
-  }
+  /// Throws solder::error, naming the option, for options PyTorch refuses (the CUDA backend's
+  /// generated train steps check the same).
+  static void check(const options& opt) { options::check(opt); }
   explicit basic_adam(std::vector<param> params) : basic_adam(std::move(params), options{}) {}
 
   /// One update of every parameter from its gradient.
@@ -135,9 +109,7 @@ class basic_adam {
   }
 
  private:
-  static void check_lr(float lr) {
-    if (!(lr >= 0.0f)) solder::detail::fail(std::string(name) + ": lr must be >= 0, got " + std::to_string(lr));
-  }
+  static void check_lr(float lr) { options::check_lr(lr); }
   static tensor_ref<const float, shape<dyn>> state_of(const std::vector<tensor<float, shape<dyn>>>& s, std::size_t k) {
     if (k >= s.size())
       solder::detail::fail(std::string(name) + ": parameter index " + std::to_string(k) + " is out of range (" +

@@ -1,7 +1,7 @@
 // optim/optimizer.hpp: what every optimizer shares: the parameter view (`param`), the view of
 // its state (`state_tensor`) and restoring it (`restore_state`), zero_grad, gradient-norm
-// clipping and gradient accumulation over micro-batches. The per-element math lives in
-// ops/optimizer.hpp; it runs here through executor<cpu>'s element loop.
+// clipping and gradient accumulation over micro-batches. The math lives in ops/optimizer.hpp;
+// it runs here through executor<cpu>'s element loop and block sums.
 #pragma once
 
 #include <algorithm>
@@ -114,43 +114,35 @@ inline std::vector<tensor<float, shape<dyn>>> make_state(std::span<const param> 
 }
 
 /// Loads and stores that read the same for a float (the tail) and a vector (the body), so the
-/// loops below call one ops/ functor for both. The loop bodies are forced inline
-/// (SOLDER_INLINE_LAMBDA): with a functor inlined into them they can outgrow GCC's inlining
-/// limit, and a call per vector costs more than the update itself.
+/// loops below call one ops/ functor for both; a vector moves through the CPU backend's row walk
+/// (a row of one vector is one whole step), the one place that knows how it is loaded. The loop
+/// bodies are forced inline (SOLDER_INLINE_LAMBDA): with a functor inlined into them they can
+/// outgrow GCC's inlining limit, and a call per vector costs more than the update itself.
 template <class V>
 SOLDER_INLINE V load(const float* p) {
-  if constexpr (std::is_same_v<V, float>)
+  if constexpr (std::is_same_v<V, float>) {
     return *p;
-  else
-    return V::load_unaligned(p);
+  } else {
+    static_assert(std::is_same_v<V, executor<cpu>::vec>, "solder::optim: loads a float or executor<cpu>'s vector");
+    using walk = executor<cpu>::row<V::size>;
+    V v;
+    walk{}.each([&](auto at) SOLDER_INLINE_LAMBDA { v = walk::load(at, p); });
+    return v;
+  }
 }
 SOLDER_INLINE void store(float* p, float v) { *p = v; }
 template <class V>
 SOLDER_INLINE void store(float* p, const V& v) {
-  v.store_unaligned(p);
+  static_assert(std::is_same_v<V, executor<cpu>::vec>, "solder::optim: stores a float or executor<cpu>'s vector");
+  using walk = executor<cpu>::row<V::size>;
+  walk{}.each([&](auto at) SOLDER_INLINE_LAMBDA { walk::store(at, p, v); });
 }
 
-/// Elements per block of sum_of_squares: a block sums in double with four interleaved
-/// accumulators (independent additions keep the adder busy); the blocks are then added in the
-/// fixed order of executor<cpu>::sum_rows.
-inline constexpr std::size_t square_sum_block = 1024;
-
-/// sum x_i^2 of n floats in double, the same bits for any thread count.
+/// sum x_i^2 of n floats in double (ops::square_sum's blocks, added in the fixed order of
+/// executor<cpu>::sum_rows): the same bits for any thread count.
 inline double sum_of_squares(const float* x, std::size_t n) {
-  const std::size_t blocks = (n + square_sum_block - 1) / square_sum_block;
-  return executor<cpu>::sum_rows(blocks, square_sum_block, [=](std::size_t b) {
-    const std::size_t begin = b * square_sum_block, end = std::min(n, begin + square_sum_block);
-    double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-    std::size_t i = begin;
-    for (; i + 4 <= end; i += 4) {
-      a0 += double(x[i]) * x[i];
-      a1 += double(x[i + 1]) * x[i + 1];
-      a2 += double(x[i + 2]) * x[i + 2];
-      a3 += double(x[i + 3]) * x[i + 3];
-    }
-    for (; i < end; ++i) a0 += double(x[i]) * x[i];
-    return (a0 + a1) + (a2 + a3);
-  });
+  return executor<cpu>::sum_rows(ops::square_sum::blocks(n), ops::square_sum::block,
+                                 [=](std::size_t b) { return ops::square_sum::of_block(x, n, b); });
 }
 
 }  // namespace detail

@@ -25,25 +25,9 @@ class sgd {
   /// What checkpoints call this optimizer.
   static constexpr std::string_view kind = "sgd";
 
-  /// The hyperparameters, with PyTorch's names and defaults (lr has none).
-  struct options {
-    float lr;
-    float momentum = 0.0f;
-    float dampening = 0.0f;
-    float weight_decay = 0.0f;
-    bool nesterov = false;
-
-    /// Calls f(name, field) for every hyperparameter, in declaration order, with the names of
-    /// torch's param_groups; o is an options or a const options (checkpoints write them so).
-    template <class O, class F>
-    static void for_each_field(O& o, F&& f) {
-      f("lr", o.lr);
-      f("momentum", o.momentum);
-      f("dampening", o.dampening);
-      f("weight_decay", o.weight_decay);
-      f("nesterov", o.nesterov);
-    }
-  };
+  /// The hyperparameters, with PyTorch's names and defaults (lr has none): ops/optimizer.hpp's,
+  /// which the CUDA backend's train steps take too.
+  using options = ops::sgd_options;
 
   /// Allocates the momentum buffers (when momentum != 0), once; checks the options as
   /// PyTorch does (Nesterov needs momentum > 0 and zero dampening).
@@ -53,20 +37,9 @@ class sgd {
     if (opt_.momentum != 0.0f) momentum_ = detail::make_state(params_);
   }
 
-  /// Throws solder::error, naming the option, for options PyTorch refuses (also what the CUDA
-  /// backend's generated train steps check).
-  static void check(const options& opt) {
-    constexpr const char* who = "solder::optim::sgd";
-    check_lr(opt.lr);
-    if (!(opt.momentum >= 0.0f))
-      solder::detail::fail(std::string(who) + ": momentum must be >= 0, got " + std::to_string(opt.momentum));
-    if (!(opt.weight_decay >= 0.0f))
-      solder::detail::fail(std::string(who) + ": weight_decay must be >= 0, got " + std::to_string(opt.weight_decay));
-    if (!(opt.dampening == opt.dampening))
-      solder::detail::fail(std::string(who) + ": dampening is NaN");
-    if (opt.nesterov && (opt.momentum <= 0.0f || opt.dampening != 0.0f))
-      solder::detail::fail(std::string(who) + ": Nesterov momentum requires momentum > 0 and dampening = 0");
-  }
+  /// Throws solder::error, naming the option, for options PyTorch refuses (the CUDA backend's
+  /// generated train steps check the same).
+  static void check(const options& opt) { options::check(opt); }
 
   /// One update of every parameter from its gradient.
   void step() {
@@ -142,9 +115,7 @@ class sgd {
   }
 
  private:
-  static void check_lr(float lr) {
-    if (!(lr >= 0.0f)) solder::detail::fail("solder::optim::sgd: lr must be >= 0, got " + std::to_string(lr));
-  }
+  static void check_lr(float lr) { options::check_lr(lr); }
 
   std::vector<param> params_;
   options opt_;

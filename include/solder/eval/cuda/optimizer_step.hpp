@@ -1,7 +1,7 @@
 // eval/cuda/optimizer_step.hpp: one optimizer step over a flat array of parameters on the GPU
-// (nvcc only), as the CPU's optim::sgd, optim::adam and optim::adamw take it: the same checks
-// of the settings, the same per-element functors of ops/optimizer.hpp (update_kernels.hpp), the
-// same step count. What a generated chain's train step calls (generators/solder_gen.hpp).
+// (nvcc only), as the CPU optimizers (torch.optim.SGD, Adam, AdamW) take it: the same checks of
+// the settings and the same per-element functors, both from ops/optimizer.hpp (the updates run
+// by update_kernels.hpp), the same step count. What a generated chain's train step calls.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,8 +13,6 @@
 #include "solder/config.hpp"
 #include "solder/eval/cuda/update_kernels.hpp"
 #include "solder/ops/optimizer.hpp"
-#include "solder/optim/adam.hpp"
-#include "solder/optim/sgd.hpp"
 
 namespace solder::eval::cuda {
 
@@ -38,17 +36,19 @@ struct optimizer_settings {
 inline void check_optimizer(const optimizer_settings& o, const float* state) {
   if (o.steps < 0) solder::detail::fail("solder: optimizer steps must be >= 0, got " + std::to_string(o.steps));
   if (o.kind == optimizer_kind::sgd) {
-    optim::sgd::check({o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov});
+    ops::sgd_options::check({o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov});
     if (o.momentum != 0.0f && !state)
-      solder::detail::fail("solder::optim::sgd: the optimizer state is a null pointer; the momentum buffer lives there");
+      solder::detail::fail(std::string(ops::sgd_options::name) +
+                           ": the optimizer state is a null pointer; the momentum buffer lives there");
     return;
   }
   if (o.kind == optimizer_kind::adam)
-    optim::adam::check({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
+    ops::adam_options<false>::check({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
   else
-    optim::adamw::check({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
+    ops::adam_options<true>::check({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
   if (!state)
-    solder::detail::fail(std::string(o.kind == optimizer_kind::adam ? optim::adam::name : optim::adamw::name) +
+    solder::detail::fail(std::string(o.kind == optimizer_kind::adam ? ops::adam_options<false>::name
+                                                                     : ops::adam_options<true>::name) +
                          ": the optimizer state is a null pointer; m and v live there");
 }
 
