@@ -13,7 +13,6 @@
 // (forward_with), so it costs no pass over memory of its own.
 #pragma once
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -24,6 +23,7 @@
 #include "solder/nn/batch_norm.hpp"
 #include "solder/nn/conv2d.hpp"
 #include "solder/nn/elementwise_block.hpp"
+#include "solder/ops/batch_norm.hpp"
 #include "solder/optim/optimizer.hpp"
 #include "solder/tensor.hpp"
 
@@ -394,16 +394,15 @@ class conv_block {
     }
   }
 
-  /// W' and b' from the convolution, the normalization's parameters and its running statistics,
-  /// in double, rounded once.
+  /// W' and b' from the convolution, the normalization's parameters and its running statistics:
+  /// ops::batch_norm_fold per output channel.
   void fold() {
     constexpr std::size_t per_channel = Conv::fan_in;  // W [Cout, Cin/Groups, Kh, Kw]
     for (std::size_t c = 0; c < Conv::out_channels; ++c) {
-      const double s = double(norm.weight[c]) / std::sqrt(double(norm.running_var[c]) + norm.eps);
+      const ops::batch_norm_fold f(norm.weight[c], norm.bias[c], norm.running_mean[c], norm.running_var[c], norm.eps);
       for (std::size_t i = 0; i < per_channel; ++i)
-        folded.weight.data()[c * per_channel + i] = float(double(conv.weight.data()[c * per_channel + i]) * s);
-      const double b = Conv::has_bias ? double(bias_of(c)) : 0.0;
-      folded.bias[c] = float((b - double(norm.running_mean[c])) * s + double(norm.bias[c]));
+        folded.weight.data()[c * per_channel + i] = f.weight(conv.weight.data()[c * per_channel + i]);
+      folded.bias[c] = f.bias(Conv::has_bias ? double(bias_of(c)) : 0.0);
     }
   }
   float bias_of(std::size_t c) const {

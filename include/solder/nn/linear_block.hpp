@@ -26,7 +26,6 @@
 // evaluation mode is the unfolded form's: what the folded forward did not keep is made again.
 #pragma once
 
-#include <cmath>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -43,6 +42,7 @@
 #include "solder/nn/elementwise_block.hpp"
 #include "solder/nn/linear.hpp"
 #include "solder/nn/product_tail.hpp"
+#include "solder/ops/batch_norm.hpp"
 #include "solder/optim/optimizer.hpp"
 
 namespace solder::nn {
@@ -366,14 +366,14 @@ class linear_block
   }
 
   /// W' (packed) and b' from the linear layer, the normalization's parameters and its running
-  /// statistics, in double, rounded once.
+  /// statistics: ops::batch_norm_fold per output feature.
   void fold() {
     std::vector<float> w(out_features * in_features);  // W' [Out, In], until packed
     for (std::size_t j = 0; j < out_features; ++j) {
-      const double s = double(norm.weight[j]) / std::sqrt(double(norm.running_var[j]) + norm.eps);
+      const ops::batch_norm_fold f(norm.weight[j], norm.bias[j], norm.running_mean[j], norm.running_var[j], norm.eps);
       for (std::size_t i = 0; i < in_features; ++i)
-        w[j * in_features + i] = float(double(linear.weight.data()[j * in_features + i]) * s);
-      folded_bias[j] = float((bias_of(j) - double(norm.running_mean[j])) * s + double(norm.bias[j]));
+        w[j * in_features + i] = f.weight(linear.weight.data()[j * in_features + i]);
+      folded_bias[j] = f.bias(bias_of(j));
     }
     packed->pack(w.data(), in_features);
   }

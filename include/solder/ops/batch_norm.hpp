@@ -2,7 +2,8 @@
 // statistics from shifted sums, the normalize-and-affine forward and the backward, written once
 // over a row walker (ops/softmax.hpp and docs/ops.md, "Row ops"). A walk covers one sample's
 // plane of one channel (a per-channel operand is then a number) or one sample's C channels (an
-// array, one column per channel); the same bodies serve both.
+// array, one column per channel); the same bodies serve both. Also evaluation mode's
+// normalization folded into the linear layer or convolution before it (batch_norm_fold).
 #pragma once
 
 #include <cstddef>
@@ -155,6 +156,25 @@ struct batch_norm {
     r.store(at, a, r.load(at, a) + t[0]);
     r.store(at, b, r.load(at, b) + t[1]);
   }
+};
+
+/// Evaluation mode's normalization folded into the product before it (a linear layer or a
+/// convolution), one output channel with weight gamma, bias beta and running statistics:
+///   s = gamma / sqrt(running_var + eps),  W' = W s,  b' = (b - running_mean) s + beta
+/// in double, each W' and b' rounded once to float (b = 0 where the product has no bias). A NaN
+/// or infinite statistic gives NaN or infinite W' and b' in its channel only.
+struct batch_norm_fold {
+  /// s, in double.
+  double scale;
+  double mean, beta;
+
+  SOLDER_HD SOLDER_INLINE batch_norm_fold(float gamma, float beta, float running_mean, float running_var, double eps)
+      : scale(double(gamma) / simd::sqrt(double(running_var) + eps)), mean(running_mean), beta(beta) {}
+
+  /// W' = W s, one weight of the channel.
+  SOLDER_HD SOLDER_INLINE float weight(float w) const { return float(double(w) * scale); }
+  /// b' = (b - running_mean) s + beta, from the product's bias b (0 without one).
+  SOLDER_HD SOLDER_INLINE float bias(double b) const { return float((b - mean) * scale + beta); }
 };
 
 }  // namespace solder::ops
