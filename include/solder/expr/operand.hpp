@@ -17,7 +17,7 @@
 namespace solder {
 
 /// B' [K, N] packed once into the GEMM's layout (a weight reused by every call); defined by
-/// the backend that packs it (eval/cpu/gemm_packing.hpp).
+/// the backend that packs it (the CPU backend's GEMM packing).
 template <std::size_t N, std::size_t K, bool TransB>
 class packed_matrix;
 
