@@ -68,8 +68,9 @@ struct cases {
       auto d = cu::device_array<float>::allocate(n, solder::current_stream());
       fill_uniform(d.data(), n, seed, lo, hi);
       std::vector<float> h(n);
+      check(cudaMemcpyAsync(h.data(), d.data(), n * sizeof(float), cudaMemcpyDeviceToHost, solder::current_stream()),
+            "cudaMemcpyAsync");
       check(cudaStreamSynchronize(solder::current_stream()), "cudaStreamSynchronize");
-      check(cudaMemcpy(h.data(), d.data(), n * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
       return h;
     };
     const float bound = 1.0f / std::sqrt(float(K));
@@ -86,9 +87,15 @@ struct cases {
       for (std::size_t k = 0; k < K; ++k) wf[c * K + k] = float(double(w[c * K + k]) * s);
       bf[c] = float(f.shift[c]);
     }
-    check(cudaStreamSynchronize(solder::current_stream()), "cudaStreamSynchronize");  // f's memory allocated
-    check(cudaMemcpy(f.w.data(), wf.data(), wf.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
-    check(cudaMemcpy(f.b.data(), bf.data(), bf.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+    // Uploaded on the stream that computes (a non-blocking stream does not wait for the legacy
+    // stream cudaMemcpy uses, and a pageable copy may return before its data has arrived), after
+    // the allocations queued on it; the wait keeps wf and bf alive until the copies have read them.
+    const cudaStream_t stream = solder::current_stream();
+    check(cudaMemcpyAsync(f.w.data(), wf.data(), wf.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(f.b.data(), bf.data(), bf.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     return f;
   }
 
@@ -114,8 +121,9 @@ struct cases {
   template <math Math, input_layout Layout>
   static std::string check_pixels(const folded& f, const set& s, std::size_t n) {
     std::vector<float> x(n * C * H * W);
-    check(cudaStreamSynchronize(solder::current_stream()), "cudaStreamSynchronize");
-    check(cudaMemcpy(x.data(), s.x.data(), x.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    const cudaStream_t stream = solder::current_stream();
+    check(cudaMemcpyAsync(x.data(), s.x.data(), x.size() * sizeof(float), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     const auto at = [&](std::size_t img, std::size_t ci, std::size_t hi, std::size_t wi) {
       return double(Layout == input_layout::nhwc ? x[((img * H + hi) * W + wi) * C + ci] : x[((img * C + ci) * H + hi) * W + wi]);
     };
@@ -125,7 +133,9 @@ struct cases {
       for (std::size_t ho : {std::size_t{0}, Ho / 2, Ho - 1})
         for (std::size_t wo : {std::size_t{0}, Wo / 3, Wo - 1}) {
           const std::size_t pixel = (img * Ho + ho) * Wo + wo;
-          check(cudaMemcpy(row.data(), s.y.data() + pixel * C, C * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+          check(cudaMemcpyAsync(row.data(), s.y.data() + pixel * C, C * sizeof(float), cudaMemcpyDeviceToHost, stream),
+                "cudaMemcpyAsync");
+          check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
           for (std::size_t co = 0; co < C; ++co) {
             double z = 0, magnitude = std::abs(f.shift[co]);
             for (std::size_t ci = 0; ci < C; ++ci)

@@ -118,6 +118,7 @@ void check_softmax() {
   forward(dy_out);
   forward(dy_again);
   cu::row_kernel<<<1, 32, 0, stream>>>(cu::softmax_forward_body<op, N>{dx_in.get(), dy_one_warp.get()}, rows);
+  cu::check(cudaGetLastError(), "softmax_forward_body launch on one warp");
   const std::vector<float> y = dy_out.read();
   what = std::string(name) + " forward, N = " + std::to_string(N);
   expect_same_bits((what + ", a second run").c_str(), y, dy_again.read());

@@ -91,6 +91,87 @@ TEST_CASE("cuda product: x W^T with tails in M, N and K, both tilings, the same 
   CHECK(bit_differences(y_small.data(), y_large.data(), M * N) == 0);
 }
 
+namespace {
+
+/// An fp32 product pass run as product_kernel runs it, block by block of its launch grid
+/// (grid(), tile_of): each block's tile staged, accumulated and finished by its threads.
+/// Returns how many blocks computed each tile, row tile by row tile.
+template <class P>
+std::vector<int> run_on_launch_grid(const P& p) {
+  std::vector<int> blocks(p.grid_rows() * p.grid_cols(), 0);
+  std::vector<float> shared(P::shared_floats);
+  const cu::product_grid g = p.grid();
+  for (std::size_t y = 0; y < g.y; ++y)
+    for (std::size_t x = 0; x < g.x; ++x) {
+      const cu::product_tile tile = P::tile_of(unsigned(x), unsigned(y));
+      ++blocks[tile.by * p.grid_cols() + tile.bx];
+      std::vector<P> threads(P::threads, p);
+      std::vector<typename P::accumulators> acc;
+      for (unsigned t = 0; t < P::threads; ++t) acc.push_back(threads[t].start());
+      for (std::size_t s = 0; s < p.slices(); ++s) {
+        for (unsigned t = 0; t < P::threads; ++t) threads[t].stage(tile.bx, tile.by, t, s, shared.data());
+        for (unsigned t = 0; t < P::threads; ++t) threads[t].accumulate(t, shared.data(), acc[t]);
+      }
+      for (unsigned t = 0; t < P::threads; ++t) threads[t].finish(tile.bx, tile.by, t, acc[t]);
+    }
+  return blocks;
+}
+
+/// How many blocks of p's launch grid fall on each tile, row tile by row tile.
+template <class P>
+std::vector<int> tiles_covered(const P& p) {
+  std::vector<int> blocks(p.grid_rows() * p.grid_cols(), 0);
+  const cu::product_grid g = p.grid();
+  for (std::size_t y = 0; y < g.y; ++y)
+    for (std::size_t x = 0; x < g.x; ++x) {
+      const cu::product_tile tile = P::tile_of(unsigned(x), unsigned(y));
+      if (tile.by < p.grid_rows() && tile.bx < p.grid_cols()) ++blocks[tile.by * p.grid_cols() + tile.bx];
+    }
+  return blocks;
+}
+
+}  // namespace
+
+TEST_CASE("cuda product: more than 65,535 row tiles fit the launch grid, every tile once", "[cuda][product]") {
+  // Row tiles on the grid's x (up to 2^31 - 1 blocks), column tiles on y (up to 65,535): M one
+  // row past 65,536 tiles of 64 rows. No memory is touched: only the grid is computed.
+  constexpr std::size_t N = 150, K = 37;
+  const std::size_t M = 65536 * small_tiles::bm + 1;
+  using S = shape<dyn, N>;
+  const tensor_ref<float, S, device> y(nullptr, M);
+  const auto p = cu::product<small_tiles>(cu::matrix_operand<false>{nullptr, K}, cu::matrix_operand<true>{nullptr, K}, M, K,
+                                          write(y, cu::product_value<S>(M)));
+  const cu::product_grid g = p.grid();
+  CHECK(g.x == 65537);
+  CHECK(g.x <= cu::max_grid_x);
+  CHECK(g.y == 3);
+  CHECK(g.y <= cu::max_grid_y);
+  const std::vector<int> blocks = tiles_covered(p);
+  CHECK(std::count(blocks.begin(), blocks.end(), 1) == std::ptrdiff_t(blocks.size()));
+  // The last row tile holds row M - 1.
+  CHECK((p.grid_rows() - 1) * small_tiles::bm <= M - 1);
+  CHECK(M - 1 < p.grid_rows() * small_tiles::bm);
+}
+
+TEST_CASE("cuda product: run block by block of its launch grid, a product gives the grid emulation's bits",
+          "[cuda][product]") {
+  constexpr std::size_t N = 150, K = 37;
+  const std::size_t M = 200;  // four row tiles of 64, the last a tail
+  tensor<float, shape<dyn, K>> x(M);
+  tensor<float, shape<N, K>> w;
+  test::fill_uniform(x, -1, 1, 13);
+  test::fill_uniform(w, -1, 1, 14);
+  using S = shape<dyn, N>;
+  tensor<float, S> y_grid(M), y_launch(M);
+  const cu::matrix_operand<false> a{x.data(), K};
+  const cu::matrix_operand<true> b{w.data(), K};
+  test::run_product(cu::product<small_tiles>(a, b, M, K, write(dev_out(y_grid), cu::product_value<S>(M))));
+  const std::vector<int> blocks =
+      run_on_launch_grid(cu::product<small_tiles>(a, b, M, K, write(dev_out(y_launch), cu::product_value<S>(M))));
+  CHECK(std::count(blocks.begin(), blocks.end(), 1) == std::ptrdiff_t(blocks.size()));
+  CHECK(bit_differences(y_grid.data(), y_launch.data(), M * N) == 0);
+}
+
 TEST_CASE("cuda product: the bias + ReLU + dropout epilogue equals the product then the CPU's pass, bit for bit",
           "[cuda][product]") {
   constexpr std::size_t N = 200, K = 50;

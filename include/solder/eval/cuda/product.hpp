@@ -454,9 +454,24 @@ struct product_epilogue<write_target<T, S, E, device>> {
 // The product pass
 // ---------------------------------------------------------------------------------------------
 
-/// C [M, N] = A' [M, K] B' [K, N], every element through the epilogue. Grid: ceil(N / bn) x
-/// ceil(M / bm) blocks of Tiling::threads threads; blocks (bx, by) own columns bx * bn and rows
-/// by * bm.
+/// CUDA's limits on a grid's extents: x up to 2^31 - 1 blocks, y (and z) up to 65,535.
+inline constexpr std::size_t max_grid_x = 2147483647, max_grid_y = 65535;
+
+/// A product pass's launch grid, in blocks.
+struct product_grid {
+  std::size_t x, y;
+};
+
+/// The tile of C a block computes: column tile bx (columns bx * bn ..) and row tile by (rows
+/// by * bm ..).
+struct product_tile {
+  unsigned bx, by;
+};
+
+/// C [M, N] = A' [M, K] B' [K, N], every element through the epilogue. Blocks of
+/// Tiling::threads threads; block (bx, by) owns columns bx * bn and rows by * bm. The grid
+/// (grid()) puts the ceil(M / bm) row tiles on x, which CUDA lets reach 2^31 - 1, and the
+/// ceil(N / bn) column tiles (N static, so few) on y: tile_of maps a block's coordinates back.
 template <class Tiling, class A, class B, class W>
 struct product_pass {
   using tiling = Tiling;
@@ -477,6 +492,10 @@ struct product_pass {
   SOLDER_HD std::size_t grid_cols() const { return (N + bn - 1) / bn; }
   SOLDER_HD std::size_t grid_rows() const { return (M + bm - 1) / bm; }
   SOLDER_HD std::size_t slices() const { return (K + bk - 1) / bk; }
+  /// The launch grid: row tiles on x, column tiles on y.
+  SOLDER_HD product_grid grid() const { return {grid_rows(), grid_cols()}; }
+  /// The tile of the block at (x, y) of grid(): what the kernel passes to load and finish.
+  SOLDER_HD static SOLDER_INLINE product_tile tile_of(unsigned x, unsigned y) { return {y, x}; }
 
   /// A thread's share of one slice's panels, held in registers between its loads from global
   /// memory and its stores to shared memory.

@@ -1,6 +1,7 @@
 // eval/cuda/product_kernel.hpp: the CUDA backend's product kernel and its launch (nvcc only):
 // the __global__ template that runs a product pass of eval/cuda/product.hpp, its phases
-// separated by barriers, and run_product, which checks the grid and launches it on a stream.
+// separated by barriers, and run_product, which checks the grid and launches it on a stream
+// (row tiles on the grid's x, column tiles on y: product_pass::grid and tile_of).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "solder/config.hpp"
+#include "solder/eval/cuda/device_flags.hpp"
 #include "solder/eval/cuda/error.hpp"
 #include "solder/eval/cuda/product.hpp"
 
@@ -41,20 +43,21 @@ struct device_warp {
 template <class P>
 __global__ void __launch_bounds__(P::threads) product_kernel(P p) {
   extern __shared__ float panels[];  // two buffers of P::shared_floats
+  const product_tile tile = P::tile_of(blockIdx.x, blockIdx.y);
   auto acc = p.start();
   const std::size_t slices = p.slices();
   typename P::staged r;
-  p.load(blockIdx.x, blockIdx.y, threadIdx.x, 0, r);
+  p.load(tile.bx, tile.by, threadIdx.x, 0, r);
   p.store(threadIdx.x, r, panels);
   __syncthreads();
   for (std::size_t s = 0; s < slices; ++s) {
     const bool more = s + 1 < slices;
-    if (more) p.load(blockIdx.x, blockIdx.y, threadIdx.x, s + 1, r);
+    if (more) p.load(tile.bx, tile.by, threadIdx.x, s + 1, r);
     p.accumulate(threadIdx.x, panels + (s % 2) * P::shared_floats, acc, device_warp{});
     if (more) p.store(threadIdx.x, r, panels + ((s + 1) % 2) * P::shared_floats);
     __syncthreads();
   }
-  p.finish(blockIdx.x, blockIdx.y, threadIdx.x, acc);
+  p.finish(tile.bx, tile.by, threadIdx.x, acc);
 }
 
 /// Launches a product pass on `stream`. Throws solder::error where the grid does not fit
@@ -62,18 +65,26 @@ __global__ void __launch_bounds__(P::threads) product_kernel(P p) {
 template <class P>
 void run_product(cudaStream_t stream, const P& p) {
   if (p.M == 0) return;
-  constexpr std::size_t max_grid_y = 65535;
-  if (p.grid_rows() > max_grid_y)
+  const product_grid g = p.grid();
+  if (g.x > max_grid_x)
     solder::detail::fail("solder::eval::cuda::run_product: " + std::to_string(p.M) + " rows need " +
-                         std::to_string(p.grid_rows()) + " row blocks; CUDA allows " + std::to_string(max_grid_y));
+                         std::to_string(g.x) + " row blocks; CUDA allows " + std::to_string(max_grid_x));
+  if (g.y > max_grid_y)
+    solder::detail::fail("solder::eval::cuda::run_product: " + std::to_string(P::N) + " columns need " +
+                         std::to_string(g.y) + " column blocks; CUDA allows " + std::to_string(max_grid_y));
   constexpr std::size_t bytes = 2 * std::size_t(P::shared_floats) * sizeof(float);
-  // Past 48 KiB a kernel must ask for its dynamic shared memory (once per device and kernel).
+  // Past 48 KiB a kernel must ask for its dynamic shared memory, on every device it runs on
+  // (the attribute is the current device's): once per device and kernel.
   if constexpr (bytes > (std::size_t(48) << 10)) {
-    static const cudaError_t asked =
-        cudaFuncSetAttribute(product_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-    check(asked, "solder::eval::cuda::run_product: raising the product kernel's shared memory");
+    static per_device_flags raised;
+    int device = 0;
+    check(cudaGetDevice(&device), "solder::eval::cuda::run_product: cudaGetDevice");
+    raised.ensure(device, [] {
+      check(cudaFuncSetAttribute(product_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+            "solder::eval::cuda::run_product: raising the product kernel's shared memory");
+    });
   }
-  const dim3 grid(unsigned(p.grid_cols()), unsigned(p.grid_rows()));
+  const dim3 grid(unsigned(g.x), unsigned(g.y));
   product_kernel<P><<<grid, P::threads, bytes, stream>>>(p);
   check(cudaGetLastError(), "solder::eval::cuda::run_product: launching the product kernel");
 }
