@@ -91,13 +91,33 @@ void odd_shapes() {
   yd = dropout(tanh(xd) * bd + exp(xd * 0.25f), 0.5f, rng);
   const auto y = to_host(yd);
   expect(test::ulp_differences(cpu.data(), y.data(), y.size()) == 0, "rows of 10 with broadcasting and transcendentals");
+}
 
-  // The element path: a view one float into its buffer.
-  tensor<float, shape<dyn, 10>, device> big(38);
-  tensor_ref<float, S, device> shifted(big.data() + 1, 37);
-  shifted = dropout(tanh(xd) * bd + exp(xd * 0.25f), 0.5f, rng);
-  tensor<float, S, device> back(37);
-  back = tensor_ref<const float, S, device>(big.data() + 1, 37) * 1.0f;
+/// The vector path (16-byte accesses) and the element path over the same expression: rows of
+/// path_cols (a multiple of 4), so the aligned run takes the vector path; a view one float into
+/// its buffer is not 16-byte aligned and takes the element path (tests/eval/
+/// cuda_elementwise_paths.test.cpp checks on the host that dispatch chooses so).
+void vector_and_element_paths() {
+  constexpr std::size_t C = test::cuda_reference::path_cols, rows = 37;
+  using S = shape<dyn, C>;
+  tensor<float, S> x(rows);
+  tensor<float, shape<C>> b;
+  test::fill_uniform(x, -3, 3, 8);
+  test::fill_uniform(b, -1, 1, 9);
+  tensor<float, S> cpu(rows);
+  test::cuda_reference::paths(x, b, cpu);
+  auto xd = to_device(x);
+  auto bd = to_device(b);
+  tensor<float, S, device> yd(rows);
+  yd = test::cuda_reference::paths_expr(xd, bd);  // fresh allocations are 256-byte aligned: the vector path
+  const auto y = to_host(yd);
+  expect(test::ulp_differences(cpu.data(), y.data(), y.size()) == 0, "the vector path with a broadcast operand");
+
+  tensor<float, S, device> big(rows + 1);
+  tensor_ref<float, S, device> shifted(big.data() + 1, rows);
+  shifted = test::cuda_reference::paths_expr(xd, bd);  // misaligned output: the element path
+  tensor<float, S, device> back(rows);
+  back = tensor_ref<const float, S, device>(big.data() + 1, rows) * 1.0f;
   const auto y2 = to_host(back);
   expect(bitwise(y.data(), y2.data(), y.size()) == 0, "the element path gives the vector path's bits");
 }
@@ -140,6 +160,7 @@ int main() {
     bias_relu_dropout<4096>(300);
     bias_relu_dropout<100>(131);
     odd_shapes();
+    vector_and_element_paths();
     scalar_reduction();
     on_a_stream();
   });

@@ -28,5 +28,9 @@ void odd(const tensor<float, shape<dyn, 10>>& x, const tensor<float, shape<10>>&
   y = dropout(tanh(x) * b + exp(x * 0.25f), 0.5f, rng);
 }
 void drop(const tensor<float, shape<4096>>& x, tensor<float, shape<4096>>& y) { y = dropout(x, 0.5f, rng); }
+void paths(const tensor<float, shape<dyn, path_cols>>& x, const tensor<float, shape<path_cols>>& b,
+           tensor<float, shape<dyn, path_cols>>& y) {
+  y = paths_expr(x, b);
+}
 
 }  // namespace solder::test::cuda_reference
