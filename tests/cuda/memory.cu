@@ -1,6 +1,7 @@
 // tests/cuda/memory.cu: device tensors, streams and copies (solder/device.hpp): round trips
 // host -> device -> host equal bit for bit, device copies, moves, zero fill, the batch check of
-// copy, stream_guard, and tensors on a non-default stream. Exits 77 (ctest's skip code) where no
+// copy, stream_guard, tensors on a non-default stream, and a tensor freed on the stream it was
+// last used on. Exits 77 (ctest's skip code) where no
 // CUDA device is present.
 #include <cuda_runtime.h>
 
@@ -221,6 +222,38 @@ void non_default_stream() {
   EXPECT(cudaDeviceSynchronize() == cudaSuccess);
 }
 
+/// A tensor made on one stream and last used on another is freed on the other, after the first
+/// stream's work (eval::cuda::stream_ledger; its ordering is tested on the host).
+void freed_on_last_stream() {
+  using S = shape<dyn, 1024>;
+  const auto h = patterned<float, S>(64, 9);
+  solder::stream a, b;
+  {
+    solder::stream_guard on_a(a);
+    tensor<float, S, device> d = solder::to_device(h);  // allocated and copied on a
+    EXPECT(d.last_stream() == a.get());
+    a.synchronize();
+    tensor<float, S, device> y(64);
+    {
+      solder::stream_guard on_b(b);
+      solder::copy(d, y);  // reads d (and writes y) on b
+      EXPECT(d.last_stream() == b.get());
+      EXPECT(y.last_stream() == b.get());
+    }
+    // Queued on b behind the copy that reads it; a would not wait for b.
+    d = tensor<float, S, device>(64);
+    b.synchronize();
+    EXPECT(same_bits(solder::to_host(y), h));
+  }
+  // An explicit stream noted by hand: freed there.
+  auto arr = solder::eval::cuda::device_array<float>::allocate(256, a);
+  arr.used_on(b);
+  EXPECT(arr.stream() == b.get());
+  arr = solder::eval::cuda::device_array<float>();
+  EXPECT(cudaDeviceSynchronize() == cudaSuccess);
+  EXPECT(cudaGetLastError() == cudaSuccess);
+}
+
 }  // namespace
 
 int main() {
@@ -231,5 +264,6 @@ int main() {
     zero_filled();
     batch_mismatch();
     non_default_stream();
+    freed_on_last_stream();
   });
 }

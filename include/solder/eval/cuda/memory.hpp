@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "solder/eval/cuda/error.hpp"
+#include "solder/eval/cuda/stream_ledger.hpp"
 
 namespace solder::eval::cuda {
 
@@ -23,8 +24,12 @@ inline void require_device_once() {
 }
 
 /// An owning pointer to n elements of T in device memory, allocated with cudaMallocAsync on a
-/// stream and freed with cudaFreeAsync on the same stream, which must outlive the array.
-/// Movable, not copyable; empty (null, 0 elements) when default-constructed or moved from.
+/// stream and freed with cudaFreeAsync on the stream it was last used on (stream_ledger): its
+/// owner notes each use on a stream with used_on(s) before queuing the work; when the stream
+/// changes, an event recorded on the previous one captures its uses, and the free waits for
+/// those events. Without used_on calls it is freed on the allocation's stream. The stream of
+/// the last use must outlive the array. Movable, not copyable; empty (null, 0 elements) when
+/// default-constructed or moved from.
 template <class T>
 class device_array {
  public:
@@ -50,13 +55,15 @@ class device_array {
   ~device_array() { reset(); }
 
   device_array(device_array&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)), stream_(other.stream_) {}
+      : data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)),
+        ledger_(std::exchange(other.ledger_, ledger_type())) {}
   device_array& operator=(device_array&& other) noexcept {
     if (this != &other) {
       reset();
       data_ = std::exchange(other.data_, nullptr);
       size_ = std::exchange(other.size_, 0);
-      stream_ = other.stream_;
+      ledger_ = std::exchange(other.ledger_, ledger_type());
     }
     return *this;
   }
@@ -65,22 +72,55 @@ class device_array {
 
   T* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
-  /// The stream the memory was allocated on, and will be freed on.
-  cudaStream_t stream() const noexcept { return stream_; }
+  /// The stream the memory will be freed on: the last one a use was noted on (the
+  /// allocation's until then).
+  cudaStream_t stream() const noexcept { return ledger_.last(); }
+
+  /// Notes that work on `s` is about to use the memory: where s is not the stream of the last
+  /// use, an event on that stream captures its queued work, and the free will wait for it.
+  /// Throws cuda_error where the event cannot be made or recorded.
+  void used_on(cudaStream_t s) const {
+    if (!data_ || s == ledger_.last()) return;
+    auto* e = ledger_.use(s);
+    if (e->recorded) {
+      check(cudaEventRecord(e->event, e->stream), "cudaEventRecord (a device buffer's uses on its previous stream)");
+      return;
+    }
+    cudaEvent_t event = nullptr;
+    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    if (const cudaError_t r = cudaEventRecord(event, e->stream); r != cudaSuccess) {
+      (void)cudaEventDestroy(event);
+      check(r, "cudaEventRecord (a device buffer's uses on its previous stream)");
+    }
+    e->event = event;
+    e->recorded = true;
+  }
 
  private:
-  device_array(T* data, std::size_t size, cudaStream_t stream) noexcept : data_(data), size_(size), stream_(stream) {}
+  using ledger_type = stream_ledger<cudaStream_t, cudaEvent_t>;
+
+  device_array(T* data, std::size_t size, cudaStream_t stream) noexcept : data_(data), size_(size), ledger_(stream) {}
 
   void reset() noexcept {
     // Errors are ignored: at process exit the runtime may already be unloaded.
-    if (data_ && cudaFreeAsync(data_, stream_) != cudaSuccess) (void)cudaGetLastError();
+    if (data_) {
+      const cudaStream_t last = ledger_.last();
+      ledger_.for_each_wait([&](const auto& e) {
+        if (cudaStreamWaitEvent(last, e.event, 0) != cudaSuccess) (void)cudaGetLastError();
+      });
+      if (cudaFreeAsync(data_, last) != cudaSuccess) (void)cudaGetLastError();
+      ledger_.for_each_entry([](auto& e) {
+        if (e.recorded && cudaEventDestroy(e.event) != cudaSuccess) (void)cudaGetLastError();
+      });
+    }
     data_ = nullptr;
     size_ = 0;
+    ledger_ = ledger_type();
   }
 
   T* data_ = nullptr;
   std::size_t size_ = 0;
-  cudaStream_t stream_ = nullptr;
+  mutable ledger_type ledger_;  // noting a use changes where the memory is freed, not the memory
 };
 
 }  // namespace solder::eval::cuda

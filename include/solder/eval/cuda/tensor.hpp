@@ -41,8 +41,17 @@ constexpr bool check_device_source() {
 }  // namespace detail
 
 /// An owning tensor of T with shape S in device memory, allocated on the current stream and
-/// freed on that same stream; zero-filled unless constructed with `solder::uninitialized`.
-/// Its elements are read on the host through solder::to_host or solder::copy (copy.hpp).
+/// zero-filled unless constructed with `solder::uninitialized`. Its elements are read on the
+/// host through solder::to_host or solder::copy (copy.hpp).
+///
+/// Streams: taking its memory (data(), ref(), the conversions to tensor_ref) notes a use on the
+/// calling thread's current stream, where solder queues the work that follows. The tensor is
+/// freed on the stream of its last noted use, after waiting for events that capture its uses
+/// on every other stream (eval::cuda::stream_ledger), so a tensor made on one stream and last
+/// used on another is never freed while the other may still read it. That stream must outlive
+/// the tensor. A tensor_ref kept and used later on another stream is not noted: take the
+/// memory again there. Using the tensor on a stream other than the one that wrote it still
+/// needs the usual ordering (an event or a synchronization) between the two.
 template <class T, class S>
 class tensor<T, S, device> {
   static_assert(Shape<S>, "solder::tensor: extents must be >= 1, and `dyn` may only be the leading extent");
@@ -100,10 +109,21 @@ class tensor<T, S, device> {
     return *this;
   }
 
-  /// Device pointers: dereferenced by kernels only.
-  T* data() { return data_.data(); }
-  const T* data() const { return data_.data(); }
+  /// Device pointers: dereferenced by kernels only. Notes a use on the current stream.
+  T* data() {
+    data_.used_on(current_stream());
+    return data_.data();
+  }
+  const T* data() const {
+    data_.used_on(current_stream());
+    return data_.data();
+  }
   std::size_t batch() const { return batch_; }
+  /// Notes a use on stream s, for work queued there with the memory taken under another
+  /// current stream (an operation given an explicit stream).
+  void used_on(cudaStream_t s) const { data_.used_on(s); }
+  /// The stream the tensor will be freed on: that of its last noted use.
+  cudaStream_t last_stream() const noexcept { return data_.stream(); }
   /// Elements held: 0 for a moved-from tensor.
   std::size_t size() const { return data_.size(); }
   static constexpr std::size_t rank() { return S::rank; }
