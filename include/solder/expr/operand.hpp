@@ -73,6 +73,30 @@ struct sign_sketch {
   float scale = 1.0f;
 };
 
+/// One sample's image, C planes [H, W] from `image` (a sample of a batch [N, C, H, W], or one
+/// group's channels of it), read as the column matrix [C Kh Kw, Ho Wo] of a convolution of
+/// geometry G (ops::conv2d_geometry): entry ((c Kh + kh) Kw + kw, ho Wo + wo) =
+/// x[c][ho S + kh D - P][wo S + kw D - P], 0 in the padding (G::im2col_at). Packed from the
+/// image while a product reads it; no column matrix is stored.
+template <class G, std::size_t C, class Space = host>
+struct im2col {
+  static_assert(C >= 1, "solder::im2col: an image has at least one channel");
+  using geometry = G;
+  using space_type = Space;
+  static constexpr std::size_t channels = C;
+  static constexpr std::size_t rows = C * G::taps, cols = G::out_plane;
+  const float* image;
+};
+
+/// im2col<G, C>(x, n, c0): sample n of x [N, C', H, W], channels [c0, c0 + C), as G's columns.
+template <class G, std::size_t C, class T, class S, class Space>
+im2col<G, C, Space> image_columns(tensor_ref<T, S, Space> x, std::size_t n, std::size_t c0 = 0) {
+  static_assert(S::rank == 4 && S::extents[2] == G::height && S::extents[3] == G::width,
+                "solder::image_columns: x must be [batch, C, H, W] with the geometry's H and W");
+  static_assert(C <= S::extents[1], "solder::image_columns: more channels than the image has");
+  return {x.data() + (n * S::extents[1] + c0) * G::in_plane};
+}
+
 /// Two operands side by side (Axis columns: [R, CA + CB]) or one above the other (rows:
 /// [RA + RB, C]).
 template <class A, class B, sketch_stack Axis>
@@ -86,7 +110,7 @@ namespace detail {
 enum class operand_form {
   stored,     // a pointer and a row stride: a tensor, its transpose, a block of columns
   prepacked,  // the backend's packed panels
-  generated,  // packed from a rule: signs, concatenations
+  generated,  // packed from a rule: signs, an image's columns, concatenations
 };
 
 template <class X>
@@ -133,6 +157,14 @@ struct operand_traits<sign_sketch<TR, TC, Terms, Stack, Trans>> {
   static constexpr bool trans = Trans;
   static constexpr operand_form form = operand_form::generated;
   static std::size_t batch(const U&) { return 1; }
+};
+template <class G, std::size_t C, class Space>
+struct operand_traits<im2col<G, C, Space>> {
+  static constexpr std::size_t rank = 2;
+  static constexpr std::size_t rows = im2col<G, C, Space>::rows, cols = im2col<G, C, Space>::cols;
+  static constexpr bool trans = false;
+  static constexpr operand_form form = operand_form::generated;
+  static std::size_t batch(const im2col<G, C, Space>&) { return 1; }
 };
 template <class A, class B, sketch_stack Axis>
 struct operand_traits<operand_concat<A, B, Axis>> {

@@ -4,8 +4,9 @@
 // runs conv_nhwc.hpp's register tiles, its weights packed per call or once for a frozen model;
 // its dW runs conv_weight_grad.hpp's tiles when they fill, and with stride 1 its dx is the
 // tiles' convolution of dy with the kernel turned around. Several groups and pointwise layers
-// run, per sample and group, solder's GEMM over columns packed from the image (im2col, the
-// index map of ops/conv2d.hpp), dx gathered per input element (col2im without atomics).
+// run, per sample and group, solder's GEMM over the image's columns (the im2col operand of
+// expr/operand.hpp, packed from the image by operand_packing.hpp with ops/conv2d.hpp's index
+// map), dx gathered per input element (col2im without atomics).
 // Depthwise layers run a direct loop per plane. docs/convolution.md, "How a convolution runs".
 #pragma once
 
@@ -21,6 +22,7 @@
 #include "solder/eval/cpu/conv_weight_grad.hpp"
 #include "solder/eval/cpu/gemm.hpp"
 #include "solder/eval/cpu/gemm_epilogue.hpp"
+#include "solder/eval/cpu/operand_packing.hpp"
 #include "solder/eval/cpu/parallel.hpp"
 #include "solder/eval/cpu/row_writes.hpp"
 #include "solder/memory.hpp"
@@ -29,29 +31,6 @@
 namespace solder::eval::cpu {
 
 namespace conv_detail {
-
-/// The columns of a convolution's product as an operand of solder's GEMM: packs panels of
-/// col [group_in Kh Kw, Ho Wo] straight from the image x (one group's planes [group_in, H, W])
-/// in the layout gemm_from takes (panel p - p0 at (p - p0) (k1 - k0) nr, row k - k0
-/// at (k - k0) width, zeros past the last column), so no column matrix is ever stored.
-template <class G, std::size_t Kh, std::size_t Kw>
-struct conv2d_columns {
-  static constexpr std::size_t N = G::out_plane;
-  const float* x;
-  void operator()(float* dst, std::size_t p0, std::size_t p1, std::size_t k0, std::size_t k1) const {
-    using L = gemm_detail::b_panels<N>;
-    for (std::size_t p = p0; p < p1; ++p) {
-      const std::size_t n0 = p * L::nr, n1 = std::min(N, n0 + L::nr), width = L::width(p);
-      float* panel = dst + (p - p0) * (k1 - k0) * L::nr;
-      for (std::size_t k = k0; k < k1; ++k) {
-        float* row = panel + (k - k0) * width;
-        const std::size_t ci = k / (Kh * Kw), kh = k / Kw % Kh, kw = k % Kw;
-        G::im2col_span(x + ci * G::in_plane, kh, kw, n0, n1, row);
-        std::fill(row + (n1 - n0), row + width, 0.0f);
-      }
-    }
-  }
-};
 
 /// The GEMM epilogue of forward: C[m][n] = op(acc + bias[m]) (bias per row of C, an output
 /// channel), or op(acc) without a bias; op an activation (ops/activations.hpp) or the identity.
@@ -191,6 +170,10 @@ class conv2d {
   static constexpr std::size_t partial_budget_floats = std::size_t(8) << 20;
   static constexpr std::size_t weight_floats = Cout * fan_in;
 
+  /// One group's planes of a sample as the product's B operand [group_in Kh Kw, Ho Wo].
+  template <class G>
+  using sample_columns = solder::im2col<G, group_in>;
+
   /// One call's tensors (packed: the weights packed once, or null to pack them per call) and
   /// the paths that run on them.
   struct call {
@@ -275,10 +258,10 @@ class conv2d {
         auto epi = conv_detail::conv2d_store_epilogue<Bias, Op>{Bias ? bias + g * group_out : nullptr, yg, N, op};
         if constexpr (columns_are_x)
           gemm<N, K, false, false>(group_out, wg, K, xg, N, epi, threads);
-        else  // the columns packed from the image panel by panel as the product needs them
-          gemm_from<N>(group_out, gemm_detail::static_k<K>{},
-                                  gemm_detail::a_strided<false>{wg, K},
-                                  conv_detail::conv2d_columns<G, Kh, Kw>{xg}, epi, threads);
+        else  // a product over the image's columns (an im2col operand), packed panel by panel
+              // from the image as the product needs them: no column matrix is stored
+          gemm_from<N>(group_out, gemm_detail::static_k<K>{}, gemm_detail::a_strided<false>{wg, K},
+                       b_block_packer<N, sample_columns<G>>{sample_columns<G>{xg}}, epi, threads);
       }
     }
 

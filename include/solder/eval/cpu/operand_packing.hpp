@@ -1,6 +1,7 @@
 // eval/cpu/operand_packing.hpp: the CPU packs every kind of product operand (expr/operand.hpp)
 // into the GEMM's panels: stored blocks are copied (or transposed), sign sketches are generated
-// from Philox on the way, and concatenations pack each part where it lies. Packing is exact, so
+// from Philox on the way, an image's im2col columns are copied from the image (zeros for the
+// padding), and concatenations pack each part where it lies. Packing is exact, so
 // a product of packed values gives the same bits whichever operand form supplied them.
 #pragma once
 
@@ -196,6 +197,16 @@ void pack_block(const sign_sketch<TR, TC, Terms, Stack, Trans>& u, std::size_t k
     for (std::size_t k = k0; k < k1; ++k) operand_detail::sketch_row(u, k, n0, n1, out + (k - k0) * ld, 1);
   }
 }
+/// Rows k of an image's columns: channel k / (Kh Kw), tap (k / Kw % Kh, k % Kw), the output
+/// positions [n0, n1) across output rows (G::im2col_span: the padding's zeros split off, the
+/// inside a strided copy).
+template <class G, std::size_t C, class Space>
+void pack_block(const im2col<G, C, Space>& x, std::size_t k0, std::size_t k1, std::size_t n0, std::size_t n1, float* out,
+                std::size_t ld) {
+  constexpr std::size_t Kh = G::kernel_height, Kw = G::kernel_width;
+  for (std::size_t k = k0; k < k1; ++k)
+    G::im2col_span(x.image + k / (Kh * Kw) * G::in_plane, k / Kw % Kh, k % Kw, n0, n1, out + (k - k0) * ld);
+}
 template <class A, class B, sketch_stack Axis>
 void pack_block(const operand_concat<A, B, Axis>& x, std::size_t k0, std::size_t k1, std::size_t n0, std::size_t n1,
                 float* out, std::size_t ld) {
@@ -305,6 +316,11 @@ gemm_detail::row_lines_walk stored_rows(const column_block<S, C0, C1, Trans>& x,
 template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack, bool Trans>
 gemm_detail::row_lines_walk stored_rows(const sign_sketch<TR, TC, Terms, Stack, Trans>&, std::size_t, std::size_t,
                                         std::size_t, std::size_t) {
+  return {};
+}
+/// An image's columns gather from rows spread over its planes: none named.
+template <class G, std::size_t C, class Space>
+gemm_detail::row_lines_walk stored_rows(const im2col<G, C, Space>&, std::size_t, std::size_t, std::size_t, std::size_t) {
   return {};
 }
 template <class A, class B, sketch_stack Axis>
