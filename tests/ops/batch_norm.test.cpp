@@ -1,7 +1,7 @@
 // tests/ops/batch_norm.test.cpp: ops::batch_norm_fold, evaluation mode's normalization folded
 // into the product before it (what nn::linear_block and nn::conv_block fold with): known values,
-// the formula in double rounded once (bit for bit, on seeded values over wide ranges), a zero
-// bias, and NaN or infinite statistics.
+// the formula in double rounded once, its multiply-add fused (bit for bit, on seeded values over
+// wide ranges; a case where fusing changes the bits), a zero bias, and NaN or infinite statistics.
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -47,8 +47,18 @@ TEST_CASE("ops batch_norm_fold: s, W' and b' in double, rounded once", "[ops][ba
     const double s = double(gamma) / std::sqrt(double(var) + eps);
     CHECK(f.scale == s);
     CHECK(f.weight(w) == float(double(w) * s));
-    CHECK(f.bias(b) == float((b - double(mean)) * s + double(beta)));
+    CHECK(f.bias(b) == float(std::fma(b - double(mean), s, double(beta))));
   }
+}
+
+TEST_CASE("ops batch_norm_fold: b' is one fused multiply-add", "[ops][batch_norm]") {
+  // (b - mean) s = (1 + 2^-30)^2 = 1 + 2^-29 + 2^-60, beta = -(1 + 2^-29): fused, b' = 2^-60;
+  // the product rounded first loses the 2^-60 and gives 0.
+  batch_norm_fold f(1.0f, 0.0f, 0.0f, 1.0f, 0.0);
+  f.scale = 1 + 0x1p-30;
+  f.mean = 0;
+  f.beta = -(1 + 0x1p-29);
+  CHECK(f.bias(1 + 0x1p-30) == 0x1p-60f);
 }
 
 TEST_CASE("ops batch_norm_fold: NaN and infinite statistics", "[ops][batch_norm]") {

@@ -160,9 +160,12 @@ struct batch_norm {
 
 /// Evaluation mode's normalization folded into the product before it (a linear layer or a
 /// convolution), one output channel with weight gamma, bias beta and running statistics:
-///   s = gamma / sqrt(running_var + eps),  W' = W s,  b' = (b - running_mean) s + beta
-/// in double, each W' and b' rounded once to float (b = 0 where the product has no bias). A NaN
-/// or infinite statistic gives NaN or infinite W' and b' in its channel only.
+///   s = gamma / sqrt(running_var + eps),  W' = W s,  b' = fma(b - running_mean, s, beta)
+/// in double, each W' and b' rounded once to float (b = 0 where the product has no bias). The
+/// multiply-add of b' is fused by name, as the host compilers of every build with FMA fuse
+/// (b - mean) s + beta anyway, so the bits do not hang on a compiler's contraction setting and
+/// a device compiler gets the same ones. A NaN or infinite statistic gives NaN or infinite W'
+/// and b' in its channel only.
 struct batch_norm_fold {
   /// s, in double.
   double scale;
@@ -173,8 +176,8 @@ struct batch_norm_fold {
 
   /// W' = W s, one weight of the channel.
   SOLDER_HD SOLDER_INLINE float weight(float w) const { return float(double(w) * scale); }
-  /// b' = (b - running_mean) s + beta, from the product's bias b (0 without one).
-  SOLDER_HD SOLDER_INLINE float bias(double b) const { return float((b - mean) * scale + beta); }
+  /// b' = fma(b - running_mean, s, beta), from the product's bias b (0 without one).
+  SOLDER_HD SOLDER_INLINE float bias(double b) const { return float(simd::fma(b - mean, scale, beta)); }
 };
 
 }  // namespace solder::ops
