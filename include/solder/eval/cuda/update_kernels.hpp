@@ -1,6 +1,6 @@
 // eval/cuda/update_kernels.hpp: the optimizer updates of ops/optimizer.hpp (SGD with and
 // without momentum, Adam and AdamW, gradient clipping and accumulation) over device arrays, one
-// thread per element running the same functor optim/ runs on the CPU, and the fixed-order sum
+// thread per element running the same functor the CPU optimizers run, and the fixed-order sum
 // of squares that clipping's norm needs. nvcc only.
 #pragma once
 
@@ -15,7 +15,7 @@
 
 namespace solder::eval::cuda {
 
-// The element bodies: load, the op, store, as optim/ does per element on the CPU.
+// The element bodies: load, the op, store, as the CPU optimizers do per element.
 
 /// w[i] by ops::sgd_update without momentum.
 struct sgd_body {
