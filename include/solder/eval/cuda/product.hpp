@@ -94,10 +94,69 @@ struct lane_of_warp {
 /// The warp-wide multiplies the fp32 tiling never calls: its team parameter.
 struct no_team {};
 
+// ---------------------------------------------------------------------------------------------
+// Panels: how a slice of A' and B' lies in shared memory
+// ---------------------------------------------------------------------------------------------
+//
+// Shared memory has 32 banks of 4-byte words; a warp's access takes as many passes as the most
+// distinct words any one bank holds among its lanes' addresses (64-bit accesses: per half warp).
+// A panel holds Rows (bm of A', bn of B') by BK values of k, each line padded to ld floats:
+// - k-major (k at k ld, the rows contiguous): where the operand is staged along its rows, so a
+//   warp's stores are consecutive; and for the fp32 tiling always, whose warps read along rows.
+//   Staged along k instead (the operand's k contiguous in memory), a warp stores BK values of k
+//   in each of 32 / BK rows: ld = 32 / BK (mod 32) puts them in distinct banks (odd for BK >= 32).
+//   Tensor-core fragments read 8 rows at 4 k (tf32: ld = 8 mod 32) or at 4 even k, then 4 odd
+//   ones (bf16: 2 ld = 8 mod 32, ld = 4 mod 32).
+// - row-major (row r at r ld, its k contiguous): tensor-core tilings where the operand is staged
+//   along k: a warp stores one row's 32 consecutive k (BK a multiple of 32), and fragments read
+//   8 rows at 4 consecutive k (tf32: ld = 4 mod 32), or at 4 pairs of k as one 64-bit access each
+//   (bf16: ld = 8 mod 32, each half warp's 16 pairs in distinct bank pairs).
+
+/// The smallest n' >= n with n' = residue (mod 32).
+constexpr unsigned padded_to(unsigned n, unsigned residue) { return n + (residue + 32 - n % 32) % 32; }
+
+/// A panel of Rows x BK floats: element (row, k) at at(row, k), k contiguous when RowMajor (else
+/// the rows), lines ld floats apart; `floats` rounded up to a multiple of 4, so that the panel
+/// after it starts 16-byte aligned.
+template <unsigned Rows, unsigned BK, bool RowMajor, unsigned LD>
+struct panel_layout {
+  static constexpr unsigned rows = Rows, bk = BK, ld = LD;
+  static constexpr bool row_major = RowMajor;
+  static constexpr unsigned floats = ((RowMajor ? Rows : BK) * LD + 3) / 4 * 4;
+  SOLDER_HD static SOLDER_INLINE constexpr unsigned at(unsigned row, unsigned k) { return RowMajor ? row * LD + k : k * LD + row; }
+};
+
+/// The layout of a panel of Rows x BK for a tiling of math Math, its operand staged along k
+/// (KStaged: k contiguous in the operand's memory) or along its rows; see above.
+template <unsigned Rows, unsigned BK, product_math Math, bool KStaged>
+struct panel_for {
+  static constexpr bool row_major = KStaged && Math != product_math::fp32;
+  static constexpr unsigned ld = row_major                       ? padded_to(BK, Math == product_math::tf32 ? 4 : 8)
+                                 : Math == product_math::tf32    ? padded_to(Rows, 8)
+                                 : Math == product_math::bf16    ? padded_to(Rows, 4)
+                                 : KStaged                       ? padded_to(Rows, BK >= 32 ? 1 : 32 / BK)
+                                                                 : Rows;
+  using type = panel_layout<Rows, BK, row_major, ld>;
+};
+
+/// The panels of a pass: A' (bm rows) at 0, B' (bn rows) after it.
+template <class LA, class LB>
+struct panels {
+  using a = LA;
+  using b = LB;
+  static constexpr unsigned floats = LA::floats + LB::floats;
+};
+
+/// The panels of a tiling not yet bound to its operands (k-major, unpadded): its constants only.
+template <unsigned BM, unsigned BN, unsigned BK>
+using unbound_panels = panels<panel_layout<BM, BK, false, BM>, panel_layout<BN, BK, false, BN>>;
+
 /// A block's tile of C (BM x BN), the slice of K staged per step (BK), and each thread's
 /// sub-tile (TM x TN): (BM / TM) x (BN / TN) threads, each accumulating with fma in ascending
-/// k, so an element's bits do not depend on the tiling.
-template <unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN>
+/// k, so an element's bits do not depend on the tiling. Thread (ty, tx) holds rows ty TM + i and
+/// columns tx + j (BN / TN): a warp's 16 tx read 16 consecutive floats of B' per k. P: the
+/// panels (a product pass binds them to its operands' layouts, with_panels).
+template <unsigned BM, unsigned BN, unsigned BK, unsigned TM, unsigned TN, class P = unbound_panels<BM, BN, BK>>
 struct product_tiling {
   static_assert(BM % TM == 0 && BN % TN == 0, "solder::eval::cuda::product_tiling: a thread's sub-tile must divide the block's tile");
   static constexpr product_math math = product_math::fp32;
@@ -106,27 +165,34 @@ struct product_tiling {
   static constexpr unsigned threads = (BM / TM) * thread_cols;
   static_assert((BM * BK) % threads == 0 && (BK * BN) % threads == 0,
                 "solder::eval::cuda::product_tiling: every thread must stage the same number of panel elements");
-  /// Shared floats: the A' panel [BK][BM] and the B' panel [BK][BN], k-major.
-  static constexpr unsigned shared_floats = BK * (BM + BN);
+  using panel_types = P;
+  /// Shared floats of one buffer: the A' panel, then the B' panel.
+  static constexpr unsigned shared_floats = P::floats;
+  template <class LA, class LB>
+  using with_panels = product_tiling<BM, BN, BK, TM, TN, panels<LA, LB>>;
 
   struct accumulators {
     float v[TM][TN];
   };
   SOLDER_HD static SOLDER_INLINE float round(float x) { return x; }
 
-  /// Thread t's sub-tile (rows ty * tm .., columns tx * tn ..) accumulates a slice's bk
-  /// products in ascending k.
+  /// Where thread t reads A'(ty TM + i, k) and B'(k, tx + j BN / TN) in a panel buffer.
+  SOLDER_HD static SOLDER_INLINE unsigned a_load_at(unsigned t, unsigned k, unsigned i) {
+    return P::a::at(t / thread_cols * TM + i, k);
+  }
+  SOLDER_HD static SOLDER_INLINE unsigned b_load_at(unsigned t, unsigned k, unsigned j) {
+    return P::a::floats + P::b::at(t % thread_cols + j * thread_cols, k);
+  }
+
+  /// Thread t's sub-tile accumulates a slice's bk products in ascending k.
   template <class Team>
   SOLDER_HD static SOLDER_INLINE void accumulate(unsigned t, const float* shared, accumulators& acc, const Team&) {
-    const unsigned ty = t / thread_cols, tx = t % thread_cols;
-    const float* as = shared;
-    const float* bs = shared + BK * BM;
     for (unsigned k = 0; k < BK; ++k) {
       float av[TM], bv[TN];
       SOLDER_UNROLL
-      for (unsigned i = 0; i < TM; ++i) av[i] = as[k * BM + ty * TM + i];
+      for (unsigned i = 0; i < TM; ++i) av[i] = shared[a_load_at(t, k, i)];
       SOLDER_UNROLL
-      for (unsigned j = 0; j < TN; ++j) bv[j] = bs[k * BN + tx * TN + j];
+      for (unsigned j = 0; j < TN; ++j) bv[j] = shared[b_load_at(t, k, j)];
       SOLDER_UNROLL
       for (unsigned i = 0; i < TM; ++i)
         SOLDER_UNROLL
@@ -140,9 +206,21 @@ struct product_tiling {
     SOLDER_UNROLL
     for (unsigned i = 0; i < TM; ++i)
       SOLDER_UNROLL
-      for (unsigned j = 0; j < TN; ++j) f(ty * TM + i, tx * TN + j, acc.v[i][j]);
+      for (unsigned j = 0; j < TN; ++j) f(ty * TM + i, tx + j * thread_cols, acc.v[i][j]);
   }
 };
+
+/// Two consecutive floats of shared memory, p 8-byte aligned: one 64-bit load on the device.
+SOLDER_HD SOLDER_INLINE void load_pair(const float* p, float& lo, float& hi) {
+#if defined(__CUDA_ARCH__)
+  const float2 v = *reinterpret_cast<const float2*>(p);
+  lo = v.x;
+  hi = v.y;
+#else
+  lo = p[0];
+  hi = p[1];
+#endif
+}
 
 /// A block's tile of C (BM x BN) cut into warp tiles (WM x WN) of 16 x 8 tensor-core
 /// fragments, K staged BK at a time. Math tf32 or bf16: the panels are rounded while staged
@@ -150,8 +228,9 @@ struct product_tiling {
 /// device, an exchange of the 32 lanes' fragments on the host). The fragments follow the PTX
 /// layouts of mma.m16n8k8 (.tf32) and mma.m16n8k16 (.bf16), row.col: lane l holds A at rows
 /// l / 4 (+ 8) and k l % 4 (+ 4) (pairs of k for bf16), B at column l / 4, and C at row l / 4
-/// (+ 8), columns 2 (l % 4) and 2 (l % 4) + 1.
-template <unsigned BM, unsigned BN, unsigned BK, unsigned WM, unsigned WN, product_math Math>
+/// (+ 8), columns 2 (l % 4) and 2 (l % 4) + 1. P: the panels, as product_tiling's.
+template <unsigned BM, unsigned BN, unsigned BK, unsigned WM, unsigned WN, product_math Math,
+          class P = unbound_panels<BM, BN, BK>>
 struct mma_tiling {
   static_assert(Math != product_math::fp32, "solder::eval::cuda::mma_tiling: tensor cores multiply tf32 or bf16");
   static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 8 == 0,
@@ -167,7 +246,13 @@ struct mma_tiling {
   static constexpr unsigned frag_rows = WM / 16, frag_cols = WN / 8;
   static_assert((BM * BK) % threads == 0 && (BK * BN) % threads == 0,
                 "solder::eval::cuda::mma_tiling: every thread must stage the same number of panel elements");
-  static constexpr unsigned shared_floats = BK * (BM + BN);
+  using panel_types = P;
+  static constexpr unsigned shared_floats = P::floats;
+  template <class LA, class LB>
+  using with_panels = mma_tiling<BM, BN, BK, WM, WN, Math, panels<LA, LB>>;
+  /// Whether a lane reads a bf16 word's two k as one 64-bit access (k contiguous in the panel).
+  static constexpr bool a_pairs = Math == product_math::bf16 && P::a::row_major;
+  static constexpr bool b_pairs = Math == product_math::bf16 && P::b::row_major;
 
   struct accumulators {
     float v[frag_rows][frag_cols][4];
@@ -182,24 +267,32 @@ struct mma_tiling {
     std::uint32_t b[frag_cols][2];
   };
 
+  /// Where thread t (lane t % 32 of warp t / 32) reads word r of its A fragment row i at the
+  /// mma step k0: the float of k half h (bf16: 0 the lower k, 1 the upper; tf32: 0).
+  SOLDER_HD static SOLDER_INLINE unsigned a_fragment_at(unsigned t, unsigned k0, unsigned i, unsigned r, unsigned h) {
+    const unsigned w = t / 32, wr = w / warp_cols;
+    const lane_of_warp l(t % 32);
+    const unsigned q = l.index + 4 * (r / 2);
+    return P::a::at(wr * WM + i * 16 + l.group + 8 * (r % 2), Math == product_math::tf32 ? k0 + q : k0 + 2 * q + h);
+  }
+  /// Where thread t reads word r of its B fragment column j at the mma step k0, k half h.
+  SOLDER_HD static SOLDER_INLINE unsigned b_fragment_at(unsigned t, unsigned k0, unsigned j, unsigned r, unsigned h) {
+    const unsigned w = t / 32, wc = w % warp_cols;
+    const lane_of_warp l(t % 32);
+    const unsigned q = l.index + 4 * r;
+    return P::a::floats + P::b::at(wc * WN + j * 8 + l.group, Math == product_math::tf32 ? k0 + q : k0 + 2 * q + h);
+  }
+
   /// Thread t (lane t % 32 of warp t / 32) loads its fragments of the mma step at k0 of the slice.
   SOLDER_HD static SOLDER_INLINE void load(unsigned t, const float* shared, unsigned k0, fragments& f) {
-    const unsigned w = t / 32, wr = w / warp_cols, wc = w % warp_cols;
-    const lane_of_warp l(t % 32);
-    const float* as = shared;
-    const float* bs = shared + BK * BM;
     SOLDER_UNROLL
-    for (unsigned i = 0; i < frag_rows; ++i) {
-      const unsigned row = wr * WM + i * 16 + l.group;
+    for (unsigned i = 0; i < frag_rows; ++i)
       SOLDER_UNROLL
-      for (unsigned r = 0; r < 4; ++r) f.a[i][r] = a_word(as, row + 8 * (r % 2), k0, l.index + 4 * (r / 2));
-    }
+      for (unsigned r = 0; r < 4; ++r) f.a[i][r] = word<a_pairs>(shared, a_fragment_at(t, k0, i, r, 0), a_fragment_at(t, k0, i, r, 1));
     SOLDER_UNROLL
-    for (unsigned j = 0; j < frag_cols; ++j) {
-      const unsigned col = wc * WN + j * 8 + l.group;
+    for (unsigned j = 0; j < frag_cols; ++j)
       SOLDER_UNROLL
-      for (unsigned r = 0; r < 2; ++r) f.b[j][r] = b_word(bs, col, k0, l.index + 4 * r);
-    }
+      for (unsigned r = 0; r < 2; ++r) f.b[j][r] = word<b_pairs>(shared, b_fragment_at(t, k0, j, r, 0), b_fragment_at(t, k0, j, r, 1));
   }
 
   /// Thread t's warp multiplies the slice, mma step by mma step in ascending k: each lane loads
@@ -235,19 +328,20 @@ struct mma_tiling {
   }
 
  private:
-  /// The register word of A at (row, fragment k index q): one tf32, or the bf16 pair of k 2q and
-  /// 2q + 1 (the lower k in the low half).
-  SOLDER_HD static SOLDER_INLINE std::uint32_t a_word(const float* as, unsigned row, unsigned k0, unsigned q) {
-    if constexpr (Math == product_math::tf32)
-      return float_bits(as[(k0 + q) * BM + row]);
-    else
-      return (float_bits(as[(k0 + 2 * q) * BM + row]) >> 16) | (float_bits(as[(k0 + 2 * q + 1) * BM + row]) & 0xFFFF0000u);
-  }
-  SOLDER_HD static SOLDER_INLINE std::uint32_t b_word(const float* bs, unsigned col, unsigned k0, unsigned q) {
-    if constexpr (Math == product_math::tf32)
-      return float_bits(bs[(k0 + q) * BN + col]);
-    else
-      return (float_bits(bs[(k0 + 2 * q) * BN + col]) >> 16) | (float_bits(bs[(k0 + 2 * q + 1) * BN + col]) & 0xFFFF0000u);
+  /// A register word: one tf32 (at lo), or the bf16 pair of the k at lo (the low half) and at hi,
+  /// read as one 64-bit access where Pairs (hi = lo + 1).
+  template <bool Pairs>
+  SOLDER_HD static SOLDER_INLINE std::uint32_t word(const float* shared, unsigned lo, unsigned hi) {
+    if constexpr (Math == product_math::tf32) {
+      return float_bits(shared[lo]);
+    } else {
+      float x, y;
+      if constexpr (Pairs)
+        load_pair(shared + lo, x, y);
+      else
+        x = shared[lo], y = shared[hi];
+      return (float_bits(x) >> 16) | (float_bits(y) & 0xFFFF0000u);
+    }
   }
 };
 
@@ -474,10 +568,16 @@ struct product_tile {
 /// ceil(N / bn) column tiles (N static, so few) on y: tile_of maps a block's coordinates back.
 template <class Tiling, class A, class B, class W>
 struct product_pass {
-  using tiling = Tiling;
+  /// The tiling with its panels laid out for these operands: A' staged along k where its
+  /// columns are contiguous, B' where its rows are not (panel_for).
+  using tiling = typename Tiling::template with_panels<
+      typename panel_for<Tiling::bm, Tiling::bk, Tiling::math, A::cols_contiguous>::type,
+      typename panel_for<Tiling::bn, Tiling::bk, Tiling::math, !B::cols_contiguous>::type>;
+  using panel_a = typename tiling::panel_types::a;
+  using panel_b = typename tiling::panel_types::b;
   static constexpr unsigned bm = Tiling::bm, bn = Tiling::bn, bk = Tiling::bk;
   static constexpr unsigned threads = Tiling::threads;
-  static constexpr unsigned shared_floats = Tiling::shared_floats;
+  static constexpr unsigned shared_floats = tiling::shared_floats;
   using epilogue_type = product_epilogue<W>;
   static constexpr std::size_t N = epilogue_type::cols;
 
@@ -486,7 +586,7 @@ struct product_pass {
   epilogue_type epilogue;
   std::size_t M, K;
 
-  using accumulators = typename Tiling::accumulators;
+  using accumulators = typename tiling::accumulators;
 
   SOLDER_HD SOLDER_INLINE accumulators start() const { return accumulators{}; }
   SOLDER_HD std::size_t grid_cols() const { return (N + bn - 1) / bn; }
@@ -522,14 +622,17 @@ struct product_pass {
       r.b[q] = k0 + k < K && n0 + n < N ? Tiling::round(b.at(k0 + k, n0 + n)) : 0.0f;
     }
   }
-  /// Thread t stores its loaded share into a panel buffer: A' at shared[k * bm + m], B' at
-  /// shared[bk * bm + k * bn + n].
+  /// Where thread t stores element q of its share of A' and of B' in a panel buffer.
+  SOLDER_HD static SOLDER_INLINE unsigned a_store_at(unsigned q, unsigned t) { return panel_a::at(a_row(q, t), a_col(q, t)); }
+  SOLDER_HD static SOLDER_INLINE unsigned b_store_at(unsigned q, unsigned t) {
+    return panel_a::floats + panel_b::at(b_col(q, t), b_row(q, t));
+  }
+  /// Thread t stores its loaded share into a panel buffer.
   SOLDER_HD SOLDER_INLINE void store(unsigned t, const staged& r, float* shared) const {
     SOLDER_UNROLL
-    for (unsigned q = 0; q < a_per; ++q) shared[a_col(q, t) * bm + a_row(q, t)] = r.a[q];
-    float* bs = shared + bk * bm;
+    for (unsigned q = 0; q < a_per; ++q) shared[a_store_at(q, t)] = r.a[q];
     SOLDER_UNROLL
-    for (unsigned q = 0; q < b_per; ++q) bs[b_row(q, t) * bn + b_col(q, t)] = r.b[q];
+    for (unsigned q = 0; q < b_per; ++q) shared[b_store_at(q, t)] = r.b[q];
   }
   /// Phase 1 of slice s: load and store at once.
   SOLDER_HD SOLDER_INLINE void stage(unsigned bx, unsigned by, unsigned t, std::size_t s, float* shared) const {
@@ -542,13 +645,13 @@ struct product_pass {
   /// tensor-core multiplies, unused by the fp32 tiling).
   template <class Team = no_team>
   SOLDER_HD SOLDER_INLINE void accumulate(unsigned t, const float* shared, accumulators& acc, const Team& team = {}) const {
-    Tiling::accumulate(t, shared, acc, team);
+    tiling::accumulate(t, shared, acc, team);
   }
 
   /// Phase 3: thread t stores its elements that lie inside C through the epilogue.
   SOLDER_HD SOLDER_INLINE void finish(unsigned bx, unsigned by, unsigned t, const accumulators& acc) {
     const std::size_t m0 = std::size_t(by) * bm, n0 = std::size_t(bx) * bn;
-    Tiling::for_each(t, acc, [&](unsigned r, unsigned c, float v) {
+    tiling::for_each(t, acc, [&](unsigned r, unsigned c, float v) {
       if (m0 + r < M && n0 + c < N) epilogue.put(m0 + r, n0 + c, v);
     });
   }
