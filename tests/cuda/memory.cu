@@ -232,8 +232,8 @@ void freed_on_last_stream() {
     solder::stream_guard on_a(a);
     tensor<float, S, device> d = solder::to_device(h);  // allocated and copied on a
     EXPECT(d.last_stream() == a.get());
-    a.synchronize();
-    tensor<float, S, device> y(64);
+    tensor<float, S, device> y(64);  // zero-filled on a
+    a.synchronize();                 // d's copy and y's fill done before b reads and writes them
     {
       solder::stream_guard on_b(b);
       solder::copy(d, y);  // reads d (and writes y) on b

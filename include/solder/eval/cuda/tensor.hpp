@@ -51,7 +51,8 @@ constexpr bool check_device_source() {
 /// used on another is never freed while the other may still read it. That stream must outlive
 /// the tensor. A tensor_ref kept and used later on another stream is not noted: take the
 /// memory again there. Using the tensor on a stream other than the one that wrote it still
-/// needs the usual ordering (an event or a synchronization) between the two.
+/// needs the usual ordering (an event or a synchronization) between the two. Noting a use
+/// updates the tensor's record, so two host threads may not take one tensor's memory at once.
 template <class T, class S>
 class tensor<T, S, device> {
   static_assert(Shape<S>, "solder::tensor: extents must be >= 1, and `dyn` may only be the leading extent");
