@@ -69,7 +69,7 @@ void batch_norm() {
 }
 
 template <cu::pool_kind Kind>
-void pooling(const solder::nn::pool2d::geometry& g, bool count_include_pad) {
+void pooling(const solder::ops::pool2d::geometry& g, bool count_include_pad) {
   const std::size_t batch = 4, in = batch * std::size_t(g.channels * g.h * g.w), out = batch * std::size_t(g.channels * g.ho * g.wo);
   std::vector<float> x(in), dy(out), y(out), dx(in);
   std::vector<std::int32_t> argmax(out);
