@@ -4,9 +4,10 @@
 // runs conv_nhwc.hpp's register tiles, its weights packed per call or once for a frozen model;
 // its dW runs conv_weight_grad.hpp's tiles when they fill, and with stride 1 its dx is the
 // tiles' convolution of dy with the kernel turned around. Several groups and pointwise layers
-// run, per sample and group, solder's GEMM over the image's columns (the im2col operand of
-// expr/operand.hpp, packed from the image by operand_packing.hpp with ops/conv2d.hpp's index
-// map), dx gathered per input element (col2im without atomics).
+// run, per sample and group, solder's GEMM over the image's columns (x as stored for a 1 x 1
+// kernel with stride 1 and no padding, else the im2col operand of expr/operand.hpp, packed
+// from the image by operand_packing.hpp with ops/conv2d.hpp's index map), dx gathered per
+// input element (col2im without atomics).
 // Depthwise layers run a direct loop per plane. docs/convolution.md, "How a convolution runs".
 #pragma once
 
