@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "solder/nn/batch_norm.hpp"
+#include "solder/ops/batch_norm.hpp"
 #include "solder/simd.hpp"
 #include "support/data.hpp"
 
@@ -31,12 +32,12 @@ std::uint32_t bits(float x) {
   return u;
 }
 
-/// The CPU's folded bias, as nn::conv_block::fold computes it: in double, rounded once to float.
-/// Opaque to the optimizer, so that it sees run-time values (it folds constants without contracting).
+/// The CPU's folded bias: ops::batch_norm_fold, as nn::conv_block::fold and nn::linear_block
+/// call it. Opaque to the optimizer, so that it sees run-time values (it folds constants without
+/// contracting).
 [[gnu::noipa]] float cpu_folded_bias(float conv_bias, float gamma, float beta, float running_mean, float running_var,
-                                        double eps) {
-  const double s = double(gamma) / solder::simd::sqrt(double(running_var) + eps);
-  return float((double(conv_bias) - double(running_mean)) * s + double(beta));
+                                     double eps) {
+  return solder::ops::batch_norm_fold(gamma, beta, running_mean, running_var, eps).bias(double(conv_bias));
 }
 
 }  // namespace

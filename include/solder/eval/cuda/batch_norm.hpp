@@ -17,7 +17,8 @@ namespace solder::eval::cuda {
 // The per-channel statistics below are promised equal to the CPU layer's bits. Every multiply
 // followed by an add is written as simd::fma: nvcc contracts a * b + c into one fma by default
 // and a host compiler may or may not (GCC does in C++ on a target with FMA), so an unwritten
-// contraction gives whichever bits the compiler chose. Each states the rounding it makes.
+// contraction gives whichever bits the compiler chose. Each states the rounding it makes. (The
+// fold below is ops::batch_norm_fold itself, whose bias is written so.)
 
 /// ops::batch_norm::moments with its one multiply-add fused: Var = fma(-d, d, s2 / n), d = s1 / n
 /// (the contraction GCC makes of s2 / n - d * d on an FMA target), mean = shift + d,
@@ -33,11 +34,6 @@ SOLDER_HD SOLDER_INLINE ops::batch_norm_moments<double> batch_norm_moments_fma(d
 /// old), the product (1 - momentum) old rounded on its own.
 SOLDER_HD SOLDER_INLINE double batch_norm_running_fma(double old, double batch, double momentum) {
   return simd::fma(momentum, batch, (1.0 - momentum) * old);
-}
-
-/// nn::conv_block::fold's bias with its multiply-add fused: b' = fma(b - mean, s, bias).
-SOLDER_HD SOLDER_INLINE double batch_norm_folded_bias(double b, double mean, double s, double bias) {
-  return simd::fma(b - mean, s, bias);
 }
 
 /// Training forward of channel c of x [batch, C, HW]: the batch's mean and biased variance
@@ -127,11 +123,11 @@ struct batch_norm_train_backward_body {
   }
 };
 
-/// Evaluation mode's normalization folded into the convolution before it (nn::conv_block::fold,
-/// the same bits): per output channel c, s = weight[c] / sqrt(running_var[c] + eps), W'[c] =
-/// W[c] s and b'[c] = fma(b[c] - running_mean[c], s, bias[c]), in double and rounded once (b = 0
-/// where the convolution has no bias: conv_bias null). A thread per element of W' [C, PerChannel];
-/// each channel's first also writes b'.
+/// Evaluation mode's normalization folded into the convolution before it, per output channel c
+/// by ops::batch_norm_fold, as nn::conv_block::fold (the same bits): s = weight[c] /
+/// sqrt(running_var[c] + eps), W'[c] = W[c] s and b'[c] = fma(b[c] - running_mean[c], s,
+/// bias[c]), in double and rounded once (b = 0 where the convolution has no bias: conv_bias
+/// null). A thread per element of W' [C, PerChannel]; each channel's first also writes b'.
 template <std::size_t PerChannel>
 struct batch_norm_fold_body {
   const float* conv_weight;
@@ -148,12 +144,9 @@ struct batch_norm_fold_body {
   SOLDER_HD std::size_t elements() const { return channels * PerChannel; }
   SOLDER_HD SOLDER_INLINE void operator()(std::size_t i) const {
     const std::size_t c = i / PerChannel;
-    const double s = double(weight[c]) / simd::sqrt(double(running_var[c]) + eps);
-    folded_weight[i] = float(double(conv_weight[i]) * s);
-    if (i % PerChannel == 0) {
-      const double b = conv_bias ? double(conv_bias[c]) : 0.0;
-      folded_bias[c] = float(batch_norm_folded_bias(b, double(running_mean[c]), s, double(bias[c])));
-    }
+    const ops::batch_norm_fold fold(weight[c], bias[c], running_mean[c], running_var[c], eps);
+    folded_weight[i] = fold.weight(conv_weight[i]);
+    if (i % PerChannel == 0) folded_bias[c] = fold.bias(conv_bias ? double(conv_bias[c]) : 0.0);
   }
 };
 
