@@ -18,6 +18,7 @@
 #include "solder/config.hpp"
 #include "solder/diagnostic.hpp"
 #include "solder/nn/batch_check.hpp"
+#include "solder/nn/block.hpp"
 #include "solder/nn/buffer.hpp"
 #include "solder/nn/layer_kind.hpp"
 #include "solder/nn/sample_shape.hpp"
@@ -35,7 +36,7 @@ namespace solder::nn {
 /// unbiased Var) towards them by momentum; eval() uses the running ones. Results do not depend
 /// on the thread count.
 template <std::size_t C>
-class batch_norm {
+class batch_norm : public block_defaults {
   static_assert(C >= 1, "solder::nn::batch_norm: the channel count C must be at least 1");
   using exec = executor<cpu>;
   using op = ops::batch_norm;
@@ -109,6 +110,12 @@ class batch_norm {
   /// Evaluation mode: the running statistics normalize, and nothing changes them.
   void eval() { in_training = false; }
   bool training() const { return in_training; }
+
+  // As a block of its own (nn/block.hpp): torch's reset_parameters, and the state_dict's names
+  // from the layer's index.
+  void reset(std::uint64_t /*seed*/, std::size_t /*first*/) { reset_parameters(); }
+  std::vector<optim::param> params_from(std::size_t first) { return params(std::to_string(first) + "."); }
+  std::vector<buffer> buffers_from(std::size_t first) { return buffers(std::to_string(first) + "."); }
 
   /// y = batch_norm(x) for x, y [batch, C, H, W] or [batch, C]; y may be x (in place). In
   /// training, needs more than one value per channel (batch * H * W >= 2), as torch.

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "solder/nn/block.hpp"
 #include "solder/nn/buffer.hpp"
 #include "solder/nn/criterion.hpp"
 #include "solder/nn/plan.hpp"
@@ -118,37 +119,29 @@ class basic_chain {
 
   /// Parameters drawn as PyTorch initializes them, layer i from Philox stream (seed, i); each
   /// dropout draws its masks from its own stream.
-  explicit basic_chain(std::uint64_t seed = 0) { reseed(seed); }
+  explicit basic_chain(std::uint64_t seed = 0) {
+    if constexpr (check_blocks(std::make_index_sequence<kernels>{})) reseed(seed);
+  }
 
   void reseed(std::uint64_t seed) {
     for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
-      if constexpr (G::kind == layer_kind::product) {
-        b.head().reset_parameters(random::derive_seed(seed, G::first));
-        if constexpr (requires { b.reset_norm(); }) b.reset_norm();
-        b.weights_changed();
-        seed_dropouts<G::first + tail_first<std::remove_cvref_t<decltype(b)>>>(b.tail.layers, seed);
-      } else if constexpr (G::kind == layer_kind::elementwise) {
-        seed_dropouts<G::first>(b.layers, seed);
-      } else if constexpr (requires { b.reset_parameters(seed); }) {
-        b.reset_parameters(random::derive_seed(seed, G::first));
-      }
+      b.reset(seed, G::first);
+      b.for_each_dropout([&](std::size_t k, auto& d) { d.rng = {random::derive_seed(seed, G::first + k), 0}; });
     });
   }
 
   void train() {
     current = mode::train;
     for_each_block([](auto& b, auto) {
-      if constexpr (requires { b.train(); }) b.train();
-      if constexpr (requires { b.weights_changed(); }) b.weights_changed();
+      b.train();
+      b.weights_changed();
     });
   }
   /// Evaluation mode: dropout off, and every weight packed once into the GEMM's layout for the
   /// forward calls that follow (call pack_weights() again if weights change in this mode).
   void eval() {
     current = mode::eval;
-    for_each_block([](auto& b, auto) {
-      if constexpr (requires { b.eval(); }) b.eval();
-    });
+    for_each_block([](auto& b, auto) { b.eval(); });
     pack_weights();
   }
   mode current_mode() const { return current; }
@@ -166,14 +159,10 @@ class basic_chain {
     if (current == mode::eval)
       pack_weights();
     else
-      for_each_block([](auto& b, auto) {
-        if constexpr (requires { b.weights_changed(); }) b.weights_changed();
-      });
+      for_each_block([](auto& b, auto) { b.weights_changed(); });
   }
   void pack_weights() {
-    for_each_block([](auto& b, auto) {
-      if constexpr (requires { b.pack_weights(); }) b.pack_weights();
-    });
+    for_each_block([](auto& b, auto) { b.pack_weights(); });
   }
 
   /// The batches that follow are part of a larger one, starting at its sample s: every dropout
@@ -304,7 +293,9 @@ class basic_chain {
   /// "0.bias", ... by layer position), for optimizers and parameter files.
   std::vector<optim::param> params() {
     std::vector<optim::param> out;
-    for_each_block([&]<class G>(auto& b, std::type_identity<G>) { add_block_params<G>(b, out); });
+    for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
+      for (auto& p : b.params_from(G::first)) out.push_back(p);
+    });
     return out;
   }
   /// The parameters of kernel k (0 <= k < kernels), as params() names them; params() is every
@@ -316,7 +307,7 @@ class basic_chain {
     std::vector<optim::param> out;
     std::size_t i = 0;
     for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
-      if (i++ == k) add_block_params<G>(b, out);
+      if (i++ == k) out = b.params_from(G::first);
     });
     return out;
   }
@@ -326,10 +317,7 @@ class basic_chain {
   std::vector<buffer> buffers() {
     std::vector<buffer> out;
     for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
-      if constexpr (requires { b.buffers_from(G::first); })
-        for (auto& t : b.buffers_from(G::first)) out.push_back(t);
-      else if constexpr (G::kind == layer_kind::block && requires { b.buffers(std::string()); })
-        for (auto& t : b.buffers(std::to_string(G::first) + ".")) out.push_back(t);
+      for (auto& t : b.buffers_from(G::first)) out.push_back(t);
     });
     return out;
   }
@@ -379,24 +367,14 @@ class basic_chain {
       return found;
     }(std::make_index_sequence<kernels>{});
   }();
-  /// Layer I inside its block b: a product block's product layer and tail, an elementwise
-  /// block's layers, or a layer that is a block of its own.
+  /// Layer I inside its block b: the block's layer I - first, or a layer that is a block of its own.
   template <std::size_t I, class B>
   static auto& layer_in(B& b) {
     using G = std::tuple_element_t<block_of_layer<I>, groups>;
-    constexpr std::size_t at = I - G::first;
-    if constexpr (requires { b.template layer<at>(); } && G::kind == layer_kind::product) {
-      return b.template layer<at>();
-    } else if constexpr (G::kind == layer_kind::product) {
-      if constexpr (at == 0)
-        return b.head();
-      else
-        return std::get<at - 1>(b.tail.layers);
-    } else if constexpr (G::kind == layer_kind::elementwise) {
-      return std::get<at>(b.layers);
-    } else {
+    if constexpr (G::kind == layer_kind::block)
       return b;
-    }
+    else
+      return b.template layer<I - G::first>();
   }
 
   /// Runs every block on x; the output stays in the last block's buffer. With channels_last,
@@ -452,83 +430,32 @@ class basic_chain {
   input_tensor dinput{1};  // dL/dx of a first block that must write one
 
 
-  template <std::size_t First, class Tuple>
-  static void seed_dropouts(Tuple& layers, std::uint64_t seed) {
-    [&]<std::size_t... K>(std::index_sequence<K...>) {
-      (
-          [&] {
-            if constexpr (detail::is_dropout<std::tuple_element_t<K, Tuple>>) std::get<K>(layers).rng = {random::derive_seed(seed, First + K), 0};
-          }(),
-          ...);
-    }(std::make_index_sequence<std::tuple_size_v<Tuple>>{});
-  }
-
-  /// The index within a product block of its tail's first layer (after the product layer, and
-  /// after a normalization folded into it).
-  template <class B>
-  static constexpr std::size_t tail_first = [] {
-    if constexpr (requires { B::tail_first; })
-      return B::tail_first;
-    else
-      return std::size_t(1);
-  }();
-
-  template <class G, class B>
-  static void add_block_params(B& b, std::vector<optim::param>& out) {
-    const std::string at = std::to_string(G::first) + ".";
-    if constexpr (requires { b.params_from(G::first); }) {
-      for (auto& p : b.params_from(G::first)) out.push_back(p);
-    } else if constexpr (G::kind == layer_kind::product) {
-      add_layer_params(at, b.head(), out);
-    } else if constexpr (G::kind == layer_kind::elementwise) {
-      add_bias_params<G::first>(b.layers, out);
-    } else if constexpr (requires { b.params(at); }) {
-      for (auto& p : b.params(at)) out.push_back(p);
+  /// Block I provides the block contract (nn/block.hpp) from its input's shape to its output's.
+  template <std::size_t I>
+  static constexpr bool check_block() {
+    using B = std::tuple_element_t<I, blocks_type>;
+    using SY = typename std::tuple_element_t<I, typename outputs::type>::shape_type;
+    using SX = typename std::conditional_t<I == 0, std::type_identity<input_tensor>,
+                                           std::tuple_element<(I == 0 ? 0 : I - 1), typename outputs::type>>::type::shape_type;
+    if constexpr (Block<B, SX, SY>) {
+      return true;
+    } else {
+      static_assert(Block<B, SX, SY>, "solder::chain: this block lacks a member of the block contract (nn/block.hpp); a layer "
+                                      "that is a block of its own can derive from nn::block_defaults");
+      return false;
     }
+  }
+  template <std::size_t... I>
+  static constexpr bool check_blocks(std::index_sequence<I...>) {
+    return (check_block<I>() && ...);
   }
 
   /// f(layer index, dropout layer) for every dropout, in layer order.
   template <class F>
   void for_each_dropout(F&& f) {
-    const auto each = [&]<std::size_t First, class Tuple>(Tuple& layers) {
-      [&]<std::size_t... K>(std::index_sequence<K...>) {
-        (
-            [&] {
-              if constexpr (detail::is_dropout<std::tuple_element_t<K, Tuple>>) f(First + K, std::get<K>(layers));
-            }(),
-            ...);
-      }(std::make_index_sequence<std::tuple_size_v<Tuple>>{});
-    };
     for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
-      if constexpr (G::kind == layer_kind::product)
-        each.template operator()<G::first + tail_first<std::remove_cvref_t<decltype(b)>>>(b.tail.layers);
-      else if constexpr (G::kind == layer_kind::elementwise)
-        each.template operator()<G::first>(b.layers);
+      b.for_each_dropout([&](std::size_t k, auto& d) { f(G::first + k, d); });
     });
-  }
-
-  /// A product layer's parameters, named by its param_names ("weight", "bias" for linear).
-  template <class L>
-  static void add_layer_params(const std::string& at, L& layer, std::vector<optim::param>& out) {
-    auto ps = layer.params();
-    auto gs = layer.grads();
-    [&]<std::size_t... K>(std::index_sequence<K...>) {
-      (out.push_back(optim::make_param(at + L::param_names[K], std::get<K>(ps), std::get<K>(gs))), ...);
-    }(std::make_index_sequence<std::tuple_size_v<decltype(ps)>>{});
-  }
-
-  template <std::size_t First, class Tuple>
-  static void add_bias_params(Tuple& layers, std::vector<optim::param>& out) {
-    [&]<std::size_t... K>(std::index_sequence<K...>) {
-      (
-          [&] {
-            if constexpr (detail::is_bias<std::tuple_element_t<K, Tuple>>) {
-              auto& l = std::get<K>(layers);
-              out.push_back(optim::make_param(std::to_string(First + K) + ".bias", l.value, l.grad));
-            }
-          }(),
-          ...);
-    }(std::make_index_sequence<std::tuple_size_v<Tuple>>{});
   }
 
   /// f(block, type_identity<group>) for every block, in order.
@@ -592,13 +519,7 @@ class basic_chain {
   /// Whether block I can read or write channels-last images (a convolution block that says
   /// so), and whether it can now.
   template <std::size_t I>
-  static constexpr bool channels_last_capable = [] {
-    using B = std::tuple_element_t<I, blocks_type>;
-    if constexpr (requires { B::channels_last_capable; })
-      return B::channels_last_capable;
-    else
-      return false;
-  }();
+  static constexpr bool channels_last_capable = std::tuple_element_t<I, blocks_type>::channels_last_capable;
   template <std::size_t I>
   bool channels_last_ready() const {
     if constexpr (channels_last_capable<I>)
@@ -637,7 +558,7 @@ class basic_chain {
         return tensor_ref<const float, typename GT::shape_type>(std::get<I>(grads).data(), n);
     }();
     if constexpr (I == 0) {
-      if constexpr (requires { b.backward_params(block_input<0>(n), y, dy); })
+      if constexpr (std::remove_cvref_t<decltype(b)>::input_grad_optional)
         b.backward_params(block_input<0>(n), y, dy);
       else
         b.backward(block_input<0>(n), y, dy, tensor_ref<float, typename widths::input_batch>(dinput.data(), n));

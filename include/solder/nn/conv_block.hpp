@@ -23,8 +23,10 @@
 #include "solder/nn/batch_norm.hpp"
 #include "solder/nn/conv2d.hpp"
 #include "solder/nn/elementwise_block.hpp"
+#include "solder/nn/block.hpp"
 #include "solder/ops/batch_norm.hpp"
 #include "solder/optim/optimizer.hpp"
+#include "solder/random/seed.hpp"
 #include "solder/tensor.hpp"
 
 namespace solder::nn {
@@ -113,12 +115,22 @@ class conv_block {
     folded_current = false;
     if constexpr (requires { conv.weights_changed(); }) conv.weights_changed();
   }
-  /// The batch_norm's parameters and statistics as torch starts them (the chain's reseed).
-  void reset_norm() {
+  // The block contract (nn/block.hpp); channels_last_capable is below.
+  static constexpr bool input_grad_optional = true;
+  /// The convolution drawn as torch draws it from stream (seed, first); a batch_norm's
+  /// parameters and statistics as torch starts them.
+  void reset(std::uint64_t seed, std::size_t first) {
+    conv.reset_parameters(random::derive_seed(seed, first));
     if constexpr (has_norm) {
       norm.reset_parameters();
       norm.reset_running_stats();
     }
+    weights_changed();
+  }
+  /// f(k, d) for every dropout d of the tail, k its index in the block.
+  template <class F>
+  void for_each_dropout(F&& f) {
+    tail.for_each_dropout([&](std::size_t k, auto& d) { f(tail_first + k, d); });
   }
 
   /// The convolution's and the batch_norm's parameters, named from the index `first` of the

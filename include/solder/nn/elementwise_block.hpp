@@ -4,11 +4,16 @@
 // regenerated from its counter.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "solder/autodiff/vjp.hpp"
 #include "solder/assign.hpp"
+#include "solder/nn/block.hpp"
 #include "solder/nn/elementwise.hpp"
 #include "solder/ops/activations.hpp"
 
@@ -99,6 +104,41 @@ class elementwise_block {
 
   void train() { current = mode::train; }
   void eval() { current = mode::eval; }
+
+  // The block contract (nn/block.hpp). A bias starts at zero and keeps its values on a reset, as
+  // the chain always did; dropouts take their streams from the chain (for_each_dropout).
+  static constexpr bool channels_last_capable = false;
+  static constexpr bool input_grad_optional = false;
+  void reset(std::uint64_t /*seed*/, std::size_t /*first*/) {}
+  void weights_changed() {}
+  void pack_weights() {}
+  /// Every bias of the run, named "<first + k>.bias" for the block's layer k.
+  std::vector<optim::param> params_from(std::size_t first) {
+    std::vector<optim::param> out;
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (
+          [&] {
+            if constexpr (detail::is_bias<std::tuple_element_t<K, std::tuple<Layers...>>>) {
+              auto& l = std::get<K>(layers);
+              out.push_back(optim::make_param(std::to_string(first + K) + ".bias", l.value, l.grad));
+            }
+          }(),
+          ...);
+    }(std::index_sequence_for<Layers...>{});
+    return out;
+  }
+  std::vector<buffer> buffers_from(std::size_t /*first*/) { return {}; }
+  /// f(k, d) for every dropout d of the run, k its index in the block.
+  template <class F>
+  void for_each_dropout(F&& f) {
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (
+          [&] {
+            if constexpr (detail::is_dropout<std::tuple_element_t<K, std::tuple<Layers...>>>) f(K, std::get<K>(layers));
+          }(),
+          ...);
+    }(std::index_sequence_for<Layers...>{});
+  }
 
   template <std::size_t I>
   auto& layer() {

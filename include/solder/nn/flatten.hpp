@@ -11,6 +11,7 @@
 #include "solder/config.hpp"
 #include "solder/diagnostic.hpp"
 #include "solder/nn/batch_check.hpp"
+#include "solder/nn/block.hpp"
 #include "solder/nn/layer_kind.hpp"
 #include "solder/nn/sample_shape.hpp"
 #include "solder/optim/optimizer.hpp"
@@ -24,7 +25,7 @@ namespace solder::nn {
 /// they are the same memory; view() gives the flat view with no copy at all. flatten<> (no
 /// extents) takes a sample of any shape, as a chain hands it over.
 template <std::size_t... Extents>
-struct flatten {
+struct flatten : block_defaults {
   static_assert(((Extents >= 1) && ...), "solder::nn::flatten: each extent of a sample must be at least 1 (e.g. flatten<3, 8, 8>)");
   static_assert(sizeof...(Extents) <= sample_shape::max_rank, "solder::nn::flatten: at most 4 extents");
 

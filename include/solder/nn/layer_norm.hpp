@@ -14,6 +14,7 @@
 #include "solder/config.hpp"
 #include "solder/diagnostic.hpp"
 #include "solder/nn/batch_check.hpp"
+#include "solder/nn/block.hpp"
 #include "solder/ops/layer_norm.hpp"
 #include "solder/optim/optimizer.hpp"
 #include "solder/shape.hpp"
@@ -26,7 +27,7 @@ namespace solder::nn {
 /// the biased variance). Keeps each row's mean and 1/sqrt(Var + eps) for backward. Results
 /// do not depend on the thread count. A NaN or infinity in a row makes that row's y NaN.
 template <std::size_t N>
-class layer_norm {
+class layer_norm : public block_defaults {
   static_assert(N >= 1, "solder::nn::layer_norm: the feature count N must be at least 1");
   using exec = executor<cpu>;
   using row = exec::row<N>;
@@ -60,6 +61,10 @@ class layer_norm {
   std::vector<optim::param> params(const std::string& prefix = "") {
     return {optim::make_param(prefix + "weight", weight, weight_grad), optim::make_param(prefix + "bias", bias, bias_grad)};
   }
+
+  // As a block of its own (nn/block.hpp): torch's reset_parameters, names from the layer's index.
+  void reset(std::uint64_t /*seed*/, std::size_t /*first*/) { reset_parameters(); }
+  std::vector<optim::param> params_from(std::size_t first) { return params(std::to_string(first) + "."); }
 
   /// y = layer_norm(x) for x, y [batch, N]; y may be x (in place). Saves each row's statistics.
   template <class SX, class SY>

@@ -44,6 +44,7 @@
 #include "solder/nn/product_tail.hpp"
 #include "solder/ops/batch_norm.hpp"
 #include "solder/optim/optimizer.hpp"
+#include "solder/random/seed.hpp"
 
 namespace solder::nn {
 
@@ -136,34 +137,39 @@ class linear_block
     packed_current = true;
   }
   void weights_changed() { packed_current = false; }
-  /// The batch_norm's parameters and statistics as torch starts them (the chain's reseed).
-  void reset_norm() {
+
+  // The block contract (nn/block.hpp).
+  static constexpr bool channels_last_capable = false;
+  static constexpr bool input_grad_optional = true;
+  /// The linear layer drawn as torch draws it from stream (seed, first); a batch_norm's
+  /// parameters and statistics as torch starts them.
+  void reset(std::uint64_t seed, std::size_t first) {
+    linear.reset_parameters(random::derive_seed(seed, first));
     if constexpr (has_norm) {
       norm.reset_parameters();
       norm.reset_running_stats();
     }
+    weights_changed();
   }
-
-  /// With a batch_norm: the linear layer's and the batch_norm's parameters, named from the index
-  /// `first` of the linear layer in the chain ("0.weight", "0.bias", "1.weight", "1.bias").
-  std::vector<optim::param> params_from(std::size_t first)
-    requires has_norm
-  {
-    std::vector<optim::param> out;
-    const std::string at = std::to_string(first) + ".";
-    auto ps = linear.params();
-    auto gs = linear.grads();
-    [&]<std::size_t... K>(std::index_sequence<K...>) {
-      (out.push_back(optim::make_param(at + Linear::param_names[K], std::get<K>(ps), std::get<K>(gs))), ...);
-    }(std::make_index_sequence<std::tuple_size_v<decltype(ps)>>{});
-    for (auto& p : norm.params(std::to_string(first + 1) + ".")) out.push_back(p);
+  /// The linear layer's parameters (and a batch_norm's), named from the index `first` of the
+  /// linear layer in the chain ("0.weight", "0.bias", "1.weight", "1.bias").
+  std::vector<optim::param> params_from(std::size_t first) {
+    std::vector<optim::param> out = named_params(std::to_string(first) + ".", linear);
+    if constexpr (has_norm)
+      for (auto& p : norm.params(std::to_string(first + 1) + ".")) out.push_back(p);
     return out;
   }
-  /// With a batch_norm: its running statistics, named as torch's state_dict names them.
-  std::vector<buffer> buffers_from(std::size_t first)
-    requires has_norm
-  {
-    return norm.buffers(std::to_string(first + 1) + ".");
+  /// A batch_norm's running statistics, named as torch's state_dict names them.
+  std::vector<buffer> buffers_from(std::size_t first) {
+    if constexpr (has_norm)
+      return norm.buffers(std::to_string(first + 1) + ".");
+    else
+      return {};
+  }
+  /// f(k, d) for every dropout d of the tail, k its index in the block.
+  template <class F>
+  void for_each_dropout(F&& f) {
+    tail.for_each_dropout([&](std::size_t k, auto& d) { f(tail_first + k, d); });
   }
 
   static const char* plan_kind()

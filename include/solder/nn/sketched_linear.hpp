@@ -21,12 +21,14 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "solder/assign.hpp"
 #include "solder/autodiff/product.hpp"
 #include "solder/expr/contract.hpp"
 #include "solder/expr/operators.hpp"
 #include "solder/nn/batch_check.hpp"
+#include "solder/nn/block.hpp"
 #include "solder/nn/elementwise_block.hpp"
 #include "solder/nn/layer_kind.hpp"
 #include "solder/nn/linear.hpp"
@@ -212,6 +214,39 @@ class sketched_block : public product_tail<Layer::out_features, Tail...> {
     }
   }
   void weights_changed() { folded_current = false; }
+
+  // The block contract (nn/block.hpp).
+  static constexpr bool channels_last_capable = false;
+  static constexpr bool input_grad_optional = true;
+  /// The sketched layer drawn from stream (seed, first).
+  void reset(std::uint64_t seed, std::size_t first) {
+    sketched.reset_parameters(random::derive_seed(seed, first));
+    weights_changed();
+  }
+  /// S1, S2 and the bias, named from the layer's index `first` ("0.S1", "0.S2", "0.bias").
+  std::vector<optim::param> params_from(std::size_t first) { return named_params(std::to_string(first) + ".", sketched); }
+  std::vector<buffer> buffers_from(std::size_t /*first*/) { return {}; }
+  /// f(k, d) for every dropout d of the tail, k its index in the block (the sketched layer is 0).
+  template <class F>
+  void for_each_dropout(F&& f) {
+    tail.for_each_dropout([&](std::size_t k, auto& d) { f(1 + k, d); });
+  }
+  /// Layer At of the block as the user wrote it: the sketched layer, then the tail's layers.
+  template <std::size_t At>
+  auto& layer() {
+    if constexpr (At == 0)
+      return sketched;
+    else
+      return std::get<At - 1>(tail.layers);
+  }
+  template <std::size_t At>
+  const auto& layer() const {
+    if constexpr (At == 0)
+      return sketched;
+    else
+      return std::get<At - 1>(tail.layers);
+  }
+
   /// Whether eval-mode forwards run the folded weight now.
   bool runs_folded() const { return folded_current && this->current == mode::eval; }
 

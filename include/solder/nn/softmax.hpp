@@ -13,6 +13,7 @@
 #include "solder/config.hpp"
 #include "solder/diagnostic.hpp"
 #include "solder/nn/batch_check.hpp"
+#include "solder/nn/block.hpp"
 #include "solder/ops/softmax.hpp"
 #include "solder/optim/optimizer.hpp"
 #include "solder/shape.hpp"
@@ -24,7 +25,7 @@ namespace detail {
 
 /// What softmax<N> and log_softmax<N> share; Log picks the function.
 template <std::size_t N, bool Log>
-class softmax_layer {
+class softmax_layer : public block_defaults {
   static_assert(N >= 1, "solder::nn::softmax, log_softmax: the feature count N must be at least 1");
   using op = std::conditional_t<Log, ops::log_softmax, ops::softmax>;
   using exec = executor<cpu>;
