@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "solder/nn/batch_norm.hpp"
+#include "solder/nn/block.hpp"
 #include "solder/nn/conv2d.hpp"
 #include "solder/nn/elementwise_block.hpp"
-#include "solder/nn/block.hpp"
 #include "solder/ops/batch_norm.hpp"
 #include "solder/optim/optimizer.hpp"
 #include "solder/random/seed.hpp"
