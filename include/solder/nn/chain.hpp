@@ -146,7 +146,7 @@ class basic_chain {
   }
   mode current_mode() const { return current; }
   /// Whether forward, backward and train_step flush denormals to zero (default: yes; see
-  /// eval/cpu/parallel.hpp, flush_denormals, for why). Off: IEEE gradual underflow, slower late in training.
+  /// executor<cpu>::flush_denormals for why). Off: IEEE gradual underflow, slower late in training.
   void set_flush_denormals(bool on) { flush = on; }
   /// Whether forward keeps the images between two convolution blocks channels-last when both
   /// can run so (frozen, the normalization folded; default: yes), and whether the last forward
