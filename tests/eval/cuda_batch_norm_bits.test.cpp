@@ -33,11 +33,12 @@ std::uint32_t bits(float x) {
 }
 
 /// The CPU's folded bias: ops::batch_norm_fold, as nn::conv_block::fold and nn::linear_block
-/// call it. Opaque to the optimizer, so that it sees run-time values (it folds constants without
-/// contracting).
-[[gnu::noipa]] float cpu_folded_bias(float conv_bias, float gamma, float beta, float running_mean, float running_var,
-                                     double eps) {
-  return solder::ops::batch_norm_fold(gamma, beta, running_mean, running_var, eps).bias(double(conv_bias));
+/// call it. The inputs pass through volatile copies, so that the compiler sees run-time values
+/// (it folds constants without contracting).
+float cpu_folded_bias(float conv_bias, float gamma, float beta, float running_mean, float running_var, double eps) {
+  const volatile float vb = conv_bias, vg = gamma, vbeta = beta, vm = running_mean, vv = running_var;
+  const volatile double ve = eps;
+  return solder::ops::batch_norm_fold(vg, vbeta, vm, vv, ve).bias(double(vb));
 }
 
 }  // namespace

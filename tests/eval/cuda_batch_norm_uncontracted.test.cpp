@@ -45,8 +45,13 @@ void train_running(const std::vector<float>& x, std::size_t batch, double moment
   test::run_warp(1, body);
 }
 
-/// a * b + c as written, in this file: contracted into one fma unless contraction is off.
-[[gnu::noipa]] double written_multiply_add(double a, double b, double c) { return a * b + c; }
+/// a * b + c as written, in this file: contracted into one fma unless contraction is off. The
+/// operands pass through volatile copies, so the compiler cannot fold the constants (it folds
+/// without contracting).
+double written_multiply_add(double a, double b, double c) {
+  const volatile double va = a, vb = b, vc = c;
+  return va * vb + vc;
+}
 
 }  // namespace solder::test::uncontracted
 
