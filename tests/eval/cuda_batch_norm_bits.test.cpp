@@ -71,9 +71,8 @@ TEST_CASE("cuda batch_norm: the running statistics equal the CPU layer's bits un
 
   solder::test::uncontracted::train_running(std::vector<float>(x.begin(), x.end()), batch, cpu.momentum, running_mean,
                                             running_var);
-  // The body writes the fma GCC makes of ops::batch_norm::running at -O2 on an FMA target; the
-  // CPU layer agrees in every build only once that op writes its fma out too, as
-  // ops::batch_norm_fold does (GCC below -O2, or without FMA, rounds twice).
+  // Both run ops::batch_norm::running, whose fma is written out: the same bits in every build,
+  // whatever the compiler would contract.
   INFO("running mean: CPU " << cpu.running_mean[0] << ", CUDA body " << running_mean);
   CHECK(bits(running_mean) == bits(cpu.running_mean[0]));
   CHECK(bits(running_var) == bits(cpu.running_var[0]));

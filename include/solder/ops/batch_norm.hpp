@@ -45,7 +45,9 @@ struct batch_norm {
   template <class A>
   SOLDER_HD SOLDER_INLINE static batch_norm_moments<A> moments(A n, A shift, A s1, A s2) {
     const A d = s1 / n;
-    const A var = simd::max(s2 / n - d * d, A(0));  // NaN stays NaN
+    // Written as one fma, so that every compiler and backend rounds it alike (contraction of
+    // s2 / n - d * d depends on the compiler and its flags).
+    const A var = simd::max(simd::fma(-d, d, s2 / n), A(0));  // NaN stays NaN
     return {shift + d, var, var * (n / (n - A(1)))};
   }
   /// 1 / sqrt(var + eps).
@@ -53,10 +55,11 @@ struct batch_norm {
   SOLDER_HD SOLDER_INLINE static A rstd(A var, A eps) {
     return A(1) / simd::sqrt(var + eps);
   }
-  /// A running statistic moved towards the batch's, as torch: momentum batch + (1 - momentum) old.
+  /// A running statistic moved towards the batch's, as torch: momentum batch + (1 - momentum) old,
+  /// as fma(momentum, batch, (1 - momentum) old) on every compiler and backend.
   template <class A>
   SOLDER_HD SOLDER_INLINE static A running(A old, A batch, A momentum) {
-    return momentum * batch + (A(1) - momentum) * old;
+    return simd::fma(momentum, batch, (A(1) - momentum) * old);
   }
 
   /// xhat = (x - mean) rstd.

@@ -14,27 +14,10 @@
 
 namespace solder::eval::cuda {
 
-// The per-channel statistics below are promised equal to the CPU layer's bits. Every multiply
-// followed by an add is written as simd::fma: nvcc contracts a * b + c into one fma by default
-// and a host compiler may or may not (GCC does in C++ on a target with FMA), so an unwritten
-// contraction gives whichever bits the compiler chose. Each states the rounding it makes. (The
-// fold below is ops::batch_norm_fold itself, whose bias is written so.)
-
-/// ops::batch_norm::moments with its one multiply-add fused: Var = fma(-d, d, s2 / n), d = s1 / n
-/// (the contraction GCC makes of s2 / n - d * d on an FMA target), mean = shift + d,
-/// unbiased = Var n / (n - 1). n >= 2.
-SOLDER_HD SOLDER_INLINE ops::batch_norm_moments<double> batch_norm_moments_fma(double n, double shift, double s1,
-                                                                             double s2) {
-  const double d = s1 / n;
-  const double var = simd::max(simd::fma(-d, d, s2 / n), 0.0);  // NaN stays NaN
-  return {shift + d, var, var * (n / (n - 1.0))};
-}
-
-/// ops::batch_norm::running with its multiply-add fused: fma(momentum, batch, (1 - momentum)
-/// old), the product (1 - momentum) old rounded on its own.
-SOLDER_HD SOLDER_INLINE double batch_norm_running_fma(double old, double batch, double momentum) {
-  return simd::fma(momentum, batch, (1.0 - momentum) * old);
-}
+// The per-channel statistics below are promised equal to the CPU layer's bits: they are
+// ops::batch_norm's moments, running statistics and fold, whose multiply-adds are written as
+// simd::fma (nvcc contracts a * b + c into one fma by default and a host compiler may or may
+// not), so both backends round them alike.
 
 /// Training forward of channel c of x [batch, C, HW]: the batch's mean and biased variance
 /// (the planes' shifted sums, shift = the channel's first value, as the CPU layer), saved mean
@@ -66,14 +49,14 @@ struct batch_norm_train_forward_body {
       s1 += s[0];
       s2 += s[1];
     }
-    const auto m = batch_norm_moments_fma(double(batch * HW), double(shift), s1, s2);
+    const auto m = op::moments(double(batch * HW), double(shift), s1, s2);
     const double rstd = op::rstd(m.var, eps);
     const float mean = float(m.mean), k = float(double(weight[c]) * rstd);
     plane.once([&]() SOLDER_INLINE_LAMBDA {
       saved_mean[c] = mean;
       saved_rstd[c] = float(rstd);
-      running_mean[c] = float(batch_norm_running_fma(double(running_mean[c]), m.mean, momentum));
-      running_var[c] = float(batch_norm_running_fma(double(running_var[c]), m.var_unbiased, momentum));
+      running_mean[c] = float(op::running(double(running_mean[c]), m.mean, momentum));
+      running_var[c] = float(op::running(double(running_var[c]), m.var_unbiased, momentum));
     });
     for (std::size_t n = 0; n < batch; ++n) {
       const std::size_t at = (n * channels + c) * HW;
