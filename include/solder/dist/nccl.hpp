@@ -359,6 +359,11 @@ class nccl_communicator {
     const std::size_t P = std::size_t(size_), r = std::size_t(rank_), stride = chunk_stride(n, P);
     nccl_reduction out(staging_for(n), comm_, bucket, n, stream);
     detail::nccl_staging& s = *out.staging_;
+    // The staging buffers are freed on the stream of their last use (eval/cuda/memory.hpp).
+    s.packed.used_on(stream);
+    s.received.used_on(stream);
+    s.gathered.used_on(stream);
+    s.weights.used_on(stream);
     for (std::size_t j = 0; j < P; ++j) s.host_weights.get()[j] = weights[j];
     eval::cuda::check(cudaMemcpyAsync(s.weights.data(), s.host_weights.get(), P * sizeof(double),
                                       cudaMemcpyHostToDevice, stream),

@@ -117,6 +117,9 @@ void copy(const Src& src, Dst&& dst, cudaStream_t stream) {
       detail::fail("solder::copy: the source holds " + std::to_string(src.size()) + " elements and the destination " +
                    std::to_string(dst.size()) + " (a moved-from tensor holds none)");
     if (src.size() == 0) return;
+    // An owning device tensor is freed on the stream of its last use: this copy is one.
+    if constexpr (requires { src.used_on(stream); }) src.used_on(stream);
+    if constexpr (requires { dst.used_on(stream); }) dst.used_on(stream);
     eval::cuda::check(cudaMemcpyAsync(dst.data(), src.data(), src.size() * sizeof(typename from::element),
                                       detail::copy_kind<typename from::space, typename to::space>(), stream),
                       "cudaMemcpyAsync");
