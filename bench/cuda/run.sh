@@ -15,6 +15,8 @@
 # torch.txt ends with torch / solder per matching case (torch_bench.py --solder-json).
 # linear_bias_relu_dropout and conv_bn_relu need CUDA 13's libcublasLt.so.13 (from the toolkit's
 # lib directory, which their RPATH names, or LD_LIBRARY_PATH).
+# BUILD_DIR may also be a bundle made by `scripts/gpu_check.sh build` (it holds MANIFEST.tsv): then
+# nothing is built, the binaries come from BUILD_DIR/bin and their libraries from BUILD_DIR/lib.
 set -uo pipefail
 
 if [[ $# -lt 1 || $# -gt 2 ]]; then
@@ -30,13 +32,20 @@ read -r -a benches <<<"${BENCHES:-bias_relu_dropout linear_bias_relu_dropout dig
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
-if [[ ! -f $build/CMakeCache.txt ]]; then
+bin_dir=$build/bench/cuda
+if [[ -f $build/MANIFEST.tsv ]]; then
+  bin_dir=$build/bin
+  export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  for name in "${benches[@]}"; do
+    [[ -x $bin_dir/solder_bench_cuda_$name ]] || { echo "run.sh: the bundle $build has no solder_bench_cuda_$name" >&2; exit 1; }
+  done
+elif [[ ! -f $build/CMakeCache.txt ]]; then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSOLDER_BUILD_TESTS=OFF -DSOLDER_BUILD_EXAMPLES=OFF \
     -DSOLDER_BUILD_BENCH=ON -DSOLDER_BUILD_CUDA=ON || { echo "run.sh: configuring $build failed" >&2; exit 1; }
 fi
-if ! cmake --build "$build" --target solder_bench_cuda -j "$(nproc)"; then
+if [[ ! -f $build/MANIFEST.tsv ]] && ! cmake --build "$build" --target solder_bench_cuda -j "$(nproc)"; then
   for name in "${benches[@]}"; do
-    bin=$build/bench/cuda/solder_bench_cuda_$name
+    bin=$bin_dir/solder_bench_cuda_$name
     if [[ ! -x $bin ]]; then
       echo "run.sh: building in $build failed and there is no $bin" >&2
       exit 1
@@ -54,7 +63,7 @@ solder_json=()
 for name in "${benches[@]}"; do
   rm -f "$out/$name.json"  # a previous run's must not stand in for this one's in the ratios
   # shellcheck disable=SC2086  # BENCH_ARGS and TORCH_ARGS are word lists
-  "$build/bench/cuda/solder_bench_cuda_$name" --benchmark_repetitions="$repetitions" --benchmark_report_aggregates_only=true \
+  "$bin_dir/solder_bench_cuda_$name" --benchmark_repetitions="$repetitions" --benchmark_report_aggregates_only=true \
     --benchmark_out="$out/$name.json" --benchmark_out_format=json ${BENCH_ARGS:-} \
     2>&1 | tee "$out/$name.txt" || status=1
   [[ -s $out/$name.json ]] && solder_json+=(--solder-json "$out/$name.json")
