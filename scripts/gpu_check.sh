@@ -381,11 +381,14 @@ cmd_run() {
       missing_all+=" $soname"
     fi
   done
-  # The bundle's libstdc++ only where this machine's is older than the one the programs were built with.
-  if command -v ldd >/dev/null && LD_LIBRARY_PATH=$libpath ldd "$dir"/bin/* 2>&1 \
-    | grep -Eq "(GLIBCXX|CXXABI|GCC)_[0-9.]*' not found|lib(stdc\+\+|gcc_s)\.so[.0-9]* => not found"; then
+  # The bundle's libstdc++ only where this machine has none or one older than the build's (the
+  # probe's loader errors below say the same where ldd is missing).
+  local loader_errors="(GLIBCXX|CXXABI|GCC)_[0-9.]+' not found|lib(stdc\+\+|gcc_s)\.so[.0-9]* => not found|error while loading shared libraries: lib(stdc\+\+|gcc_s)"
+  local ldd_out=""
+  command -v ldd >/dev/null && ldd_out=$(LD_LIBRARY_PATH=$libpath ldd "$dir"/bin/* 2>&1)
+  if grep -Eq "$loader_errors" <<<"$ldd_out"; then
     libpath="$dir/lib/compat:$libpath"
-    echo "gpu_check: this machine's libstdc++ is older than the build's: using the bundle's"
+    echo "gpu_check: this machine's libstdc++ is missing or older than the build's: using the bundle's"
   fi
   export LD_LIBRARY_PATH="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   for soname in "${!lib_dir[@]}"; do echo "gpu_check: $soname from ${lib_dir[$soname]}"; done
@@ -404,7 +407,7 @@ cmd_run() {
     shift 3
     local left=$((budget - (SECONDS - t0)))
     run_timeout=$((limit < left ? limit : left))
-    if ((run_timeout < 10)); then
+    if ((left < 10)); then
       run_rc=-1 run_seconds=0
       return 1
     fi
@@ -424,6 +427,11 @@ cmd_run() {
   # The probe.
   local probe_rc=1 gpu_found=0
   run_one probe gpu_check_probe 60 "$dir/bin/gpu_check_probe"
+  if grep -Eq "$loader_errors" "$out/logs/gpu_check_probe.log" && [[ $LD_LIBRARY_PATH != "$dir/lib/compat:"* ]]; then
+    export LD_LIBRARY_PATH="$dir/lib/compat:$LD_LIBRARY_PATH"
+    echo "gpu_check: the probe did not load: using the bundle's libstdc++"
+    run_one probe gpu_check_probe 60 "$dir/bin/gpu_check_probe"
+  fi
   probe_rc=$run_rc
   sed 's/^/  probe: /' "$out/logs/gpu_check_probe.log"
   ((probe_rc == 0)) && gpu_found=1
@@ -497,7 +505,7 @@ cmd_run() {
     # The PyTorch peer, where PyTorch imports and sees the device.
     if [[ ${GPU_CHECK_TORCH:-1} != 0 && ( -z $only || torch_bench =~ $only ) ]]; then
       if ! command -v "$python" >/dev/null; then
-        record bench torch_bench not_run "" 0 "no $python"
+        record bench torch_bench skip "" 0 "no $python"
       elif ((budget - (SECONDS - t0) < 40)); then
         record bench torch_bench not_run "" 0 "time budget spent"
       elif ! timeout -k 5 60 "$python" -c 'import torch' </dev/null >"$out/logs/torch_import.log" 2>&1; then
