@@ -354,6 +354,13 @@ cmd_run() {
   echo "gpu_check: GPU: ${gpu_name:-none found by nvidia-smi}${driver:+, driver $driver}${smi_cuda:+ (CUDA $smi_cuda)}"
   echo "gpu_check: host: $(uname -srm); $(nproc 2>/dev/null) cores; $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//')"
 
+  # The host code is x86-64-v3: another processor family, or one without AVX2 and FMA, cannot run it.
+  if [[ $(uname -m) != x86_64 ]]; then
+    echo "gpu_check: WARNING: this machine is $(uname -m); the bundle's programs are x86-64" >&2
+  elif [[ -r /proc/cpuinfo ]] && ! grep -m1 '^flags' /proc/cpuinfo | grep -qw avx2; then
+    echo "gpu_check: WARNING: this processor lacks AVX2; the bundle's host code needs x86-64-v3" >&2
+  fi
+
   # glibc cannot be carried: the programs need this machine's to be as new as the build's symbols.
   local glibc_need glibc_have
   glibc_need=$(awk -F'"' '/"glibc_required"/ { print $4; exit }' "$dir/manifest.json" 2>/dev/null | sed 's/^GLIBC_//')
