@@ -1,6 +1,6 @@
 // support/grid.hpp: the CUDA backend's passes (eval/cuda/pass.hpp) run on the host over a whole
 // grid, one thread after another and one barrier-separated phase after another, as the
-// kernels of eval/cuda/kernels.hpp run them on a GPU: the same index arithmetic, tails,
+// kernels of eval/cuda/assign.hpp run them on a GPU: the same index arithmetic, tails,
 // broadcasting, random bits and summation order, tested on every machine.
 #pragma once
 
@@ -29,7 +29,7 @@ struct host_runner {
     last_vector = is_vector<P>();
     const std::size_t threads = grid_threads ? grid_threads : p.flat_threads();
     for (std::size_t g = 0; g < threads; ++g) {
-      P local = p;  // each thread's own readers, as the kernel's copy of its parameter
+      P local = p;  // each thread's own evaluators, as the kernel's copy of its parameter
       auto a = local.start();
       local.flat(g, threads, a);
     }

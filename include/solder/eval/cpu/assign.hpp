@@ -1,14 +1,14 @@
 // eval/cpu/assign.hpp: assignment on the CPU: expressions assigned to host tensors run as ONE
-// pass over the output (the loop nest of loop.hpp), or, when they hold a matrix product, as
-// one GEMM whose epilogue evaluates them on each register tile (contract.hpp).
+// pass over the output (the loop nest of pass.hpp), or, when they hold a matrix product, as
+// one GEMM whose epilogue evaluates them on each register tile (product.hpp).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <type_traits>
 
-#include "solder/eval/cpu/contract.hpp"
-#include "solder/eval/cpu/loop.hpp"
+#include "solder/eval/cpu/product.hpp"
+#include "solder/eval/cpu/pass.hpp"
 
 namespace solder {
 

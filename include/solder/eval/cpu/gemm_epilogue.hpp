@@ -1,7 +1,7 @@
 // eval/cpu/gemm_epilogue.hpp: what the CPU GEMM hands each finished tile to. An epilogue is any
 // object with epi.template tile<MR, NV>(acc, m0, n0, mr, nr): acc the register tile of C's rows
 // [m0, m0 + mr) and columns [n0, n0 + nr), its whole K sum accumulated. Expression epilogues
-// (contract.hpp) all reach the GEMM as one erased_epilogue, so the micro-kernels are compiled
+// (product.hpp) all reach the GEMM as one erased_epilogue, so the micro-kernels are compiled
 // once per program; store_row is the masked store an epilogue writes a row of C with.
 #pragma once
 

@@ -1,7 +1,7 @@
 // eval/cpu/row_writes.hpp: elementwise writes run a few output rows at a time, by a producer
 // that has just stored those rows (a convolution's output row, one sample's planes) and calls
 // them while they are still in cache: the epilogue of a product that cannot hold its tile in
-// registers until the end. Each row is walked as the loop nest walks it (loop.hpp), at its own
+// registers until the end. Each row is walked as the loop nest walks it (pass.hpp), at its own
 // coordinates, so a dropout mask drawn here is bit for bit the one assign_all draws over the
 // whole output, and the results equal assign_all(writes...) run after the producer.
 #pragma once
@@ -13,8 +13,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "solder/eval/cpu/contract.hpp"
-#include "solder/eval/cpu/loop.hpp"
+#include "solder/eval/cpu/product.hpp"
+#include "solder/eval/cpu/pass.hpp"
 
 namespace solder::eval::cpu {
 

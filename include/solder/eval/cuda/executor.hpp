@@ -10,7 +10,7 @@
 #include <cstddef>
 
 #include "solder/backend.hpp"
-#include "solder/eval/cuda/kernels.hpp"
+#include "solder/eval/cuda/assign.hpp"
 #include "solder/eval/cuda/row.hpp"
 #include "solder/eval/cuda/row_kernels.hpp"
 #include "solder/eval/cuda/stream.hpp"

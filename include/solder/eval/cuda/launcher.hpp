@@ -15,7 +15,7 @@
 
 #include "solder/config.hpp"
 #include "solder/eval/cuda/error.hpp"
-#include "solder/eval/cuda/kernels.hpp"
+#include "solder/eval/cuda/assign.hpp"
 #include "solder/eval/cuda/pass.hpp"
 
 namespace solder::eval::cuda {

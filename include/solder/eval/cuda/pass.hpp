@@ -1,5 +1,5 @@
 // eval/cuda/pass.hpp: one fused pass of the CUDA backend (the writes of one assign_all) as
-// host+device functions of the thread's coordinates: the kernels of eval/cuda/kernels.hpp call
+// host+device functions of the thread's coordinates: the kernels of eval/cuda/assign.hpp call
 // them on the GPU, tests/support/grid.hpp calls them over a whole grid on the host.
 //
 // Three walks, picked from the writes at compile time:
@@ -23,7 +23,7 @@
 
 #include "solder/config.hpp"
 #include "solder/diagnostic.hpp"
-#include "solder/eval/cuda/element.hpp"
+#include "solder/eval/cuda/evaluator.hpp"
 #include "solder/expr/reduce.hpp"
 #include "solder/expr/write.hpp"
 
@@ -114,11 +114,11 @@ struct writer<write_target<T, S, E, device>, Lay> {
   static constexpr write_kind kind = write_kind::store;
   using acc = no_acc;
   T* out;
-  reader<E, Lay> e;
+  evaluator<E, Lay> e;
   explicit writer(const write_target<T, S, E, device>& w) : out(w.out.data()), e(w.expr) {}
 
   SOLDER_HD SOLDER_INLINE acc start() const { return {}; }
-  SOLDER_HD SOLDER_INLINE void seek(std::size_t base, unsigned t) { seek_reader(e, base, t); }
+  SOLDER_HD SOLDER_INLINE void seek(std::size_t base, unsigned t) { seek_evaluator(e, base, t); }
   template <bool Vec>
   SOLDER_HD SOLDER_INLINE void vec(std::size_t i, unsigned, acc&) const {
     const auto x = e.template at4<Vec>(i);
@@ -150,7 +150,7 @@ struct writer<write_target<T, S, reduce_node<C, K, R, E>, device>, Lay> {
   T* out;
   T scale;
   T* partial = nullptr;
-  reader<E, Lay> e;
+  evaluator<E, Lay> e;
   explicit writer(const write_target<T, S, reduce_node<C, K, R, E>, device>& w)
       : out(w.out.data()), scale(w.expr.scale), e(w.expr.operand) {}
 
@@ -164,7 +164,7 @@ struct writer<write_target<T, S, reduce_node<C, K, R, E>, device>, Lay> {
     }
     return a;
   }
-  SOLDER_HD SOLDER_INLINE void seek(std::size_t base, unsigned t) { seek_reader(e, base, t); }
+  SOLDER_HD SOLDER_INLINE void seek(std::size_t base, unsigned t) { seek_evaluator(e, base, t); }
   template <bool Vec>
   SOLDER_HD SOLDER_INLINE void vec(std::size_t i, unsigned k, acc& a) const {
     const auto x = e.template at4<Vec>(i);
@@ -185,7 +185,7 @@ struct writer<write_target<T, S, reduce_node<C, K, R, E>, device>, Lay> {
 };
 
 /// The writes of one pass over a walk Lay, with the vector path (16-byte accesses) when Vec.
-/// A pass object is copied into each thread: its readers keep the item's random bits.
+/// A pass object is copied into each thread: its evaluators keep the item's random bits.
 template <class Lay, bool Vec, class... Ws>
 struct pass {
   using shape_type = typename Lay::shape;
@@ -422,7 +422,7 @@ void run_pass(Runner& runner, std::size_t n, const Ws&... ws) {
 }  // namespace detail
 
 /// Checks the writes of one pass, picks its walk and whether it takes 16-byte accesses, and
-/// hands the pass to `runner` (device_runner in kernels.hpp; a sequential grid in the tests).
+/// hands the pass to `runner` (device_runner in assign.hpp; a sequential grid in the tests).
 template <class Runner, class W0, class... Ws>
 void dispatch(Runner& runner, const W0& w0, const Ws&... ws) {
   static_assert(detail::check_device_write<W0>() && (detail::check_device_write<Ws>() && ...));

@@ -9,7 +9,7 @@
 // ascending k (fp32: an element's bits do not depend on the tiling or the launch), or
 // tensor-core fragments per warp (tf32, bf16: the panels rounded while staged). Then each
 // thread hands its accumulators to the epilogue (finish): the rest of the write's expression,
-// read at the element's output coordinates by the readers of element.hpp, with the product
+// read at the element's output coordinates by the evaluators of evaluator.hpp, with the product
 // standing in as an accumulator leaf: bias, activation and a dropout mask equal to the CPU's
 // bit for bit, applied before the single store.
 #pragma once
@@ -25,7 +25,7 @@
 
 #include "solder/config.hpp"
 #include "solder/diagnostic.hpp"
-#include "solder/eval/cuda/element.hpp"
+#include "solder/eval/cuda/evaluator.hpp"
 #include "solder/expr/contract.hpp"
 #include "solder/expr/operand.hpp"
 #include "solder/expr/write.hpp"
@@ -467,10 +467,10 @@ accumulator_leaf<S> product_value(std::size_t batch = 1) {
 }
 
 template <class S, class Lay>
-struct reader<accumulator_leaf<S>, Lay> {
+struct evaluator<accumulator_leaf<S>, Lay> {
   using value_type = float;
   float value = 0;
-  explicit reader(const accumulator_leaf<S>&) {}
+  explicit evaluator(const accumulator_leaf<S>&) {}
   SOLDER_HD SOLDER_INLINE void seek(std::size_t) {}
   SOLDER_HD SOLDER_INLINE float at(std::size_t) const { return value; }
   const void* address() const { return nullptr; }
@@ -491,7 +491,7 @@ inline constexpr std::size_t accumulator_leaves<accumulator_leaf<S>> = 1;
 template <class Op, class... Args>
 inline constexpr std::size_t accumulator_leaves<map_node<Op, Args...>> = (accumulator_leaves<Args> + ... + 0);
 
-/// Sets the accumulator leaf of a reader tree to v.
+/// Sets the accumulator leaf of an evaluator tree to v.
 template <class R>
 SOLDER_HD SOLDER_INLINE void set_accumulator(R& r, float v);
 
@@ -501,14 +501,14 @@ SOLDER_HD SOLDER_INLINE void set_accumulator_args(R& r, float v, std::index_sequ
   (set_accumulator(std::get<I>(r.args), v), ...);
 }
 template <class R>
-struct is_accumulator_reader : std::false_type {};
+struct is_accumulator_evaluator : std::false_type {};
 template <class S, class Lay>
-struct is_accumulator_reader<reader<accumulator_leaf<S>, Lay>> : std::true_type {};
+struct is_accumulator_evaluator<evaluator<accumulator_leaf<S>, Lay>> : std::true_type {};
 }  // namespace detail
 
 template <class R>
 SOLDER_HD SOLDER_INLINE void set_accumulator(R& r, float v) {
-  if constexpr (detail::is_accumulator_reader<R>::value)
+  if constexpr (detail::is_accumulator_evaluator<R>::value)
     r.value = v;
   else if constexpr (requires { r.args; })
     detail::set_accumulator_args(r, v, std::make_index_sequence<std::tuple_size_v<decltype(r.args)>>{});
@@ -530,7 +530,7 @@ struct product_epilogue<write_target<T, S, E, device>> {
                 "elementwise ops and the product's value only");
   static constexpr std::size_t cols = S::last;
   using walk_type = walk<S, false>;  // element by element: a thread's elements are not whole mask groups
-  reader<E, walk_type> root;
+  evaluator<E, walk_type> root;
   T* out;
   std::size_t rows;
 

@@ -1,10 +1,10 @@
-// eval/cuda/element.hpp: how each expression node is read by the CUDA backend, one element or
+// eval/cuda/evaluator.hpp: how each expression node is read by the CUDA backend, one element or
 // one 16-byte vector of four at a flat output index. Host+device code with no CUDA header, so
-// the CPU test suite runs the same readers over a whole grid (tests/support/grid.hpp).
+// the CPU test suite runs the same evaluators over a whole grid (tests/support/grid.hpp).
 //
 // A pass walks its output in items (eval/cuda/pass.hpp): the 32 elements base + 16k + 4t + j
 // (k < 8, j < 4) of a 128-element tile, t the item's quarter of the tile. For each item the
-// readers are told the tile (seek), then read the four consecutive elements of each k.
+// evaluators are told the tile (seek), then read the four consecutive elements of each k.
 #pragma once
 
 #include <cstddef>
@@ -91,11 +91,11 @@ struct position {
 };
 
 template <class E, class Lay>
-struct reader;
+struct evaluator;
 
-/// r.seek(base, t) for readers that use the item's quarter (masks), r.seek(base) otherwise.
+/// r.seek(base, t) for evaluators that use the item's quarter (masks), r.seek(base) otherwise.
 template <class R>
-SOLDER_HD SOLDER_INLINE void seek_reader(R& r, std::size_t base, unsigned t) {
+SOLDER_HD SOLDER_INLINE void seek_evaluator(R& r, std::size_t base, unsigned t) {
   if constexpr (requires { r.seek(base, t); })
     r.seek(base, t);
   else
@@ -104,11 +104,11 @@ SOLDER_HD SOLDER_INLINE void seek_reader(R& r, std::size_t base, unsigned t) {
 
 /// A tensor in device memory.
 template <class T, class L, class Lay>
-struct reader<tensor_ref<const T, L, device>, Lay> {
+struct evaluator<tensor_ref<const T, L, device>, Lay> {
   using pos = position<L, typename Lay::shape>;
   using value_type = T;
   const T* p;
-  explicit reader(const tensor_ref<const T, L, device>& t) : p(t.data()) {}
+  explicit evaluator(const tensor_ref<const T, L, device>& t) : p(t.data()) {}
 
   SOLDER_HD SOLDER_INLINE void seek(std::size_t) {}
   SOLDER_HD SOLDER_INLINE T at(std::size_t i) const { return p[pos::at(i)]; }
@@ -127,16 +127,16 @@ struct reader<tensor_ref<const T, L, device>, Lay> {
 
 /// A tagged autodiff variable reads like its tensor.
 template <std::size_t Id, class T, class L, class Lay>
-struct reader<variable<Id, T, L, device>, Lay> : reader<tensor_ref<const T, L, device>, Lay> {
-  explicit reader(const variable<Id, T, L, device>& v) : reader<tensor_ref<const T, L, device>, Lay>(v.ref) {}
+struct evaluator<variable<Id, T, L, device>, Lay> : evaluator<tensor_ref<const T, L, device>, Lay> {
+  explicit evaluator(const variable<Id, T, L, device>& v) : evaluator<tensor_ref<const T, L, device>, Lay>(v.ref) {}
 };
 
 /// A scalar constant.
 template <class T, class Lay>
-struct reader<constant<T>, Lay> {
+struct evaluator<constant<T>, Lay> {
   using value_type = T;
   T value;
-  explicit reader(const constant<T>& c) : value(c.value) {}
+  explicit evaluator(const constant<T>& c) : value(c.value) {}
   SOLDER_HD SOLDER_INLINE void seek(std::size_t) {}
   SOLDER_HD SOLDER_INLINE T at(std::size_t) const { return value; }
   template <bool Vec>
@@ -155,7 +155,7 @@ SOLDER_HD SOLDER_INLINE std::uint32_t word(const random::philox_ctr& c, unsigned
 /// tiles are bits16 groups, seek() draws the item's 4 Philox blocks once: 8 elements' bits per
 /// block, as the CPU's group generator does. Otherwise each element draws its block alone.
 template <class L, class Lay>
-struct reader<dropout_mask<L>, Lay> {
+struct evaluator<dropout_mask<L>, Lay> {
   using pos = position<L, typename Lay::shape>;
   static constexpr bool grouped = pos::same && Lay::grouped;
   using value_type = bool;
@@ -166,7 +166,7 @@ struct reader<dropout_mask<L>, Lay> {
   bool aligned;
   random::philox_ctr blocks[grouped ? 4 : 1] = {};
 
-  explicit reader(const dropout_mask<L>& m)
+  explicit evaluator(const dropout_mask<L>& m)
       : seed(m.rng.seed), offset(m.rng.offset), first(m.rng.first), threshold(m.threshold), aligned(m.rng.first % tile == 0) {}
 
   /// base: the tile's first flat index (a multiple of 128 when grouped), t: the item's quarter.
@@ -216,13 +216,13 @@ struct reader<dropout_mask<L>, Lay> {
 
 /// An elementwise node: its operands' values through the op's one definition, lane by lane.
 template <class Op, class... Args, class Lay>
-struct reader<map_node<Op, Args...>, Lay> {
+struct evaluator<map_node<Op, Args...>, Lay> {
   using value_type = value_of<map_node<Op, Args...>>;
   [[no_unique_address]] Op op;
-  std::tuple<reader<Args, Lay>...> args;
+  std::tuple<evaluator<Args, Lay>...> args;
 
-  explicit reader(const map_node<Op, Args...>& n)
-      : op(n.op), args(std::apply([](const Args&... a) { return std::tuple<reader<Args, Lay>...>(reader<Args, Lay>(a)...); }, n.args)) {}
+  explicit evaluator(const map_node<Op, Args...>& n)
+      : op(n.op), args(std::apply([](const Args&... a) { return std::tuple<evaluator<Args, Lay>...>(evaluator<Args, Lay>(a)...); }, n.args)) {}
 
   SOLDER_HD SOLDER_INLINE void seek(std::size_t base, unsigned t = 0) { seek_all(base, t, std::index_sequence_for<Args...>{}); }
   SOLDER_HD SOLDER_INLINE value_type at(std::size_t i) const { return at_all(i, std::index_sequence_for<Args...>{}); }
@@ -234,7 +234,7 @@ struct reader<map_node<Op, Args...>, Lay> {
  private:
   template <std::size_t... I>
   SOLDER_HD SOLDER_INLINE void seek_all(std::size_t base, unsigned t, std::index_sequence<I...>) {
-    (seek_reader(std::get<I>(args), base, t), ...);
+    (seek_evaluator(std::get<I>(args), base, t), ...);
   }
   template <std::size_t... I>
   SOLDER_HD SOLDER_INLINE value_type at_all(std::size_t i, std::index_sequence<I...>) const {
@@ -249,7 +249,7 @@ struct reader<map_node<Op, Args...>, Lay> {
   }
 };
 
-/// Visits the address of every tensor operand of a reader tree (the launch checks that all
+/// Visits the address of every tensor operand of an evaluator tree (the launch checks that all
 /// are 16-byte aligned before it picks the vector kernel).
 template <class R, class F>
 void for_each_address(const R& r, const F& f) {

@@ -1,8 +1,8 @@
-// eval/cpu/loop.hpp: the CPU loop nest. A pass walks its output in segments; for each one,
+// eval/cpu/pass.hpp: the CPU loop nest. A pass walks its output in segments; for each one,
 // every write's expression is loaded into registers, then stored or folded into a reduction,
 // vector by vector; tails go through the same vector code, so every element is computed the
 // same way whatever the segment, tile or thread it falls in. assign.hpp runs it over whole
-// tensors; contract.hpp runs it over the register tiles of a matrix product.
+// tensors; product.hpp runs it over the register tiles of a matrix product.
 #pragma once
 
 #include <algorithm>

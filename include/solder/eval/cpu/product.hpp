@@ -1,4 +1,4 @@
-// eval/cpu/contract.hpp: writes that hold a matrix product run as ONE GEMM whose epilogue is
+// eval/cpu/product.hpp: writes that hold a matrix product run as ONE GEMM whose epilogue is
 // the rest of their expressions. The product node is replaced by a tile leaf that reads the
 // accumulator tile; every other leaf (a bias row, a residual, a dropout mask) is read by its
 // usual evaluator at the tile's output coordinates, so a dropout mask inside the epilogue is
@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "solder/eval/cpu/gemm.hpp"
-#include "solder/eval/cpu/loop.hpp"
+#include "solder/eval/cpu/pass.hpp"
 #include "solder/eval/cpu/operand_packing.hpp"
 #include "solder/expr/contract.hpp"
 
@@ -118,7 +118,7 @@ struct evaluator<tile_leaf<S>, Lay, V> {
 // ---------------------------------------------------------------------------------------------
 
 /// Runs the writes' expressions over one tile (in an L1 buffer, row r at tile + r * ld): each
-/// of its rows is one segment of the loop nest (loop.hpp), read at the output's coordinates
+/// of its rows is one segment of the loop nest (pass.hpp), read at the output's coordinates
 /// (row m, columns n0 .. n0 + nr) and stored once.
 template <class V, class Evals, class Sinks>
 struct expression_epilogue {

@@ -1,4 +1,4 @@
-// eval/cuda/kernels.hpp: the CUDA backend's pass kernels and their launch (nvcc only): the
+// eval/cuda/assign.hpp: the CUDA backend's pass kernels and their launch (nvcc only): the
 // __global__ templates that run a pass of eval/cuda/pass.hpp, and run_writes, which checks the
 // writes, picks the walk and the vector path, and launches them on a stream.
 #pragma once
@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "solder/eval/cuda/element.hpp"
+#include "solder/eval/cuda/evaluator.hpp"
 #include "solder/eval/cuda/error.hpp"
 #include "solder/eval/cuda/memory.hpp"
 #include "solder/eval/cuda/pass.hpp"
@@ -27,7 +27,7 @@ inline constexpr unsigned flat_threads_per_block = 256;
 /// The elementwise pass: every thread its items, grid-stride.
 template <class P>
 __global__ void __launch_bounds__(flat_threads_per_block) flat_kernel(P p) {
-  P local = p;  // the readers keep the item's random bits
+  P local = p;  // the evaluators keep the item's random bits
   auto a = local.start();
   local.flat(std::size_t(blockIdx.x) * blockDim.x + threadIdx.x, std::size_t(gridDim.x) * blockDim.x, a);
 }
