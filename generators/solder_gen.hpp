@@ -1424,7 +1424,7 @@ inline std::string conv_definitions(const group_text& t, const std::string& head
        ": the tail's ops and dropout streams.\n";
   s += "using " + p + "tail_type = " + p + "block::tail_type;\n";
   s += "/// The convolution's geometry, as the CPU layer's, and its input as the product's A' = im2col(x).\n";
-  s += "using " + p + "geometry = solder::nn::detail::conv2d_geometry<" +
+  s += "using " + p + "geometry = solder::ops::conv2d_geometry<" +
        join({n(t.g.height), n(t.g.cols), kh, kw, n(t.g.stride), n(t.g.pad), n(t.g.dilation)}, ", ") + ">;\n";
   s += "using " + p + "im2col = solder::eval::cuda::im2col_operand<" + p + "geometry, " + cin + ", " + kh + ", " + kw +
        ", false>;\n";
@@ -1535,7 +1535,7 @@ inline std::string row_definitions(const group_text& t, const std::string& heade
     const std::string kind = t.row_role() == role::max_pool ? "max" : "avg";
     const auto n = [](std::size_t v) { return std::to_string(v); };
     s += "/// The extents of one sample, as the CPU layer takes them from its shapes.\n";
-    s += "constexpr solder::nn::pool2d::geometry " + p + "geometry{" +
+    s += "constexpr solder::ops::pool2d::geometry " + p + "geometry{" +
          join({n(t.g.channels), n(t.g.height), n(t.g.cols), n(t.g.out_height), n(t.g.out_cols), n(t.g.kernel),
                n(t.g.stride), n(t.g.pad)}, ", ") + "};\n";
     s += "constexpr bool " + p + "count_include_pad = " + (t.g.count_include_pad ? "true" : "false") + ";\n";
@@ -1592,7 +1592,7 @@ inline std::string instantiations(const group_text& t, const std::string& ns, st
     // instantiated once.
     const auto n = [](std::size_t v) { return std::to_string(v); };
     const std::string ecu = "solder::eval::cuda::", image = cout + ", " + n(t.g.out_height) + ", " + n(t.g.out_cols);
-    const std::string geometry = "solder::nn::detail::conv2d_geometry<" +
+    const std::string geometry = "solder::ops::conv2d_geometry<" +
                                  join({n(t.g.height), n(t.g.cols), n(t.g.kernel_h), n(t.g.kernel_w), n(t.g.stride),
                                        n(t.g.pad), n(t.g.dilation)}, ", ") + ">";
     const std::map<std::string, std::string> full{

@@ -70,7 +70,7 @@ static_assert(std::is_same_v<g0_block, std::tuple_element_t<0, conv_bn_relu::blo
 /// The layers after the convolution and its batch_norm: the tail's ops and dropout streams.
 using g0_tail_type = g0_block::tail_type;
 /// The convolution's geometry, as the CPU layer's, and its input as the product's A' = im2col(x).
-using g0_geometry = solder::nn::detail::conv2d_geometry<16, 16, 3, 3, 1, 1, 1>;
+using g0_geometry = solder::ops::conv2d_geometry<16, 16, 3, 3, 1, 1, 1>;
 using g0_im2col = solder::eval::cuda::im2col_operand<g0_geometry, 64, 3, 3, false>;
 /// Device views: the output images as rows of 16384 floats (NCHW), the product's output
 /// channels-last [batch 16 16, 64], the columns of dcol [batch 16 16, 576], the weight's gradient
@@ -182,8 +182,8 @@ template __global__ void solder::eval::cuda::product_kernel<solder_gen_conv_bn_r
 template __global__ void solder::eval::cuda::product_kernel<solder_gen_conv_bn_relu::g0_input_grad_pass>(
     solder_gen_conv_bn_relu::g0_input_grad_pass);
 template __global__ void solder::eval::cuda::elementwise_kernel<
-    solder::eval::cuda::col2im_pass<solder::nn::detail::conv2d_geometry<16, 16, 3, 3, 1, 1, 1>, 64, 3, 3>>(
-    solder::eval::cuda::col2im_pass<solder::nn::detail::conv2d_geometry<16, 16, 3, 3, 1, 1, 1>, 64, 3, 3>, std::size_t);
+    solder::eval::cuda::col2im_pass<solder::ops::conv2d_geometry<16, 16, 3, 3, 1, 1, 1>, 64, 3, 3>>(
+    solder::eval::cuda::col2im_pass<solder::ops::conv2d_geometry<16, 16, 3, 3, 1, 1, 1>, 64, 3, 3>, std::size_t);
 
 // ---- launchers (C linkage: global names, whatever the namespace) --------------------------------
 

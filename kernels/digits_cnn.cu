@@ -98,7 +98,7 @@ static_assert(std::is_same_v<g0_block, std::tuple_element_t<0, digits_cnn::block
 /// The layers after the convolution and its batch_norm: the tail's ops and dropout streams.
 using g0_tail_type = g0_block::tail_type;
 /// The convolution's geometry, as the CPU layer's, and its input as the product's A' = im2col(x).
-using g0_geometry = solder::nn::detail::conv2d_geometry<8, 8, 3, 3, 1, 1, 1>;
+using g0_geometry = solder::ops::conv2d_geometry<8, 8, 3, 3, 1, 1, 1>;
 using g0_im2col = solder::eval::cuda::im2col_operand<g0_geometry, 1, 3, 3, false>;
 /// Device views: the output images as rows of 1024 floats (NCHW), the product's output
 /// channels-last [batch 8 8, 16], the columns of dcol [batch 8 8, 9], the weight's gradient [16, 9]
@@ -178,7 +178,7 @@ static_assert(std::is_same_v<g1_block, std::tuple_element_t<1, digits_cnn::block
 /// The layers after the convolution and its batch_norm: the tail's ops and dropout streams.
 using g1_tail_type = g1_block::tail_type;
 /// The convolution's geometry, as the CPU layer's, and its input as the product's A' = im2col(x).
-using g1_geometry = solder::nn::detail::conv2d_geometry<8, 8, 3, 3, 1, 1, 1>;
+using g1_geometry = solder::ops::conv2d_geometry<8, 8, 3, 3, 1, 1, 1>;
 using g1_im2col = solder::eval::cuda::im2col_operand<g1_geometry, 16, 3, 3, false>;
 /// Device views: the output images as rows of 2048 floats (NCHW), the product's output
 /// channels-last [batch 8 8, 32], the columns of dcol [batch 8 8, 144], the weight's gradient [32,
@@ -255,7 +255,7 @@ static_assert(std::is_same_v<g2_layer, std::tuple_element_t<2, digits_cnn::block
               "solder::gen: digits_cnn in chains.hpp has changed since "
               "digits_cnn.cu was generated; regenerate it");
 /// The extents of one sample, as the CPU layer takes them from its shapes.
-constexpr solder::nn::pool2d::geometry g2_geometry{32, 8, 8, 4, 4, 2, 2, 0};
+constexpr solder::ops::pool2d::geometry g2_geometry{32, 8, 8, 4, 4, 2, 2, 0};
 constexpr bool g2_count_include_pad = true;
 using g2_forward_body = solder::eval::cuda::pool_forward_body<solder::eval::cuda::pool_kind::max>;
 using g2_backward_body = solder::eval::cuda::pool_backward_body<solder::eval::cuda::pool_kind::max>;
@@ -581,8 +581,8 @@ template __global__ void solder::eval::cuda::product_kernel<solder_gen_digits_cn
 template __global__ void solder::eval::cuda::product_kernel<solder_gen_digits_cnn::g0_input_grad_pass>(
     solder_gen_digits_cnn::g0_input_grad_pass);
 template __global__ void solder::eval::cuda::elementwise_kernel<
-    solder::eval::cuda::col2im_pass<solder::nn::detail::conv2d_geometry<8, 8, 3, 3, 1, 1, 1>, 1, 3, 3>>(
-    solder::eval::cuda::col2im_pass<solder::nn::detail::conv2d_geometry<8, 8, 3, 3, 1, 1, 1>, 1, 3, 3>, std::size_t);
+    solder::eval::cuda::col2im_pass<solder::ops::conv2d_geometry<8, 8, 3, 3, 1, 1, 1>, 1, 3, 3>>(
+    solder::eval::cuda::col2im_pass<solder::ops::conv2d_geometry<8, 8, 3, 3, 1, 1, 1>, 1, 3, 3>, std::size_t);
 // group 1, forward: the product over im2col, the reorder to NCHW, batch_norm, the tail
 template __global__ void solder::eval::cuda::product_kernel<solder_gen_digits_cnn::g1_conv_pass>(
     solder_gen_digits_cnn::g1_conv_pass);
@@ -614,8 +614,8 @@ template __global__ void solder::eval::cuda::product_kernel<solder_gen_digits_cn
 template __global__ void solder::eval::cuda::product_kernel<solder_gen_digits_cnn::g1_input_grad_pass>(
     solder_gen_digits_cnn::g1_input_grad_pass);
 template __global__ void solder::eval::cuda::elementwise_kernel<
-    solder::eval::cuda::col2im_pass<solder::nn::detail::conv2d_geometry<8, 8, 3, 3, 1, 1, 1>, 16, 3, 3>>(
-    solder::eval::cuda::col2im_pass<solder::nn::detail::conv2d_geometry<8, 8, 3, 3, 1, 1, 1>, 16, 3, 3>, std::size_t);
+    solder::eval::cuda::col2im_pass<solder::ops::conv2d_geometry<8, 8, 3, 3, 1, 1, 1>, 16, 3, 3>>(
+    solder::eval::cuda::col2im_pass<solder::ops::conv2d_geometry<8, 8, 3, 3, 1, 1, 1>, 16, 3, 3>, std::size_t);
 // group 2: a thread per output forward, per input backward
 template __global__ void solder::eval::cuda::elementwise_kernel<solder_gen_digits_cnn::g2_forward_body>(
     solder_gen_digits_cnn::g2_forward_body, std::size_t);

@@ -52,7 +52,7 @@ static_assert(std::is_same_v<g0_layer, std::tuple_element_t<0, pool_flatten::blo
               "solder::gen: pool_flatten in chains.hpp has changed since "
               "pool_flatten.cu was generated; regenerate it");
 /// The extents of one sample, as the CPU layer takes them from its shapes.
-constexpr solder::nn::pool2d::geometry g0_geometry{32, 8, 8, 4, 4, 2, 2, 0};
+constexpr solder::ops::pool2d::geometry g0_geometry{32, 8, 8, 4, 4, 2, 2, 0};
 constexpr bool g0_count_include_pad = true;
 using g0_forward_body = solder::eval::cuda::pool_forward_body<solder::eval::cuda::pool_kind::max>;
 using g0_backward_body = solder::eval::cuda::pool_backward_body<solder::eval::cuda::pool_kind::max>;
@@ -64,7 +64,7 @@ static_assert(std::is_same_v<g1_layer, std::tuple_element_t<1, pool_flatten::blo
               "solder::gen: pool_flatten in chains.hpp has changed since "
               "pool_flatten.cu was generated; regenerate it");
 /// The extents of one sample, as the CPU layer takes them from its shapes.
-constexpr solder::nn::pool2d::geometry g1_geometry{32, 4, 4, 2, 2, 2, 2, 0};
+constexpr solder::ops::pool2d::geometry g1_geometry{32, 4, 4, 2, 2, 2, 2, 0};
 constexpr bool g1_count_include_pad = true;
 using g1_forward_body = solder::eval::cuda::pool_forward_body<solder::eval::cuda::pool_kind::avg>;
 using g1_backward_body = solder::eval::cuda::pool_backward_body<solder::eval::cuda::pool_kind::avg>;

@@ -44,7 +44,7 @@ const char* name_of(input_layout l) { return l == input_layout::nhwc ? "nhwc" : 
 template <std::size_t C, std::size_t H, std::size_t W>
 struct cases {
   static constexpr std::size_t kernel = 3;
-  using geometry = solder::nn::detail::conv2d_geometry<H, W, kernel, kernel, 1, 1, 1>;
+  using geometry = solder::ops::conv2d_geometry<H, W, kernel, kernel, 1, 1, 1>;
   static constexpr std::size_t Ho = geometry::out_height, Wo = geometry::out_width;
   static constexpr std::size_t K = C * kernel * kernel;  // the product's inner extent
   using S = shape<dyn, C>;

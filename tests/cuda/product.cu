@@ -151,7 +151,7 @@ void device_tensor_assignment() {
 /// relu(conv2d(x) + b) of NCHW images as a product over implicit im2col, NHWC output.
 void convolution() {
   constexpr std::size_t Cin = 16, Cout = 32, Kh = 3, Kw = 3, H = 14, W = 14, Batch = 4;
-  using G = solder::nn::detail::conv2d_geometry<H, W, Kh, Kw, 1, 1, 1>;
+  using G = solder::ops::conv2d_geometry<H, W, Kh, Kw, 1, 1, 1>;
   constexpr std::size_t K = Cin * Kh * Kw;
   const std::size_t M = Batch * G::out_plane;
   std::vector<float> x(Batch * Cin * H * W), w(Cout * K), b(Cout);
@@ -174,7 +174,7 @@ void convolution() {
 /// A convolution's backward: dW = g^T im2col(x) and dx gathered from dcol = g W.
 void convolution_backward() {
   constexpr std::size_t Cin = 8, Cout = 16, Kh = 3, Kw = 3, H = 12, W = 10, Batch = 3;
-  using G = solder::nn::detail::conv2d_geometry<H, W, Kh, Kw, 2, 1, 1>;
+  using G = solder::ops::conv2d_geometry<H, W, Kh, Kw, 2, 1, 1>;
   constexpr std::size_t K = Cin * Kh * Kw;
   const std::size_t M = Batch * G::out_plane;
   std::vector<float> x(Batch * Cin * H * W), w(Cout * K), g(M * Cout);

@@ -435,7 +435,7 @@ TEST_CASE("cuda product: a convolution as a product over implicit im2col, NCHW a
   // conv2d<5, 12, 3, 3, stride 2, padding 1> on [3, 5, 9, 11]: windows off every edge.
   constexpr std::size_t Cin = 5, Cout = 12, Kh = 3, Kw = 3, H = 9, W = 11, Batch = 3;
   using Conv = nn::conv2d<Cin, Cout, Kh, Kw, 2, 1>;
-  using G = nn::detail::conv2d_geometry<H, W, Kh, Kw, 2, 1, 1>;
+  using G = ops::conv2d_geometry<H, W, Kh, Kw, 2, 1, 1>;
   constexpr std::size_t Ho = G::out_height, Wo = G::out_width, K = Cin * Kh * Kw;
   Conv conv(7);
   tensor<float, shape<dyn, Cin, H, W>> x(Batch);
@@ -518,7 +518,7 @@ TEST_CASE("cuda product: a convolution's backward, dW = g^T im2col(x) and dx gat
           "[cuda][product][conv]") {
   constexpr std::size_t Cin = 4, Cout = 6, Kh = 3, Kw = 2, H = 8, W = 9, Batch = 2;
   using Conv = nn::conv2d<Cin, Cout, Kh, Kw, 2, 1, 2>;  // stride 2, padding 1, dilation 2
-  using G = nn::detail::conv2d_geometry<H, W, Kh, Kw, 2, 1, 2>;
+  using G = ops::conv2d_geometry<H, W, Kh, Kw, 2, 1, 2>;
   constexpr std::size_t Ho = G::out_height, Wo = G::out_width, K = Cin * Kh * Kw, P = Ho * Wo;
   Conv conv(9);
   tensor<float, shape<dyn, Cin, H, W>> x(Batch), dx_cpu(Batch), dx(Batch);

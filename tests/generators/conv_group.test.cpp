@@ -45,7 +45,7 @@ struct generated_conv {
   static constexpr bool norm = Block::has_norm, tail = Block::tail_size > 0, bias = conv_t::has_bias;
   static constexpr std::size_t Cin = conv_t::in_channels, Cout = conv_t::out_channels, Kh = conv_t::kernel_height,
                                Kw = conv_t::kernel_width, K = Cin * Kh * Kw;
-  using G = nn::detail::conv2d_geometry<H, W, Kh, Kw, conv_t::stride, conv_t::padding, conv_t::dilation>;
+  using G = ops::conv2d_geometry<H, W, Kh, Kw, conv_t::stride, conv_t::padding, conv_t::dilation>;
   static constexpr std::size_t Ho = G::out_height, Wo = G::out_width, plane = Ho * Wo, width = Cout * plane;
   using im2col = cu::im2col_operand<G, Cin, Kh, Kw, false>;
   /// The CPU layers' NCHW batches; the generated passes see them as rows (rows_of).
@@ -318,7 +318,7 @@ TEST_CASE("solder-gen: a convolution, its batch_norm and its tail are one convol
 TEST_CASE("solder-gen: a convolution group's passes and launchers", "[gen][conv]") {
   const gen::files f = gen::generate(gen::describe<conv_bn_relu>("conv_bn_relu"), "chains.hpp");
   CHECK(holds(f.cu, "using g0_block = solder::nn::conv_block<solder::nn::conv2d<64, 64, 3, 3, 1, 1>, solder::nn::batch_norm<64>,"));
-  CHECK(holds(f.cu, "using g0_geometry = solder::nn::detail::conv2d_geometry<16, 16, 3, 3, 1, 1, 1>;"));
+  CHECK(holds(f.cu, "using g0_geometry = solder::ops::conv2d_geometry<16, 16, 3, 3, 1, 1, 1>;"));
   CHECK(holds(f.cu, "using g0_im2col = solder::eval::cuda::im2col_operand<g0_geometry, 64, 3, 3, false>;"));
   CHECK(holds(f.cu, "return product<g0_out_tiling>(g0_im2col{x}, matrix_operand<true>{w, 576}, m, 576,"));
   CHECK(holds(f.cu, "const auto z = product_value<solder::shape<solder::dyn, 64>>(m) + bf;"));

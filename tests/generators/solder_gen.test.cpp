@@ -198,8 +198,8 @@ TEST_CASE("solder-gen: pooling and flatten groups of a chain over images", "[gen
   CHECK(holds(f.h, "int solder_avg_pool2d_f32_32x4x4_fwd(const float* x, float* y, size_t batch, cudaStream_t stream);"));
   CHECK(holds(f.h, "int solder_flatten_f32_512_fwd(const float* x, float* y, size_t batch, cudaStream_t stream);"));
   // The bodies of eval/cuda/pool.hpp with the geometry fixed: channels, H, W, Ho, Wo, K, S, P.
-  CHECK(holds(f.cu, "constexpr solder::nn::pool2d::geometry g0_geometry{32, 8, 8, 4, 4, 2, 2, 0};"));
-  CHECK(holds(f.cu, "constexpr solder::nn::pool2d::geometry g1_geometry{32, 4, 4, 4, 4, 3, 1, 1};"));
+  CHECK(holds(f.cu, "constexpr solder::ops::pool2d::geometry g0_geometry{32, 8, 8, 4, 4, 2, 2, 0};"));
+  CHECK(holds(f.cu, "constexpr solder::ops::pool2d::geometry g1_geometry{32, 4, 4, 4, 4, 3, 1, 1};"));
   CHECK(holds(f.cu, "solder::eval::cuda::pool_kind::max"));
   CHECK(holds(f.cu, "solder::eval::cuda::pool_kind::avg"));
   CHECK(holds(f.cu, "cudaMemcpyDeviceToDevice"));

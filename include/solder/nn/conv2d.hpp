@@ -29,10 +29,6 @@ namespace solder::nn {
 
 namespace detail {
 
-/// Where the windows of a convolution fall (ops/conv2d.hpp), under the name generated code uses.
-template <std::size_t H, std::size_t W, std::size_t Kh, std::size_t Kw, std::size_t S, std::size_t P, std::size_t D>
-using conv2d_geometry = ops::conv2d_geometry<H, W, Kh, Kw, S, P, D>;
-
 /// y = x: the activation of a convolution that has none.
 using conv2d_identity = ops::conv2d_identity;
 

@@ -13,7 +13,7 @@ namespace solder::eval::cuda {
 
 /// dx [batch, Cin, H, W] (NCHW) from dcol [batch Ho Wo, Cin Kh Kw] (the rows of the output
 /// pixels, the columns in PyTorch's weight order, as im2col_operand reads them). G: the
-/// convolution's geometry (nn::detail::conv2d_geometry).
+/// convolution's geometry (ops::conv2d_geometry).
 template <class G, std::size_t Cin, std::size_t Kh, std::size_t Kw>
 struct col2im_pass {
   static constexpr std::size_t taps = Cin * Kh * Kw;
