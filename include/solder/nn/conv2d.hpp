@@ -50,7 +50,7 @@ class conv_block;
 /// depend on the thread count.
 template <std::size_t Cin, std::size_t Cout, std::size_t Kh, std::size_t Kw, std::size_t Stride = 1,
           std::size_t Pad = 0, std::size_t Dilation = 1, std::size_t Groups = 1, bool Bias = true>
-class conv2d {
+class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation, Groups, Bias> {
   static_assert(Cin >= 1 && Cout >= 1, "solder::nn::conv2d: the channel counts Cin and Cout must be at least 1");
   static_assert(Kh >= 1 && Kw >= 1, "solder::nn::conv2d: the kernel size Kh x Kw must be at least 1 x 1");
   static_assert(Stride >= 1 && Dilation >= 1, "solder::nn::conv2d: Stride and Dilation must be at least 1");
@@ -61,22 +61,14 @@ class conv2d {
                 "solder::nn::conv2d: Cout must be a multiple of Groups (each group gives Cout/Groups channels)");
 
  public:
-  static constexpr std::size_t in_channels = Cin;
-  static constexpr std::size_t out_channels = Cout;
-  static constexpr std::size_t kernel_height = Kh;
-  static constexpr std::size_t kernel_width = Kw;
-  static constexpr std::size_t stride = Stride;
-  static constexpr std::size_t padding = Pad;
-  static constexpr std::size_t dilation = Dilation;
-  static constexpr std::size_t groups = Groups;
-  static constexpr bool has_bias = Bias;
-  static constexpr std::size_t group_in = Cin / Groups;    // input channels per group
-  static constexpr std::size_t group_out = Cout / Groups;  // output channels per group
-  /// Inputs of one output element: the K of each group's product, and torch's fan_in.
-  static constexpr std::size_t fan_in = group_in * Kh * Kw;
-  /// Groups of one input channel each (torch's depthwise layers) run a direct loop per plane:
-  /// their products have K = Kh Kw, too short for the GEMM to pay for im2col.
-  static constexpr bool depthwise = Groups == Cin && Groups > 1;
+  // The layer's constants, as its spec (ops/conv2d.hpp) states them: channels, kernel, stride,
+  // padding, dilation, groups, bias, group_in and group_out, fan_in (torch's too), and depthwise
+  // (groups of one input channel each run a direct loop per plane: their products have K = Kh Kw,
+  // too short for the GEMM to pay for im2col).
+  using base_spec = ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation, Groups, Bias>;
+  using base_spec::in_channels, base_spec::out_channels, base_spec::kernel_height, base_spec::kernel_width,
+      base_spec::stride, base_spec::padding, base_spec::dilation, base_spec::groups, base_spec::has_bias,
+      base_spec::group_in, base_spec::group_out, base_spec::fan_in, base_spec::depthwise;
   static constexpr const char* name = "conv2d";
   /// Parameter names in params() order, as PyTorch's state_dict names them.
   static constexpr const char* param_names[] = {"weight", "bias"};
@@ -270,7 +262,7 @@ class conv2d {
   using exec = executor<cpu>;
   /// The layer as its backend sees it, and the backend's work for it (which keeps the weights
   /// packed for a frozen model).
-  using spec = ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation, Groups, Bias>;
+  using spec = base_spec;
   typename exec::template conv2d<spec> kernels;
 
   static constexpr std::size_t span_height = Dilation * (Kh - 1) + 1;

@@ -1,7 +1,7 @@
 // nn/softmax.hpp: softmax and log_softmax over the feature axis of [batch, N] activations, as
 // blocks of their own: one visit per row, stable (the row max is subtracted before exp), and a
 // backward pass that needs the output y alone. The row math is ops::softmax / ops::log_softmax
-// (ops/softmax.hpp), run on executor<cpu>'s row walk.
+// (ops/softmax.hpp), run as row bodies (ops/rows.hpp) by the executor's rows<N>.
 #pragma once
 
 #include <cstddef>
@@ -14,6 +14,7 @@
 #include "solder/diagnostic.hpp"
 #include "solder/nn/batch_check.hpp"
 #include "solder/nn/block.hpp"
+#include "solder/ops/rows.hpp"
 #include "solder/ops/softmax.hpp"
 #include "solder/optim/optimizer.hpp"
 #include "solder/shape.hpp"
@@ -53,7 +54,7 @@ class softmax_layer : public block_defaults {
       detail::batches_differ(std::string(who) + "::forward", {{"x", x.batch()}, {"y", y.batch()}});
     const float* xp = x.data();
     float* yp = y.data();
-    exec::for_rows(SX::elements(x.batch()) / N, N, [=](std::size_t r) { forward_row(xp + r * N, yp + r * N); });
+    exec::template rows<N>(SX::elements(x.batch()) / N, ops::rows_forward<op, N>{xp, yp});
   }
   template <class SX, class SY>
   void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
@@ -71,8 +72,7 @@ class softmax_layer : public block_defaults {
                              {{"x", batch}, {"y", y.batch()}, {"dy", dy.batch()}, {"dx", dx.batch()}});
     const float *yp = y.data(), *dyp = dy.data();
     float* dxp = dx.data();
-    exec::for_rows(SY::elements(batch) / N, N,
-                   [=](std::size_t r) { backward_row(yp + r * N, dyp + r * N, dxp + r * N); });
+    exec::template rows<N>(SY::elements(batch) / N, ops::rows_backward_from_output<op, N>{yp, dyp, dxp});
   }
   template <class SX, class SY>
   void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy, tensor<float, SX>& dx) {
@@ -80,16 +80,6 @@ class softmax_layer : public block_defaults {
   }
 
  private:
-  // One row each way, flattened: the op's loops with exp and the walker's reductions become one
-  // body whatever else the translation unit holds (left to GCC's unit-growth budget, a large
-  // unit calls exp out of line, once per vector).
-  SOLDER_FLATTEN_KERNEL static void forward_row(const float* x, float* y) {
-    op{}.forward(exec::row<N>{}, x, y);
-  }
-  SOLDER_FLATTEN_KERNEL static void backward_row(const float* y, const float* dy, float* dx) {
-    op{}.backward(exec::row<N>{}, y, dy, dx);
-  }
-
   template <class SX, class SY>
   static constexpr bool check_shapes() {
     if constexpr (SX::rank == 2 && SX::last == N && std::is_same_v<SX, SY>) {

@@ -85,17 +85,27 @@ struct executor<cpu> {
   /// the threads.
   template <std::size_t N, class Body>
   static void rows(std::size_t count, const Body& body) {
-    if constexpr (N == dyn) {
-      const row<dyn> walker(body.n);
-      for_rows(count, body.n, [&](std::size_t r) { body(walker, r); });
-    } else {
-      for_rows(count, N, [&](std::size_t r) { body(row<N>{}, r); });
-    }
+    if constexpr (N == dyn)
+      for_rows(count, body.n, [&](std::size_t r) { one_row<N>(body, r); });
+    else
+      for_rows(count, N, [&](std::size_t r) { one_row<N>(body, r); });
   }
   /// body.template operator()<V>(i): V = vec at every whole vector of [0, n), float after.
   template <class Body>
   static void elements(std::size_t n, const Body& body) {
     for_each_element(n, body);
+  }
+
+ private:
+  // One row, flattened: the op's loops with exp and the walker's reductions become one body
+  // whatever else the translation unit holds (left to GCC's unit-growth budget, a large unit
+  // calls exp out of line, once per vector).
+  template <std::size_t N, class Body>
+  SOLDER_FLATTEN_KERNEL static void one_row(const Body& body, std::size_t r) {
+    if constexpr (N == dyn)
+      body(row<dyn>(body.n), r);
+    else
+      body(row<N>{}, r);
   }
 };
 

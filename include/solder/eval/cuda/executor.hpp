@@ -1,8 +1,9 @@
-// eval/cuda/executor.hpp: executor<cuda>, the CUDA backend as the rest of solder sees it (chosen
-// by tag, backend.hpp; its verbs are declared in executor.hpp): assignments into device tensors
-// run as one fused pass, row and element bodies as warp-per-row and thread-per-element kernels,
-// all on the calling thread's current stream (solder::current_stream(), set by
-// solder::stream_guard). Every call returns before the GPU has finished. nvcc only.
+// eval/cuda/executor.hpp: executor<cuda>, the CUDA backend as the rest of solder sees it (nvcc
+// only; chosen by tag, backend.hpp; its verbs are declared in executor.hpp): assignments into
+// device tensors run as one fused pass, row and element bodies as warp-per-row and
+// thread-per-element kernels, all on the calling thread's current stream
+// (solder::current_stream(), set by solder::stream_guard); every call returns before the GPU has
+// finished.
 #pragma once
 
 #include <cuda_runtime.h>

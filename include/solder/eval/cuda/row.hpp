@@ -12,6 +12,7 @@
 #include "solder/config.hpp"
 #include "solder/ops/layer_norm.hpp"
 #include "solder/ops/loss.hpp"
+#include "solder/ops/rows.hpp"
 #include "solder/ops/softmax.hpp"
 #include "solder/shape.hpp"
 #include "solder/simd.hpp"
@@ -187,32 +188,14 @@ struct thread_elements {
 // the team, so the kernels of row_kernels.hpp and the host tests run the same code. Pointers
 // are the whole arrays; `n` is the row length (used when N is dyn, else equal to N).
 
-/// Op (ops::softmax or ops::log_softmax) forward on row r: y = op(x); x, y [rows, n].
+/// Op (ops::softmax or ops::log_softmax) forward on row r: y = op(x); x, y [rows, n]. The
+/// backend-free row body of ops/rows.hpp on a warp: {x, y} or {x, y, n}.
 template <class Op, std::size_t N>
-struct softmax_forward_body {
-  const float* x;
-  float* y;
-  std::size_t n = N;
-  SOLDER_EXEC_CHECK_OFF
-  template <class Team>
-  SOLDER_HD void operator()(std::size_t r, const Team& team) const {
-    Op{}.forward(make_warp_row<N>(n, team), x + r * n, y + r * n);
-  }
-};
+using softmax_forward_body = warp_rows<N, ops::rows_forward<Op, N>>;
 
-/// Op backward on row r, from the output: dx from y and dy; all [rows, n].
+/// Op backward on row r, from the output: dx from y and dy; all [rows, n]: {y, dy, dx[, n]}.
 template <class Op, std::size_t N>
-struct softmax_backward_body {
-  const float* y;
-  const float* dy;
-  float* dx;
-  std::size_t n = N;
-  SOLDER_EXEC_CHECK_OFF
-  template <class Team>
-  SOLDER_HD void operator()(std::size_t r, const Team& team) const {
-    Op{}.backward(make_warp_row<N>(n, team), y + r * n, dy + r * n, dx + r * n);
-  }
-};
+using softmax_backward_body = warp_rows<N, ops::rows_backward_from_output<Op, N>>;
 
 /// layer_norm forward on row r: y = (x - mean) rstd w + b; keeps mean[r] and rstd[r].
 template <std::size_t N>
