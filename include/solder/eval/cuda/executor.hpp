@@ -1,9 +1,8 @@
-// eval/cuda/executor.hpp: executor<cuda>, the CUDA backend as the rest of solder sees it (nvcc
-// only; chosen by tag, backend.hpp; its verbs are declared in executor.hpp): assignments into
-// device tensors run as one fused pass, row and element bodies as warp-per-row and
-// thread-per-element kernels, all on the calling thread's current stream
-// (solder::current_stream(), set by solder::stream_guard); every call returns before the GPU has
-// finished.
+// eval/cuda/executor.hpp: executor<cuda>, the CUDA backend as the rest of solder sees it; nvcc only.
+// Chosen by tag (backend.hpp); its verbs are declared in executor.hpp. Assignments into device
+// tensors run as one fused pass, row and element bodies as warp-per-row and thread-per-element
+// kernels, all on the calling thread's current stream (solder::current_stream(), set by
+// solder::stream_guard); every call returns before the GPU has finished.
 #pragma once
 
 #include <cuda_runtime.h>
