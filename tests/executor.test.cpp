@@ -130,7 +130,7 @@ struct count_body {
 
 }  // namespace
 
-TEST_CASE("executor: elements covers [0, n) once, whole vectors first", "[executor]") {
+TEST_CASE("executor: elements covers every index below n once, whole vectors first", "[executor]") {
   const std::size_t n = GENERATE(0, 1, 7, 16, 17, 4097, 70001);
   INFO("n = " << n);
   constexpr std::size_t lanes = exec::vec::size;
