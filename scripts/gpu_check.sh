@@ -443,6 +443,21 @@ cmd_run() {
   sed 's/^/  probe: /' "$out/logs/gpu_check_probe.log"
   ((probe_rc == 0)) && gpu_found=1
 
+  # status and note from the last run's exit code; a log line matching $2 means the program
+  # found no device, whatever its exit code ($3 says so).
+  classify() {  # log [no-device pattern] [note]
+    if [[ -n ${2:-} ]] && grep -q "$2" "$1"; then
+      status=skip note=$3
+      return
+    fi
+    case $run_rc in
+      0) status=pass note="" ;;
+      77) status=skip note="no CUDA device (exit 77)" ;;
+      124 | 137) status=timeout note="killed after ${run_timeout} s" ;;
+      *) status=fail note="exit $run_rc" ;;
+    esac
+  }
+
   local kind name m note status
   # Tests.
   while IFS=$'\t' read -r kind name _; do
@@ -463,12 +478,7 @@ cmd_run() {
       record test "$name" not_run "" 0 "time budget spent"
       continue
     fi
-    case $run_rc in
-      0) status=pass note="" ;;
-      77) status=skip note="no CUDA device (exit 77)" ;;
-      124 | 137) status=timeout note="killed after ${run_timeout} s" ;;
-      *) status=fail note="exit $run_rc" ;;
-    esac
+    classify "$out/logs/$name.log"
     record test "$name" "$status" "$run_rc" "$run_seconds" "$note"
   done <"$dir/MANIFEST.tsv"
 
@@ -495,15 +505,8 @@ cmd_run() {
         record bench "$name" not_run "" 0 "time budget spent"
         continue
       fi
-      if grep -q 'no CUDA device' "$out/logs/$name.log"; then
-        status=skip note="no CUDA device"
-      else
-        case $run_rc in
-          0) status=pass note="" ;;
-          124 | 137) status=timeout note="killed after ${run_timeout} s; the cases that finished are in the log" ;;
-          *) status=fail note="exit $run_rc" ;;
-        esac
-      fi
+      classify "$out/logs/$name.log" 'no CUDA device' "no CUDA device"
+      [[ $status == timeout ]] && note+="; the cases that finished are in the log"
       grep -q 'ERROR OCCURRED' "$out/logs/$name.log" && note+="${note:+; }some cases reported errors"
       [[ $status == pass && -s $out/bench/$name.json ]] && bench_json+=(--solder-json "$out/bench/$name.json")
       record bench "$name" "$status" "$run_rc" "$run_seconds" "$note"
@@ -524,15 +527,7 @@ cmd_run() {
           --repetitions 1 --min-time "$min_time" "${compile_flag[@]}" --json "$out/bench/torch_bench.json" "${bench_json[@]}"; then
           record bench torch_bench not_run "" 0 "time budget spent"
         else
-          if grep -q 'sees no CUDA device' "$out/logs/torch_bench.log"; then
-            status=skip note="PyTorch sees no CUDA device"
-          else
-            case $run_rc in
-              0) status=pass note="" ;;
-              124 | 137) status=timeout note="killed after ${run_timeout} s" ;;
-              *) status=fail note="exit $run_rc" ;;
-            esac
-          fi
+          classify "$out/logs/torch_bench.log" 'sees no CUDA device' "PyTorch sees no CUDA device"
           record bench torch_bench "$status" "$run_rc" "$run_seconds" "$note"
         fi
       fi

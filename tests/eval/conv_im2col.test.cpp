@@ -18,6 +18,7 @@
 #include "solder/expr/operand.hpp"
 #include "solder/ops/conv2d.hpp"
 #include "support/data.hpp"
+#include "support/reference.hpp"
 
 namespace {
 
@@ -49,15 +50,10 @@ void check_operand() {
   const std::vector<float> x = values(C * H * W, 1);
   // The columns from the definition, stored [K, N].
   tensor<float, shape<K, N>> col;
-  for (std::size_t c = 0; c < C; ++c)
-    for (std::size_t kh = 0; kh < Kh; ++kh)
-      for (std::size_t kw = 0; kw < Kw; ++kw)
-        for (std::size_t ho = 0; ho < Ho; ++ho)
-          for (std::size_t wo = 0; wo < Wo; ++wo) {
-            const long r = long(ho * S + kh * D) - long(P), s = long(wo * S + kw * D) - long(P);
-            col.data()[((c * Kh + kh) * Kw + kw) * N + ho * Wo + wo] =
-                r >= 0 && s >= 0 && r < long(H) && s < long(W) ? x[(c * H + std::size_t(r)) * W + std::size_t(s)] : 0.0f;
-          }
+  test::for_each_conv_tap(C, Kh, Kw, Ho, Wo, S, P, D, [&](auto c, auto kh, auto kw, auto ho, auto wo, long r, long s) {
+    col.data()[((c * Kh + kh) * Kw + kw) * N + ho * Wo + wo] =
+        r >= 0 && s >= 0 && r < long(H) && s < long(W) ? x[(c * H + std::size_t(r)) * W + std::size_t(s)] : 0.0f;
+  });
   const X operand{x.data()};
   const auto stored = std::as_const(col).ref();
 

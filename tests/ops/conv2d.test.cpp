@@ -12,11 +12,13 @@
 #include <catch2/catch.hpp>
 
 #include "solder/ops/conv2d.hpp"
+#include "support/reference.hpp"
 
 namespace {
 
 using solder::ops::conv2d_geometry;
 using solder::ops::conv2d_output_size;
+using solder::test::for_each_conv_tap;
 
 /// The naive output size: how many window starts ho S (ho = 0, 1, ...) leave the dilated
 /// kernel inside the padded input.
@@ -55,13 +57,9 @@ void check_geometry() {
   const std::vector<float> x = integers(C * H * W, 1);
   // The column matrix [C Kh Kw, Ho Wo] from the definition.
   std::vector<float> col(C * Kh * Kw * Ho * Wo);
-  for (std::size_t ci = 0; ci < C; ++ci)
-    for (std::size_t kh = 0; kh < Kh; ++kh)
-      for (std::size_t kw = 0; kw < Kw; ++kw)
-        for (std::size_t ho = 0; ho < Ho; ++ho)
-          for (std::size_t wo = 0; wo < Wo; ++wo)
-            col[((ci * Kh + kh) * Kw + kw) * Ho * Wo + ho * Wo + wo] =
-                naive_read(x, H, W, ci, long(ho * S + kh * D) - long(P), long(wo * S + kw * D) - long(P));
+  for_each_conv_tap(C, Kh, Kw, Ho, Wo, S, P, D, [&](auto ci, auto kh, auto kw, auto ho, auto wo, long r, long c) {
+    col[((ci * Kh + kh) * Kw + kw) * Ho * Wo + ho * Wo + wo] = naive_read(x, H, W, ci, r, c);
+  });
 
   std::size_t wrong_at = 0, wrong_row = 0, wrong_part = 0, wrong_span = 0;
   std::vector<float> row(Wo), span(Ho * Wo);
@@ -98,14 +96,10 @@ void check_geometry() {
   // The inverse map: the entries (kh, kw, ho, wo) reading each input element, from the
   // definition, in (kh, kw) order; for_each_reader must give exactly those, in that order.
   std::vector<std::vector<std::size_t>> readers(H * W);
-  for (std::size_t kh = 0; kh < Kh; ++kh)
-    for (std::size_t kw = 0; kw < Kw; ++kw)
-      for (std::size_t ho = 0; ho < Ho; ++ho)
-        for (std::size_t wo = 0; wo < Wo; ++wo) {
-          const long r = long(ho * S + kh * D) - long(P), c = long(wo * S + kw * D) - long(P);
-          if (r >= 0 && c >= 0 && r < long(H) && c < long(W))
-            readers[std::size_t(r) * W + std::size_t(c)].push_back(((kh * Kw + kw) * Ho + ho) * Wo + wo);
-        }
+  for_each_conv_tap(1, Kh, Kw, Ho, Wo, S, P, D, [&](auto, auto kh, auto kw, auto ho, auto wo, long r, long c) {
+    if (r >= 0 && c >= 0 && r < long(H) && c < long(W))
+      readers[std::size_t(r) * W + std::size_t(c)].push_back(((kh * Kw + kw) * Ho + ho) * Wo + wo);
+  });
   std::size_t wrong_readers = 0;
   for (std::size_t hi = 0; hi < H; ++hi)
     for (std::size_t wi = 0; wi < W; ++wi) {
@@ -120,16 +114,10 @@ void check_geometry() {
   // col2im: the gather against a scatter-add of dcol into the image (integers: exact sums).
   const std::vector<float> dcol = integers(col.size(), 2);
   std::vector<float> scattered(C * H * W, 0.0f);
-  for (std::size_t ci = 0; ci < C; ++ci)
-    for (std::size_t kh = 0; kh < Kh; ++kh)
-      for (std::size_t kw = 0; kw < Kw; ++kw)
-        for (std::size_t ho = 0; ho < Ho; ++ho)
-          for (std::size_t wo = 0; wo < Wo; ++wo) {
-            const long r = long(ho * S + kh * D) - long(P), c = long(wo * S + kw * D) - long(P);
-            if (r >= 0 && c >= 0 && r < long(H) && c < long(W))
-              scattered[(ci * H + std::size_t(r)) * W + std::size_t(c)] +=
-                  dcol[((ci * Kh + kh) * Kw + kw) * Ho * Wo + ho * Wo + wo];
-          }
+  for_each_conv_tap(C, Kh, Kw, Ho, Wo, S, P, D, [&](auto ci, auto kh, auto kw, auto ho, auto wo, long r, long c) {
+    if (r >= 0 && c >= 0 && r < long(H) && c < long(W))
+      scattered[(ci * H + std::size_t(r)) * W + std::size_t(c)] += dcol[((ci * Kh + kh) * Kw + kw) * Ho * Wo + ho * Wo + wo];
+  });
   std::size_t wrong_col2im = 0;
   for (std::size_t ci = 0; ci < C; ++ci)
     for (std::size_t hi = 0; hi < H; ++hi)
@@ -142,15 +130,10 @@ void check_geometry() {
   constexpr std::size_t mult = 3;
   const std::vector<float> dy = integers(mult * Ho * Wo, 3), w = integers(mult * Kh * Kw, 4);
   std::vector<float> dx(H * W, 0.0f);
-  for (std::size_t j = 0; j < mult; ++j)
-    for (std::size_t kh = 0; kh < Kh; ++kh)
-      for (std::size_t kw = 0; kw < Kw; ++kw)
-        for (std::size_t ho = 0; ho < Ho; ++ho)
-          for (std::size_t wo = 0; wo < Wo; ++wo) {
-            const long r = long(ho * S + kh * D) - long(P), c = long(wo * S + kw * D) - long(P);
-            if (r >= 0 && c >= 0 && r < long(H) && c < long(W))
-              dx[std::size_t(r) * W + std::size_t(c)] += w[j * Kh * Kw + kh * Kw + kw] * dy[j * Ho * Wo + ho * Wo + wo];
-          }
+  for_each_conv_tap(mult, Kh, Kw, Ho, Wo, S, P, D, [&](auto j, auto kh, auto kw, auto ho, auto wo, long r, long c) {
+    if (r >= 0 && c >= 0 && r < long(H) && c < long(W))
+      dx[std::size_t(r) * W + std::size_t(c)] += w[j * Kh * Kw + kh * Kw + kw] * dy[j * Ho * Wo + ho * Wo + wo];
+  });
   std::size_t wrong_depthwise = 0;
   for (std::size_t hi = 0; hi < H; ++hi)
     for (std::size_t wi = 0; wi < W; ++wi)

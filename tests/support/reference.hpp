@@ -17,6 +17,20 @@
 
 namespace solder::test {
 
+/// f(p, kh, kw, ho, wo, r, c) for every tap of a convolution's windows over `planes` planes, in
+/// that order, by the definition: the tap reads row r = ho S + kh D - P and column
+/// c = wo S + kw D - P of plane p, outside the image where r or c is negative or too large.
+template <class F>
+void for_each_conv_tap(std::size_t planes, std::size_t Kh, std::size_t Kw, std::size_t Ho, std::size_t Wo,
+                       std::size_t S, std::size_t P, std::size_t D, F&& f) {
+  for (std::size_t p = 0; p < planes; ++p)
+    for (std::size_t kh = 0; kh < Kh; ++kh)
+      for (std::size_t kw = 0; kw < Kw; ++kw)
+        for (std::size_t ho = 0; ho < Ho; ++ho)
+          for (std::size_t wo = 0; wo < Wo; ++wo)
+            f(p, kh, kw, ho, wo, long(ho * S + kh * D) - long(P), long(wo * S + kw * D) - long(P));
+}
+
 /// Elements of c [M, N] farther from sum_k a(m, k) b(k, n) (in double) than the float dot
 /// product's bound (K + 1) u sum_k |a b| (Higham 3.1), u = 2^-24: a product against a double loop.
 template <class GetA, class GetB>

@@ -20,6 +20,14 @@
 
 namespace solder::ops {
 
+namespace detail {
+/// Throws solder::error, naming the optimizer `who`, for a learning rate torch refuses
+/// (negative or NaN).
+inline void check_lr(const char* who, float lr) {
+  if (!(lr >= 0.0f)) solder::detail::fail(std::string(who) + ": lr must be >= 0, got " + std::to_string(lr));
+}
+}  // namespace detail
+
 /// torch.optim.SGD's hyperparameters, with its names and defaults (lr has none): what
 /// optim::sgd takes and the CUDA backend's train steps are given.
 struct sgd_options {
@@ -44,9 +52,7 @@ struct sgd_options {
   }
 
   /// Throws solder::error for a learning rate torch refuses (negative or NaN).
-  static void check_lr(float lr) {
-    if (!(lr >= 0.0f)) solder::detail::fail(std::string(name) + ": lr must be >= 0, got " + std::to_string(lr));
-  }
+  static void check_lr(float lr) { detail::check_lr(name, lr); }
   /// Throws solder::error, naming the option, for settings torch refuses (Nesterov momentum
   /// needs momentum > 0 and zero dampening).
   static void check(const sgd_options& opt) {
@@ -86,9 +92,7 @@ struct adam_options {
   }
 
   /// Throws solder::error for a learning rate torch refuses (negative or NaN).
-  static void check_lr(float lr) {
-    if (!(lr >= 0.0f)) solder::detail::fail(std::string(name) + ": lr must be >= 0, got " + std::to_string(lr));
-  }
+  static void check_lr(float lr) { detail::check_lr(name, lr); }
   /// Throws solder::error, naming the option, for settings torch refuses.
   static void check(const adam_options& opt) {
     check_lr(opt.lr);

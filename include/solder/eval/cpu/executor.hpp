@@ -85,10 +85,9 @@ struct executor<cpu> {
   /// the threads.
   template <std::size_t N, class Body>
   static void rows(std::size_t count, const Body& body) {
-    if constexpr (N == dyn)
-      for_rows(count, body.n, [&](std::size_t r) { one_row<N>(body, r); });
-    else
-      for_rows(count, N, [&](std::size_t r) { one_row<N>(body, r); });
+    std::size_t n = N;
+    if constexpr (N == dyn) n = body.n;
+    for_rows(count, n, [&](std::size_t r) { one_row<N>(body, r); });
   }
   /// body.template operator()<V>(i): V = vec at every whole vector of [0, n), float after.
   template <class Body>
