@@ -13,6 +13,12 @@
 //   elements(n, body)                 body.template operator()<V>(i) covering [0, n) once: V the
 //                                     backend's widest value (a vector on the CPU, float on CUDA)
 //                                     at i, float for the elements a vector cannot take
+//   sum_blocks(count, size, body)     the double sum of body(b) over the blocks b of [0, count)
+//                                     (each of about `size` elements), added in an order fixed
+//                                     by count; returns it to the host
+//   copy_from_host(dst, src, n)       n floats from host memory into the space's memory
+//   copy_to_host(dst, src, n)         n floats of the space's memory into host memory, finished
+//                                     on return
 //
 // Results never depend on the thread count or the launch shape: rows and elements hand out
 // independent pieces, and a body that reduces does so in an order fixed by its sizes.
@@ -42,6 +48,11 @@ struct probe_element_body {
   SOLDER_HD void operator()(std::size_t) const {}
 };
 
+/// A block body of the shape sum_blocks takes: for the concept's check only.
+struct probe_block_body {
+  SOLDER_HD double operator()(std::size_t) const { return 0.0; }
+};
+
 }  // namespace detail
 
 /// E provides every verb of the list above. Checked by each backend's own header, so a verb
@@ -49,10 +60,13 @@ struct probe_element_body {
 template <class E>
 concept Executor = MemorySpace<typename E::space> &&
                    std::same_as<E, executor<backend_of_t<typename E::space>>> &&
-                   requires(std::size_t n) {
+                   requires(std::size_t n, float* dst, const float* src) {
                      E::template rows<4>(n, detail::probe_row_body{});
                      E::template rows<dyn>(n, detail::probe_row_body{});
                      E::elements(n, detail::probe_element_body{});
+                     { E::sum_blocks(n, n, detail::probe_block_body{}) } -> std::same_as<double>;
+                     E::copy_from_host(dst, src, n);
+                     E::copy_to_host(dst, src, n);
                    };
 
 }  // namespace solder

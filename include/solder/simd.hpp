@@ -65,6 +65,17 @@ template <class V>
 SOLDER_HD SOLDER_INLINE V select(const mask_t<V>& m, const V& a, const V& b) {
   return vocab<V>::select(m, a, b);
 }
+/// load<V>(p): the V at p (one scalar, or a batch's consecutive elements; p need not be
+/// aligned). store(p, v) writes it back. Element bodies (ops/optimizer.hpp) load and store
+/// through these, so one body serves the CPU's vectors and a CUDA thread's float.
+template <class V>
+SOLDER_HD SOLDER_INLINE V load(const scalar_t<V>* p) {
+  return vocab<V>::load(p);
+}
+template <class V>
+SOLDER_HD SOLDER_INLINE void store(scalar_t<V>* p, const V& v) {
+  vocab<V>::store(p, v);
+}
 // The composites below call the vocabulary qualified (simd::select, not select): for an
 // xsimd batch, an unqualified call would also find xsimd's own functions by argument-dependent
 // lookup and prefer them, and xsimd::max does not propagate NaN.
@@ -142,6 +153,8 @@ struct vocab<float> {
   SOLDER_HD SOLDER_INLINE static float fma(float a, float b, float c) { return ::fmaf(a, b, c); }
   SOLDER_HD static bool isnan(float x) { return x != x; }
   SOLDER_HD static float select(bool m, float a, float b) { return m ? a : b; }
+  SOLDER_HD SOLDER_INLINE static float load(const float* p) { return *p; }
+  SOLDER_HD SOLDER_INLINE static void store(float* p, float v) { *p = v; }
 };
 
 template <>
@@ -161,6 +174,8 @@ struct vocab<double> {
   SOLDER_HD SOLDER_INLINE static double fma(double a, double b, double c) { return ::fma(a, b, c); }
   SOLDER_HD static bool isnan(double x) { return x != x; }
   SOLDER_HD static double select(bool m, double a, double b) { return m ? a : b; }
+  SOLDER_HD SOLDER_INLINE static double load(const double* p) { return *p; }
+  SOLDER_HD SOLDER_INLINE static void store(double* p, double v) { *p = v; }
 };
 
 }  // namespace solder::simd

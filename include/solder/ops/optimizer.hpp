@@ -5,8 +5,10 @@
 // Each is a functor whose members are its hyperparameters (or the per-step scalars derived from
 // them) and whose `operator()` updates one element, or one vector of elements, held in
 // registers: the caller loads the weight, gradient and state, calls it, and stores what changed.
-// optim/ runs them through executor<cpu>::for_each_element; a CUDA kernel runs the same bodies
-// one element per thread. The operation order is part of the contract: it fixes the bits.
+// The element bodies at the end (sgd_elements, adam_elements, ...) load, update and store at
+// index i through simd::load and simd::store; optim/ hands them to the backend's
+// `elements` verb, which runs them over vectors on the CPU and one float per thread on CUDA.
+// The operation order is part of the contract: it fixes the bits.
 #pragma once
 
 #include <math.h>
@@ -264,6 +266,108 @@ struct grad_fold {
     else
       acc = (acc + g) / V(micro_batches);
   }
+};
+
+// ---- element bodies: body.template operator()<V>(i) updates the V at element i -------------
+
+/// Weights w by sgd_update without momentum, from gradients g.
+struct sgd_elements {
+  sgd_update update;
+  float* w;
+  const float* g;
+  SOLDER_EXEC_CHECK_OFF
+  template <class V>
+  SOLDER_HD SOLDER_INLINE void operator()(std::size_t i) const {
+    V wi = simd::load<V>(w + i);
+    update(wi, simd::load<V>(g + i));
+    simd::store(w + i, wi);
+  }
+};
+
+/// Weights w and their momentum buffer b by sgd_update, from gradients g.
+struct sgd_momentum_elements {
+  sgd_update update;
+  float* w;
+  const float* g;
+  float* b;
+  SOLDER_EXEC_CHECK_OFF
+  template <class V>
+  SOLDER_HD SOLDER_INLINE void operator()(std::size_t i) const {
+    V wi = simd::load<V>(w + i);
+    const V gi = simd::load<V>(g + i);
+    V bi = simd::load<V>(b + i);
+    update(wi, gi, bi);
+    simd::store(b + i, bi);
+    simd::store(w + i, wi);
+  }
+};
+
+/// Weights w and their moments m, v by adam_update (Decoupled: AdamW), from gradients g.
+template <bool Decoupled>
+struct adam_elements {
+  adam_update<Decoupled> update;
+  float* w;
+  const float* g;
+  float* m;
+  float* v;
+  SOLDER_EXEC_CHECK_OFF
+  template <class V>
+  SOLDER_HD SOLDER_INLINE void operator()(std::size_t i) const {
+    V wi = simd::load<V>(w + i);
+    const V gi = simd::load<V>(g + i);
+    V mi = simd::load<V>(m + i), vi = simd::load<V>(v + i);
+    update(wi, gi, mi, vi);
+    simd::store(m + i, mi);
+    simd::store(v + i, vi);
+    simd::store(w + i, wi);
+  }
+};
+
+/// Gradients g scaled by clip_scale.
+struct clip_elements {
+  clip_scale clip;
+  float* g;
+  SOLDER_EXEC_CHECK_OFF
+  template <class V>
+  SOLDER_HD SOLDER_INLINE void operator()(std::size_t i) const {
+    V gi = simd::load<V>(g + i);
+    clip(gi);
+    simd::store(g + i, gi);
+  }
+};
+
+/// out = grad_fold of the running sum (not read on the first fold) and the gradients g.
+struct fold_elements {
+  grad_fold fold;
+  const float* sum;
+  const float* g;
+  float* out;
+  SOLDER_EXEC_CHECK_OFF
+  template <class V>
+  SOLDER_HD SOLDER_INLINE void operator()(std::size_t i) const {
+    V acc = fold.first ? V(0.0f) : simd::load<V>(sum + i);
+    fold(acc, simd::load<V>(g + i));
+    simd::store(out + i, acc);
+  }
+};
+
+/// x = value (zero_grad).
+struct fill_elements {
+  float* x;
+  float value;
+  SOLDER_EXEC_CHECK_OFF
+  template <class V>
+  SOLDER_HD SOLDER_INLINE void operator()(std::size_t i) const {
+    simd::store(x + i, V(value));
+  }
+};
+
+/// Block b's sum of squares of x[0, n) (square_sum::of_block): the body of a backend's
+/// sum_blocks over square_sum::blocks(n) blocks.
+struct square_sum_blocks {
+  const float* x;
+  std::size_t n;
+  SOLDER_HD double operator()(std::size_t b) const { return square_sum::of_block(x, n, b); }
 };
 
 }  // namespace solder::ops

@@ -1,6 +1,7 @@
 // optim/adam.hpp: Adam (L2 weight decay) and AdamW (decoupled weight decay), with
 // torch.optim.Adam's and torch.optim.AdamW's semantics; one fused pass per parameter tensor, the
-// per-element update being ops::adam_update.
+// per-element update being ops::adam_update. Written once over the memory space of its
+// parameters: `adam`, `adamw` for host memory, `basic_adam<true, device>` for CUDA memory.
 #pragma once
 
 #include <cstdint>
@@ -22,9 +23,11 @@ namespace solder::optim {
 ///   v = beta2 v + (1 - beta2) g^2
 ///   w = w - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 /// eps is added outside the square root, after the bias correction, as PyTorch does.
-template <bool Decoupled>
+template <bool Decoupled, class Space = host>
 class basic_adam {
  public:
+  using space = Space;
+  using param_type = basic_param<Space>;
   static constexpr const char* name = ops::adam_options<Decoupled>::name;
   /// What checkpoints call this optimizer.
   static constexpr std::string_view kind = Decoupled ? "adamw" : "adam";
@@ -34,37 +37,26 @@ class basic_adam {
   using options = ops::adam_options<Decoupled>;
 
   /// Allocates m and v (zero) for every parameter, once.
-  basic_adam(std::vector<param> params, options opt) : params_(std::move(params)), opt_(opt) {
-    detail::check_params(name, params_);
+  basic_adam(std::vector<param_type> params, options opt) : params_(std::move(params)), opt_(opt) {
+    detail::check_params<Space>(name, params_);
     check(opt_);
-    m_ = detail::make_state(params_);
-    v_ = detail::make_state(params_);
+    m_ = detail::make_state<Space>(params_);
+    v_ = detail::make_state<Space>(params_);
   }
 
   /// Throws solder::error, naming the option, for options PyTorch refuses (the CUDA backend's
   /// generated train steps check the same).
   static void check(const options& opt) { options::check(opt); }
-  explicit basic_adam(std::vector<param> params) : basic_adam(std::move(params), options{}) {}
+  explicit basic_adam(std::vector<param_type> params) : basic_adam(std::move(params), options{}) {}
 
   /// One update of every parameter from its gradient.
   void step() {
     ++steps_;
     const ops::adam_update<Decoupled> update(opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, steps_);
-    for (std::size_t k = 0; k < params_.size(); ++k) {
-      float* w = params_[k].value.data();
-      const float* g = params_[k].grad.data();
-      float* m = m_[k].data();
-      float* v = v_[k].data();
-      executor<cpu>::for_each_element(params_[k].value.size(), [=]<class V>(std::size_t i) SOLDER_INLINE_LAMBDA {
-        V wi = detail::load<V>(w + i);
-        const V gi = detail::load<V>(g + i);
-        V mi = detail::load<V>(m + i), vi = detail::load<V>(v + i);
-        update(wi, gi, mi, vi);
-        detail::store(m + i, mi);
-        detail::store(v + i, vi);
-        detail::store(w + i, wi);
-      });
-    }
+    for (std::size_t k = 0; k < params_.size(); ++k)
+      executor<backend_of_t<Space>>::elements(
+          params_[k].value.size(),
+          ops::adam_elements<Decoupled>{update, params_[k].value.data(), params_[k].grad.data(), m_[k].data(), v_[k].data()});
   }
 
   /// Sets every gradient to 0.
@@ -91,16 +83,16 @@ class basic_adam {
     if (t < 0) solder::detail::fail(std::string(name) + "::set_steps: the step count must be >= 0, got " + std::to_string(t));
     steps_ = t;
   }
-  std::span<const param> params() const { return params_; }
+  std::span<const param_type> params() const { return params_; }
   /// Parameter k's first moment m (PyTorch's state['exp_avg']).
-  tensor_ref<const float, shape<dyn>> exp_avg(std::size_t k) const { return state_of(m_, k); }
+  tensor_ref<const float, shape<dyn>, Space> exp_avg(std::size_t k) const { return state_of(m_, k); }
   /// Parameter k's second moment v (PyTorch's state['exp_avg_sq']).
-  tensor_ref<const float, shape<dyn>> exp_avg_sq(std::size_t k) const { return state_of(v_, k); }
+  tensor_ref<const float, shape<dyn>, Space> exp_avg_sq(std::size_t k) const { return state_of(v_, k); }
   /// The state as torch's state_dict names it, writable: "state.<k>.exp_avg" and
   /// "state.<k>.exp_avg_sq" for every parameter k, shaped as the parameter. (torch keeps
   /// state.<k>.step per parameter; here the one count is steps().)
-  std::vector<state_tensor> state() {
-    std::vector<state_tensor> out;
+  std::vector<basic_state_tensor<Space>> state() {
+    std::vector<basic_state_tensor<Space>> out;
     for (std::size_t k = 0; k < params_.size(); ++k) {
       out.push_back({detail::state_name(k, "exp_avg"), m_[k].ref(), params_[k].dims});
       out.push_back({detail::state_name(k, "exp_avg_sq"), v_[k].ref(), params_[k].dims});
@@ -110,16 +102,17 @@ class basic_adam {
 
  private:
   static void check_lr(float lr) { options::check_lr(lr); }
-  static tensor_ref<const float, shape<dyn>> state_of(const std::vector<tensor<float, shape<dyn>>>& s, std::size_t k) {
+  using state_buffers = std::vector<tensor<float, shape<dyn>, Space>>;
+  static tensor_ref<const float, shape<dyn>, Space> state_of(const state_buffers& s, std::size_t k) {
     if (k >= s.size())
       solder::detail::fail(std::string(name) + ": parameter index " + std::to_string(k) + " is out of range (" +
                            std::to_string(s.size()) + " parameters)");
     return s[k].ref();
   }
 
-  std::vector<param> params_;
+  std::vector<param_type> params_;
   options opt_;
-  std::vector<tensor<float, shape<dyn>>> m_, v_;
+  state_buffers m_, v_;
   std::int64_t steps_ = 0;
 };
 

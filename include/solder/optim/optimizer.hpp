@@ -1,7 +1,8 @@
 // optim/optimizer.hpp: what every optimizer shares: the parameter view (`param`), the view of
 // its state (`state_tensor`) and restoring it (`restore_state`), zero_grad, gradient-norm
-// clipping and gradient accumulation over micro-batches. The math lives in ops/optimizer.hpp;
-// it runs here through executor<cpu>'s element loop and block sums.
+// clipping and gradient accumulation over micro-batches. Each is written once over the memory
+// space its tensors live in (host by default; `basic_param<device>` for CUDA memory): the math
+// is ops/optimizer.hpp's element bodies, run by executor<backend_of_t<Space>>'s verbs.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "solder/assign.hpp"
 #include "solder/backend.hpp"
 #include "solder/config.hpp"
+#include "solder/executor.hpp"
 #include "solder/ops/optimizer.hpp"
 #include "solder/shape.hpp"
 #include "solder/tensor.hpp"
@@ -26,16 +28,38 @@
 namespace solder::optim {
 
 /// A trainable tensor as an optimizer sees it: flat views of its values and of its gradient
-/// (the same number of elements), a name for messages and files, and its shape (for files:
-/// a linear weight is [Out, In]).
-struct param {
+/// (the same number of elements, both in memory of Space), a name for messages and files, and
+/// its shape (for files: a linear weight is [Out, In]).
+template <class Space = host>
+struct basic_param {
+  using space = Space;
+  using view = tensor_ref<float, shape<dyn>, Space>;
   std::string name;
-  tensor_ref<float, shape<dyn>> value;
-  tensor_ref<float, shape<dyn>> grad;
-  std::vector<std::size_t> dims{};
+  view value;
+  view grad;
+  std::vector<std::size_t> dims;
+
+  // A constructor, not default member initializers: GCC 12 crashes on the latter in a class
+  // template brace-initialized without them.
+  basic_param(std::string name, view value, view grad, std::vector<std::size_t> dims = {})
+      : name(std::move(name)), value(value), grad(grad), dims(std::move(dims)) {}
+};
+/// A parameter in host memory, what the CPU layers give.
+using param = basic_param<host>;
+
+/// The memory space of a tensor or view type (host where it does not say).
+template <class V>
+struct space_of {
+  using type = host;
+};
+template <class V>
+  requires requires { typename V::space_type; }
+struct space_of<V> {
+  using type = typename V::space_type;
 };
 
-/// A param viewing a tensor (or writable view) and its gradient, of any shape, flattened.
+/// A param viewing a tensor (or writable view) and its gradient, of any shape, flattened; in
+/// the tensor's memory space.
 template <class V, class G>
   requires requires(V& v, G& g) {
     { v.data() } -> std::same_as<float*>;
@@ -43,7 +67,10 @@ template <class V, class G>
     { v.size() } -> std::convertible_to<std::size_t>;
     { g.size() } -> std::convertible_to<std::size_t>;
   }
-param make_param(std::string name, V& value, G& grad) {
+basic_param<typename space_of<V>::type> make_param(std::string name, V& value, G& grad) {
+  using Space = typename space_of<V>::type;
+  static_assert(std::is_same_v<Space, typename space_of<G>::type>,
+                "solder::optim::make_param: a value and its gradient must live in the same memory space");
   if (value.size() != grad.size())
     solder::detail::fail("solder::optim::make_param: '" + name + "' has " + std::to_string(value.size()) +
                          " values but " + std::to_string(grad.size()) + " gradients");
@@ -53,18 +80,24 @@ param make_param(std::string name, V& value, G& grad) {
     dims.assign(S::extents.begin(), S::extents.end());
     if constexpr (S::dynamic) dims[0] = value.batch();
   }
-  return {std::move(name), tensor_ref<float, shape<dyn>>(value.data(), value.size()),
-          tensor_ref<float, shape<dyn>>(grad.data(), grad.size()), std::move(dims)};
+  return {std::move(name), tensor_ref<float, shape<dyn>, Space>(value.data(), value.size()),
+          tensor_ref<float, shape<dyn>, Space>(grad.data(), grad.size()), std::move(dims)};
 }
 
 /// One tensor of an optimizer's state, named as torch's optimizer.state_dict() names it
-/// ("state.0.exp_avg": parameter 0's first moment), as a flat writable view with its
-/// parameter's shape.
-struct state_tensor {
+/// ("state.0.exp_avg": parameter 0's first moment), as a flat writable view (in the
+/// optimizer's memory space) with its parameter's shape.
+template <class Space = host>
+struct basic_state_tensor {
+  using view = tensor_ref<float, shape<dyn>, Space>;
   std::string name;
-  tensor_ref<float, shape<dyn>> value;
-  std::vector<std::size_t> dims{};
+  view value;
+  std::vector<std::size_t> dims;
+
+  basic_state_tensor(std::string name, view value, std::vector<std::size_t> dims = {})
+      : name(std::move(name)), value(value), dims(std::move(dims)) {}
 };
+using state_tensor = basic_state_tensor<host>;
 
 /// A state tensor to restore: its name, as the optimizer's state() names it, and its elements.
 struct saved_state {
@@ -76,14 +109,15 @@ struct saved_state {
 /// its state tensors as writable views, its step count, and its hyperparameters (an `options`
 /// aggregate) to read and to set.
 template <class O>
-concept StatefulOptimizer = requires(O& o, const O& c, std::int64_t t, const typename O::options& h) {
+concept StatefulOptimizer = MemorySpace<typename O::space> && requires(O& o, const O& c, std::int64_t t,
+                                                                       const typename O::options& h) {
   { O::kind } -> std::convertible_to<std::string_view>;
-  { o.state() } -> std::same_as<std::vector<state_tensor>>;
+  { o.state() } -> std::same_as<std::vector<basic_state_tensor<typename O::space>>>;
   { c.steps() } -> std::same_as<std::int64_t>;
   o.set_steps(t);
   { c.hyperparameters() } -> std::convertible_to<const typename O::options&>;
   o.set_hyperparameters(h);
-  { c.params() } -> std::convertible_to<std::span<const param>>;
+  { c.params() } -> std::convertible_to<std::span<const basic_param<typename O::space>>>;
 };
 
 namespace detail {
@@ -94,9 +128,10 @@ inline std::string state_name(std::size_t k, std::string_view what) {
 }
 
 /// Every param non-empty, with as many gradients as values; `who` names the caller.
-inline void check_params(const char* who, std::span<const param> params) {
+template <class Space>
+void check_params(const char* who, std::span<const basic_param<Space>> params) {
   if (params.empty()) solder::detail::fail(std::string(who) + ": got an empty parameter list");
-  for (const param& p : params) {
+  for (const basic_param<Space>& p : params) {
     if (!p.value.data() || !p.grad.data())
       solder::detail::fail(std::string(who) + ": parameter '" + p.name + "' has no value or no gradient tensor");
     if (p.value.size() != p.grad.size())
@@ -105,44 +140,21 @@ inline void check_params(const char* who, std::span<const param> params) {
   }
 }
 
-/// One flat state buffer (momentum, m, v) per param, zero-filled, allocated once.
-inline std::vector<tensor<float, shape<dyn>>> make_state(std::span<const param> params) {
-  std::vector<tensor<float, shape<dyn>>> state;
+/// One flat state buffer (momentum, m, v) per param, zero-filled, allocated once, in Space.
+template <class Space>
+std::vector<tensor<float, shape<dyn>, Space>> make_state(std::span<const basic_param<Space>> params) {
+  std::vector<tensor<float, shape<dyn>, Space>> state;
   state.reserve(params.size());
-  for (const param& p : params) state.emplace_back(p.value.size());
+  for (const basic_param<Space>& p : params) state.emplace_back(p.value.size());
   return state;
 }
 
-/// Loads and stores that read the same for a float (the tail) and a vector (the body), so the
-/// loops below call one ops/ functor for both; a vector moves through the CPU backend's row walk
-/// (a row of one vector is one whole step), the one place that knows how it is loaded. The loop
-/// bodies are forced inline (SOLDER_INLINE_LAMBDA): with a functor inlined into them they can
-/// outgrow GCC's inlining limit, and a call per vector costs more than the update itself.
-template <class V>
-SOLDER_INLINE V load(const float* p) {
-  if constexpr (std::is_same_v<V, float>) {
-    return *p;
-  } else {
-    static_assert(std::is_same_v<V, executor<cpu>::vec>, "solder::optim: loads a float or executor<cpu>'s vector");
-    using walk = executor<cpu>::row<V::size>;
-    V v;
-    walk{}.each([&](auto at) SOLDER_INLINE_LAMBDA { v = walk::load(at, p); });
-    return v;
-  }
-}
-SOLDER_INLINE void store(float* p, float v) { *p = v; }
-template <class V>
-SOLDER_INLINE void store(float* p, const V& v) {
-  static_assert(std::is_same_v<V, executor<cpu>::vec>, "solder::optim: stores a float or executor<cpu>'s vector");
-  using walk = executor<cpu>::row<V::size>;
-  walk{}.each([&](auto at) SOLDER_INLINE_LAMBDA { walk::store(at, p, v); });
-}
-
-/// sum x_i^2 of n floats in double (ops::square_sum's blocks, added in the fixed order of
-/// executor<cpu>::sum_rows): the same bits for any thread count.
-inline double sum_of_squares(const float* x, std::size_t n) {
-  return executor<cpu>::sum_rows(ops::square_sum::blocks(n), ops::square_sum::block,
-                                 [=](std::size_t b) { return ops::square_sum::of_block(x, n, b); });
+/// sum x_i^2 of n floats in Space, in double (ops::square_sum's blocks, added by the backend's
+/// sum_blocks in an order fixed by n): the same bits for any thread count.
+template <class Space>
+double sum_of_squares(const float* x, std::size_t n) {
+  return executor<backend_of_t<Space>>::sum_blocks(ops::square_sum::blocks(n), ops::square_sum::block,
+                                                   ops::square_sum_blocks{x, n});
 }
 
 }  // namespace detail
@@ -154,12 +166,14 @@ inline double sum_of_squares(const float* x, std::size_t n) {
 /// is left unchanged. The hyperparameters are not touched (set_hyperparameters sets them).
 template <StatefulOptimizer Optimizer>
 void restore_state(Optimizer& opt, std::span<const saved_state> saved, std::int64_t steps) {
+  using space = typename Optimizer::space;
+  using state_type = basic_state_tensor<space>;
   const std::string who = "solder::optim::restore_state (" + std::string(std::string_view(Optimizer::kind)) + ")";
   if (steps < 0) solder::detail::fail(who + ": the step count must be >= 0, got " + std::to_string(steps));
-  const std::vector<state_tensor> state = opt.state();
+  const std::vector<state_type> state = opt.state();
   std::vector<const saved_state*> source(state.size(), nullptr);
   for (const saved_state& s : saved) {
-    const auto it = std::find_if(state.begin(), state.end(), [&](const state_tensor& t) { return t.name == s.name; });
+    const auto it = std::find_if(state.begin(), state.end(), [&](const state_type& t) { return t.name == s.name; });
     if (it == state.end())
       solder::detail::fail(who + ": the optimizer has no state tensor '" + s.name + "' (it has " +
                            std::to_string(state.size()) + ")");
@@ -173,15 +187,21 @@ void restore_state(Optimizer& opt, std::span<const saved_state> saved, std::int6
   for (std::size_t k = 0; k < state.size(); ++k)
     if (!source[k]) solder::detail::fail(who + ": state tensor '" + state[k].name + "' is missing");
   for (std::size_t k = 0; k < state.size(); ++k)
-    if (state[k].value.size() != 0)
-      std::memcpy(state[k].value.data(), source[k]->values.data(), state[k].value.size() * sizeof(float));
+    executor<backend_of_t<space>>::copy_from_host(state[k].value.data(), source[k]->values.data(),
+                                                  state[k].value.size());
   opt.set_steps(steps);
 }
 
 /// Sets every gradient to 0 (for callers that accumulate into grads; solder's layers
 /// overwrite theirs).
-inline void zero_grad(std::span<const param> params) {
-  for (const param& p : params) p.grad.fill(0.0f);
+template <class Space>
+void zero_grad(std::span<const basic_param<Space>> params) {
+  for (const basic_param<Space>& p : params)
+    executor<backend_of_t<Space>>::elements(p.grad.size(), ops::fill_elements{p.grad.data(), 0.0f});
+}
+template <class Space>
+void zero_grad(const std::vector<basic_param<Space>>& params) {
+  zero_grad(std::span<const basic_param<Space>>(params));
 }
 
 /// Scales all gradients together so that their global 2-norm is at most max_norm, as
@@ -191,15 +211,16 @@ inline void zero_grad(std::span<const param> params) {
 /// Returns the norm before clipping. A NaN or infinite norm is a solder::error naming the
 /// first parameter whose gradient is not finite, unless error_if_nonfinite is false; then,
 /// as in PyTorch, the gradients are scaled by the NaN (or 0) that the formula gives.
-inline float clip_grad_norm(std::span<const param> params, float max_norm, bool error_if_nonfinite = true) {
+template <class Space>
+float clip_grad_norm(std::span<const basic_param<Space>> params, float max_norm, bool error_if_nonfinite = true) {
   constexpr const char* who = "solder::optim::clip_grad_norm";
   if (!(max_norm >= 0.0f))
     solder::detail::fail(std::string(who) + ": max_norm must be >= 0, got " + std::to_string(max_norm));
   detail::check_params(who, params);
   double total = 0;
-  const param* culprit = nullptr;
-  for (const param& p : params) {
-    const double s = detail::sum_of_squares(p.grad.data(), p.grad.size());
+  const basic_param<Space>* culprit = nullptr;
+  for (const basic_param<Space>& p : params) {
+    const double s = detail::sum_of_squares<Space>(p.grad.data(), p.grad.size());
     if (!std::isfinite(s) && !culprit) culprit = &p;
     total += s;
   }
@@ -209,17 +230,14 @@ inline float clip_grad_norm(std::span<const param> params, float max_norm, bool 
                          "; parameter '" + culprit->name +
                          "' has a non-finite gradient (pass error_if_nonfinite = false to clip anyway)");
   const ops::clip_scale clip(max_norm, norm);
-  if (clip.scales()) {
-    for (const param& p : params) {
-      float* g = p.grad.data();
-      executor<cpu>::for_each_element(p.grad.size(), [=]<class V>(std::size_t i) SOLDER_INLINE_LAMBDA {
-        V gi = detail::load<V>(g + i);
-        clip(gi);
-        detail::store(g + i, gi);
-      });
-    }
-  }
+  if (clip.scales())
+    for (const basic_param<Space>& p : params)
+      executor<backend_of_t<Space>>::elements(p.grad.size(), ops::clip_elements{clip, p.grad.data()});
   return float(norm);
+}
+template <class Space>
+float clip_grad_norm(const std::vector<basic_param<Space>>& params, float max_norm, bool error_if_nonfinite = true) {
+  return clip_grad_norm(std::span<const basic_param<Space>>(params), max_norm, error_if_nonfinite);
 }
 
 /// Gradient accumulation over N micro-batches: the layers' backward passes write (overwrite)
@@ -230,15 +248,16 @@ inline float clip_grad_norm(std::span<const param> params, float max_norm, bool 
 ///   for (k = 0; ; ++k) { forward; loss; backward;  if (acc.accumulate()) opt.step(); }
 ///
 /// Holds one sum buffer per param (none when N = 1), allocated once; a call is one pass.
-class grad_accumulator {
+template <class Space = host>
+class basic_grad_accumulator {
  public:
-  grad_accumulator(std::vector<param> params, int micro_batches)
+  basic_grad_accumulator(std::vector<basic_param<Space>> params, int micro_batches)
       : params_(std::move(params)), micro_batches_(micro_batches) {
-    detail::check_params("solder::optim::grad_accumulator", params_);
+    detail::check_params<Space>("solder::optim::grad_accumulator", params_);
     if (micro_batches < 1)
       solder::detail::fail("solder::optim::grad_accumulator: micro_batches must be >= 1, got " +
                            std::to_string(micro_batches));
-    if (micro_batches > 1) sums_ = detail::make_state(params_);
+    if (micro_batches > 1) sums_ = detail::make_state<Space>(params_);
   }
 
   /// Folds the gradients just written into this round; on its last micro-batch writes the
@@ -250,12 +269,8 @@ class grad_accumulator {
       for (std::size_t k = 0; k < params_.size(); ++k) {
         float* g = params_[k].grad.data();
         float* s = sums_[k].data();
-        float* out = last ? g : s;  // the mean replaces the gradient; a partial sum stays in s
-        executor<cpu>::for_each_element(params_[k].grad.size(), [=]<class V>(std::size_t i) SOLDER_INLINE_LAMBDA {
-          V acc = fold.first ? V(0.0f) : detail::load<V>(s + i);  // the first fold reads no sum
-          fold(acc, detail::load<V>(g + i));
-          detail::store(out + i, acc);
-        });
+        // The mean replaces the gradient; a partial sum stays in s. The first fold reads no sum.
+        executor<backend_of_t<Space>>::elements(params_[k].grad.size(), ops::fold_elements{fold, s, g, last ? g : s});
       }
     }
     pending_ = last ? 0 : pending_ + 1;
@@ -270,10 +285,11 @@ class grad_accumulator {
   int pending() const { return pending_; }
 
  private:
-  std::vector<param> params_;
-  std::vector<tensor<float, shape<dyn>>> sums_;
+  std::vector<basic_param<Space>> params_;
+  std::vector<tensor<float, shape<dyn>, Space>> sums_;
   int micro_batches_;
   int pending_ = 0;
 };
+using grad_accumulator = basic_grad_accumulator<host>;
 
 }  // namespace solder::optim

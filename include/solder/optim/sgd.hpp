@@ -1,6 +1,7 @@
 // optim/sgd.hpp: stochastic gradient descent with momentum, dampening, Nesterov momentum and
 // L2 weight decay, with torch.optim.SGD's semantics; one fused pass per parameter tensor, the
-// per-element update being ops::sgd_update.
+// per-element update being ops::sgd_update. Written once over the memory space of its
+// parameters: `sgd` for host memory, `basic_sgd<device>` for CUDA memory.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +21,11 @@ namespace solder::optim {
 ///   b = g on the first step, else momentum b + (1 - dampening) g     (when momentum != 0)
 ///   g = nesterov ? g + momentum b : b                                 (when momentum != 0)
 ///   w = w - lr g
-class sgd {
+template <class Space = host>
+class basic_sgd {
  public:
+  using space = Space;
+  using param_type = basic_param<Space>;
   /// What checkpoints call this optimizer.
   static constexpr std::string_view kind = "sgd";
 
@@ -31,10 +35,10 @@ class sgd {
 
   /// Allocates the momentum buffers (when momentum != 0), once; checks the options as
   /// PyTorch does (Nesterov needs momentum > 0 and zero dampening).
-  sgd(std::vector<param> params, options opt) : params_(std::move(params)), opt_(opt) {
-    detail::check_params("solder::optim::sgd", params_);
+  basic_sgd(std::vector<param_type> params, options opt) : params_(std::move(params)), opt_(opt) {
+    detail::check_params<Space>("solder::optim::sgd", params_);
     check(opt_);
-    if (opt_.momentum != 0.0f) momentum_ = detail::make_state(params_);
+    if (opt_.momentum != 0.0f) momentum_ = detail::make_state<Space>(params_);
   }
 
   /// Throws solder::error, naming the option, for options PyTorch refuses (the CUDA backend's
@@ -44,26 +48,14 @@ class sgd {
   /// One update of every parameter from its gradient.
   void step() {
     const ops::sgd_update update(opt_.lr, opt_.momentum, opt_.dampening, opt_.weight_decay, opt_.nesterov, steps_ == 0);
+    using exec = executor<backend_of_t<Space>>;
     for (std::size_t k = 0; k < params_.size(); ++k) {
       float* w = params_[k].value.data();
       const float* g = params_[k].grad.data();
-      if (momentum_.empty()) {
-        executor<cpu>::for_each_element(params_[k].value.size(), [=]<class V>(std::size_t i) SOLDER_INLINE_LAMBDA {
-          V wi = detail::load<V>(w + i);
-          update(wi, detail::load<V>(g + i));
-          detail::store(w + i, wi);
-        });
-      } else {
-        float* b = momentum_[k].data();
-        executor<cpu>::for_each_element(params_[k].value.size(), [=]<class V>(std::size_t i) SOLDER_INLINE_LAMBDA {
-          V wi = detail::load<V>(w + i);
-          const V gi = detail::load<V>(g + i);
-          V bi = detail::load<V>(b + i);
-          update(wi, gi, bi);
-          detail::store(b + i, bi);
-          detail::store(w + i, wi);
-        });
-      }
+      if (momentum_.empty())
+        exec::elements(params_[k].value.size(), ops::sgd_elements{update, w, g});
+      else
+        exec::elements(params_[k].value.size(), ops::sgd_momentum_elements{update, w, g, momentum_[k].data()});
     }
     ++steps_;
   }
@@ -98,17 +90,17 @@ class sgd {
     if (t < 0) solder::detail::fail("solder::optim::sgd::set_steps: the step count must be >= 0, got " + std::to_string(t));
     steps_ = t;
   }
-  std::span<const param> params() const { return params_; }
+  std::span<const param_type> params() const { return params_; }
   /// Parameter k's momentum buffer (PyTorch's state['momentum_buffer']); needs momentum != 0.
-  tensor_ref<const float, shape<dyn>> momentum_buffer(std::size_t k) const {
+  tensor_ref<const float, shape<dyn>, Space> momentum_buffer(std::size_t k) const {
     SOLDER_ASSERT(!momentum_.empty(), "solder::optim::sgd: no momentum buffer: momentum is 0");
     SOLDER_ASSERT(k < momentum_.size(), "solder::optim::sgd: momentum_buffer index out of range");
     return momentum_[k].ref();
   }
   /// The state as torch's state_dict names it, writable: "state.<k>.momentum_buffer" for every
   /// parameter k, shaped as the parameter; none when momentum is 0 (torch keeps none either).
-  std::vector<state_tensor> state() {
-    std::vector<state_tensor> out;
+  std::vector<basic_state_tensor<Space>> state() {
+    std::vector<basic_state_tensor<Space>> out;
     for (std::size_t k = 0; k < momentum_.size(); ++k)
       out.push_back({detail::state_name(k, "momentum_buffer"), momentum_[k].ref(), params_[k].dims});
     return out;
@@ -117,11 +109,14 @@ class sgd {
  private:
   static void check_lr(float lr) { options::check_lr(lr); }
 
-  std::vector<param> params_;
+  std::vector<param_type> params_;
   options opt_;
-  std::vector<tensor<float, shape<dyn>>> momentum_;
+  std::vector<tensor<float, shape<dyn>, Space>> momentum_;
   std::int64_t steps_ = 0;
 };
+
+/// torch.optim.SGD over host memory.
+using sgd = basic_sgd<host>;
 
 static_assert(StatefulOptimizer<sgd>);
 

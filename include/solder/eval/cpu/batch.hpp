@@ -72,6 +72,8 @@ struct vocab<xsimd::batch<T, A>> {
   // Not x != x: xsimd 8's != compares ordered (_CMP_NEQ_OQ), so NaN != NaN is false on batches.
   static SOLDER_INLINE mask isnan(const V& x) { return xsimd::isnan(x); }
   static SOLDER_INLINE V select(const mask& m, const V& a, const V& b) { return xsimd::select(m, a, b); }
+  static SOLDER_INLINE V load(const T* p) { return V::load_unaligned(p); }
+  static SOLDER_INLINE void store(T* p, const V& v) { v.store_unaligned(p); }
 };
 
 }  // namespace solder::simd

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstring>
 
 #include "solder/backend.hpp"
 #include "solder/eval/cpu/assign.hpp"
@@ -93,6 +94,18 @@ struct executor<cpu> {
   template <class Body>
   static void elements(std::size_t n, const Body& body) {
     for_each_element(n, body);
+  }
+  /// The sum of body(b) over [0, count), blocks of about `size` elements: sum_rows's order.
+  template <class Body>
+  static double sum_blocks(std::size_t count, std::size_t size, const Body& body) {
+    return sum_rows(count, size, body);
+  }
+  /// Host memory is the CPU's own: plain copies.
+  static void copy_from_host(float* dst, const float* src, std::size_t n) {
+    if (n) std::memcpy(dst, src, n * sizeof(float));
+  }
+  static void copy_to_host(float* dst, const float* src, std::size_t n) {
+    if (n) std::memcpy(dst, src, n * sizeof(float));
   }
 
  private:

@@ -46,6 +46,31 @@ struct executor<cuda> {
     eval::cuda::detail::launch_elements(eval::cuda::thread_elements<Body>{body}, n, current_stream(),
                                 "solder::executor<cuda>::elements");
   }
+  /// The sum of body(b) over [0, count): the fixed-order device total (sum_terms), waited for
+  /// and read back.
+  template <class Body>
+  static double sum_blocks(std::size_t count, std::size_t, const Body& body) {
+    if (count == 0) return 0.0;
+    const cudaStream_t stream = current_stream();
+    const eval::cuda::detail::stream_scratch<double> total(1, stream, "solder::executor<cuda>::sum_blocks");
+    eval::cuda::detail::sum_terms(body, count, total.get(), stream, "solder::executor<cuda>::sum_blocks");
+    return eval::cuda::detail::read_back(total.get(), stream, "solder::executor<cuda>::sum_blocks");
+  }
+  /// Host to device on the current stream (pageable host memory: the source may be reused on
+  /// return).
+  static void copy_from_host(float* dst, const float* src, std::size_t n) {
+    if (n)
+      eval::cuda::check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, current_stream()),
+                        "solder::executor<cuda>::copy_from_host");
+  }
+  /// Device to host on the current stream, which is waited for.
+  static void copy_to_host(float* dst, const float* src, std::size_t n) {
+    if (n == 0) return;
+    const cudaStream_t stream = current_stream();
+    eval::cuda::check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream),
+                      "solder::executor<cuda>::copy_to_host");
+    eval::cuda::check(cudaStreamSynchronize(stream), "solder::executor<cuda>::copy_to_host");
+  }
 };
 
 static_assert(Executor<executor<cuda>>, "solder: executor<cuda> must provide every verb executor.hpp declares");

@@ -1,6 +1,6 @@
 // eval/cuda/update_kernels.hpp: the optimizer updates of ops/optimizer.hpp (SGD with and
 // without momentum, Adam and AdamW, gradient clipping and accumulation) over device arrays, one
-// thread per element running the same functor the CPU optimizers run, and the fixed-order sum
+// thread per element running the element bodies the CPU optimizers run, and the fixed-order sum
 // of squares that clipping's norm needs. nvcc only.
 #pragma once
 
@@ -10,75 +10,12 @@
 
 #include "solder/config.hpp"
 #include "solder/eval/cuda/error.hpp"
+#include "solder/eval/cuda/row.hpp"
 #include "solder/eval/cuda/row_kernels.hpp"
 #include "solder/ops/optimizer.hpp"
 
 namespace solder::eval::cuda {
 
-// The element bodies: load, the op, store, as the CPU optimizers do per element.
-
-/// w[i] by ops::sgd_update without momentum.
-struct sgd_body {
-  ops::sgd_update update;
-  float* w;
-  const float* g;
-  SOLDER_HD void operator()(std::size_t i) const {
-    float wi = w[i];
-    update(wi, g[i]);
-    w[i] = wi;
-  }
-};
-/// w[i] and its momentum buffer b[i] by ops::sgd_update.
-struct sgd_momentum_body {
-  ops::sgd_update update;
-  float* w;
-  const float* g;
-  float* b;
-  SOLDER_HD void operator()(std::size_t i) const {
-    float wi = w[i], bi = b[i];
-    update(wi, g[i], bi);
-    b[i] = bi;
-    w[i] = wi;
-  }
-};
-/// w[i] and its moments m[i], v[i] by ops::adam_update (Decoupled: AdamW).
-template <bool Decoupled>
-struct adam_body {
-  ops::adam_update<Decoupled> update;
-  float* w;
-  const float* g;
-  float* m;
-  float* v;
-  SOLDER_HD void operator()(std::size_t i) const {
-    float wi = w[i], mi = m[i], vi = v[i];
-    update(wi, g[i], mi, vi);
-    m[i] = mi;
-    v[i] = vi;
-    w[i] = wi;
-  }
-};
-/// g[i] scaled by ops::clip_scale.
-struct clip_body {
-  ops::clip_scale clip;
-  float* g;
-  SOLDER_HD void operator()(std::size_t i) const {
-    float gi = g[i];
-    clip(gi);
-    g[i] = gi;
-  }
-};
-/// out[i] = ops::grad_fold of the running sum[i] (not read on the first fold) and g[i].
-struct grad_fold_body {
-  ops::grad_fold fold;
-  const float* sum;
-  const float* g;
-  float* out;
-  SOLDER_HD void operator()(std::size_t i) const {
-    float acc = fold.first ? 0.0f : sum[i];
-    fold(acc, g[i]);
-    out[i] = acc;
-  }
-};
 /// Terms of a sum of squares: x[i]^2 in double (exact).
 struct square_terms {
   const float* x;
@@ -90,28 +27,29 @@ struct square_terms {
 
 /// torch.optim.SGD without momentum on n weights w and their gradients g (device).
 inline void sgd_step(const ops::sgd_update& update, float* w, const float* g, std::size_t n, cudaStream_t stream) {
-  detail::launch_elements(sgd_body{update, w, g}, n, stream, "sgd_step launch");
+  detail::launch_elements(thread_elements<ops::sgd_elements>{{update, w, g}}, n, stream, "sgd_step launch");
 }
 /// torch.optim.SGD with momentum: w, g and the momentum buffer b, n each (device).
 inline void sgd_step(const ops::sgd_update& update, float* w, const float* g, float* b, std::size_t n,
                      cudaStream_t stream) {
-  detail::launch_elements(sgd_momentum_body{update, w, g, b}, n, stream, "sgd_step launch");
+  detail::launch_elements(thread_elements<ops::sgd_momentum_elements>{{update, w, g, b}}, n, stream, "sgd_step launch");
 }
 /// torch.optim.Adam (Decoupled = false) or AdamW: w, g and the moments m and v, n each (device).
 template <bool Decoupled>
 void adam_step(const ops::adam_update<Decoupled>& update, float* w, const float* g, float* m, float* v, std::size_t n,
                cudaStream_t stream) {
-  detail::launch_elements(adam_body<Decoupled>{update, w, g, m, v}, n, stream, "adam_step launch");
+  detail::launch_elements(thread_elements<ops::adam_elements<Decoupled>>{{update, w, g, m, v}}, n, stream, "adam_step launch");
 }
 /// g *= clip's scale over n gradients (device), where clip.scales() (the coefficient is below
 /// 1, or NaN), as optim::clip_grad_norm applies it; otherwise nothing is launched.
 inline void clip_gradients(const ops::clip_scale& clip, float* g, std::size_t n, cudaStream_t stream) {
-  if (clip.scales()) detail::launch_elements(clip_body{clip, g}, n, stream, "clip_gradients launch");
+  if (clip.scales()) detail::launch_elements(thread_elements<ops::clip_elements>{{clip, g}}, n, stream, "clip_gradients launch");
 }
 /// One micro-batch of gradient accumulation, as optim::grad_accumulator: folds g into the
 /// running sum (n each, device); on fold.last writes the mean into g, else the sum into sum.
 inline void fold_gradients(const ops::grad_fold& fold, float* sum, float* g, std::size_t n, cudaStream_t stream) {
-  detail::launch_elements(grad_fold_body{fold, sum, g, fold.last ? g : sum}, n, stream, "fold_gradients launch");
+  detail::launch_elements(thread_elements<ops::fold_elements>{{fold, sum, g, fold.last ? g : sum}}, n, stream,
+                          "fold_gradients launch");
 }
 
 /// *out (device) = sum x_i^2 over n floats (device), in double in an order fixed by n (the
