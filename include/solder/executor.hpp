@@ -7,6 +7,9 @@
 //   space                             the memory space it evaluates into (host, device)
 //   run(writes...), assign(out, e)    ONE pass over expressions: elementwise maps, reductions,
 //                                     and a matrix product with its epilogue (a contract node)
+//   product_writes_several            whether run takes, beside a write holding a product, more
+//                                     writes of its shape filled from the same epilogue (else a
+//                                     product runs alone and its caller makes a second pass)
 //   rows<N>(count, body)              body(walker, r) for every row r of [0, count): rows of N
 //                                     floats (N = dyn: body.n of them), walked by the backend's
 //                                     row walker, which ops/ row ops are written over (docs/ops.md)
@@ -60,6 +63,7 @@ struct probe_block_body {
 template <class E>
 concept Executor = MemorySpace<typename E::space> &&
                    std::same_as<E, executor<backend_of_t<typename E::space>>> &&
+                   std::convertible_to<decltype(E::product_writes_several), bool> &&
                    requires(std::size_t n, float* dst, const float* src) {
                      E::template rows<4>(n, detail::probe_row_body{});
                      E::template rows<dyn>(n, detail::probe_row_body{});

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -54,12 +55,14 @@ struct block_defaults {
 };
 
 /// A product layer's parameters with their gradients (layer.params(), layer.grads()), named by
-/// its param_names after `prefix`: "0." + "weight", "0." + "bias" for a linear layer.
+/// its param_names after `prefix`: "0." + "weight", "0." + "bias" for a linear layer; in the
+/// memory space of its tensors.
 template <class L>
-std::vector<optim::param> named_params(const std::string& prefix, L& layer) {
-  std::vector<optim::param> out;
+auto named_params(const std::string& prefix, L& layer) {
   auto ps = layer.params();
   auto gs = layer.grads();
+  using space = typename optim::space_of<std::remove_cvref_t<std::tuple_element_t<0, decltype(ps)>>>::type;
+  std::vector<optim::basic_param<space>> out;
   [&]<std::size_t... K>(std::index_sequence<K...>) {
     (out.push_back(optim::make_param(prefix + L::param_names[K], std::get<K>(ps), std::get<K>(gs))), ...);
   }(std::make_index_sequence<std::tuple_size_v<decltype(ps)>>{});
@@ -74,11 +77,11 @@ struct dropout_visitor_probe {
 };
 }  // namespace detail
 
-/// B is a block from x [batch, ...] of shape SX to y of shape SY.
-template <class B, class SX, class SY>
-concept Block = requires(B& b, std::uint64_t seed, std::size_t first, tensor_ref<const float, SX> x,
-                         tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy, tensor_ref<float, SX> dx,
-                         tensor_ref<float, SY> out) {
+/// B is a block from x [batch, ...] of shape SX to y of shape SY, both in memory of Space.
+template <class B, class SX, class SY, class Space = host>
+concept Block = requires(B& b, std::uint64_t seed, std::size_t first, tensor_ref<const float, SX, Space> x,
+                         tensor_ref<const float, SY, Space> y, tensor_ref<const float, SY, Space> dy,
+                         tensor_ref<float, SX, Space> dx, tensor_ref<float, SY, Space> out) {
   { B::channels_last_capable } -> std::convertible_to<bool>;
   { B::input_grad_optional } -> std::convertible_to<bool>;
   b.forward(x, out);
@@ -88,12 +91,14 @@ concept Block = requires(B& b, std::uint64_t seed, std::size_t first, tensor_ref
   b.eval();
   b.weights_changed();
   b.pack_weights();
-  { b.params_from(first) } -> std::same_as<std::vector<optim::param>>;
+  { b.params_from(first) } -> std::same_as<std::vector<optim::basic_param<Space>>>;
   { b.buffers_from(first) } -> std::same_as<std::vector<buffer>>;
   b.for_each_dropout(detail::dropout_visitor_probe{});
-} && (!B::input_grad_optional || requires(B& b, tensor_ref<const float, SX> x, tensor_ref<const float, SY> y) {
+} && (!B::input_grad_optional || requires(B& b, tensor_ref<const float, SX, Space> x,
+                                           tensor_ref<const float, SY, Space> y) {
   b.backward_params(x, y, y);
-}) && (!B::channels_last_capable || requires(B& b, tensor_ref<const float, SX> x, tensor_ref<float, SY> out) {
+}) && (!B::channels_last_capable || requires(B& b, tensor_ref<const float, SX, Space> x,
+                                              tensor_ref<float, SY, Space> out) {
   b.forward_layouts(x, out, true, true);
   { b.channels_last_ready() } -> std::convertible_to<bool>;
 });

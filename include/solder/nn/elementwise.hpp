@@ -17,13 +17,17 @@ namespace solder::nn {
 /// Training or inference behaviour of layers that differ (dropout).
 enum class mode { train, eval };
 
-/// y = x + b; b [N] broadcast over the rows of x [..., N]. PyTorch's Linear bias.
-template <std::size_t N>
+/// y = x + b; b [N] broadcast over the rows of x [..., N]. PyTorch's Linear bias. Its
+/// parameter lives in Space (host memory by default).
+template <std::size_t N, class Space = host>
 struct bias {
+  using space = Space;
+  template <class S>
+  using in_space = bias<N, S>;
   static constexpr std::size_t features = N;
   static constexpr const char* name = "bias";
-  tensor<float, shape<N>> value;  // b
-  tensor<float, shape<N>> grad;   // dL/db, written by backward
+  tensor<float, shape<N>, Space> value;  // b
+  tensor<float, shape<N>, Space> grad;   // dL/db, written by backward
 
   /// What the planner and cost.hpp know of the layer (nn/layer_info.hpp).
   struct planner_traits {

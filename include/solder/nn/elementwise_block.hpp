@@ -22,12 +22,27 @@ namespace solder::nn {
 namespace detail {
 template <class L>
 inline constexpr bool is_bias = false;
-template <std::size_t N>
-inline constexpr bool is_bias<bias<N>> = true;
+template <std::size_t N, class S>
+inline constexpr bool is_bias<bias<N, S>> = true;
 template <class L>
 inline constexpr bool is_dropout = false;
 template <float P>
 inline constexpr bool is_dropout<dropout<P>> = true;
+/// The memory space of the first of the layers that says one (a bias), host where none does.
+template <class... Layers>
+struct space_of_layers {
+  using type = host;
+};
+template <class L, class... Rest>
+struct space_of_layers<L, Rest...> {
+  using type = typename space_of_layers<Rest...>::type;
+};
+template <class L, class... Rest>
+  requires requires { typename L::space; }
+struct space_of_layers<L, Rest...> {
+  using type = typename L::space;
+};
+
 template <class L>
 struct activation_of {
   using type = void;
@@ -99,6 +114,9 @@ class elementwise_block {
   template <mode M>
   static constexpr bool output_backward_in = M == mode::train ? output_backward : output_backward_eval;
 
+  /// Where its parameters (biases) live; a run without parameters takes tensors of either space.
+  using space = typename detail::space_of_layers<Layers...>::type;
+
   std::tuple<Layers...> layers;
   mode current = mode::train;
 
@@ -113,8 +131,8 @@ class elementwise_block {
   void weights_changed() {}
   void pack_weights() {}
   /// Every bias of the run, named "<first + k>.bias" for the block's layer k.
-  std::vector<optim::param> params_from(std::size_t first) {
-    std::vector<optim::param> out;
+  std::vector<optim::basic_param<space>> params_from(std::size_t first) {
+    std::vector<optim::basic_param<space>> out;
     [&]<std::size_t... K>(std::index_sequence<K...>) {
       (
           [&] {
@@ -150,8 +168,8 @@ class elementwise_block {
   }
 
   /// y = layers(x), one pass. In training mode each call draws fresh dropout masks.
-  template <class S>
-  void forward(tensor_ref<const float, S> x, tensor_ref<float, S> y) {
+  template <class S, class Space>
+  void forward(tensor_ref<const float, S, Space> x, tensor_ref<float, S, Space> y) {
     if (current == mode::train) {
       advance();
       forward_as<mode::train>(x, y);
@@ -159,30 +177,30 @@ class elementwise_block {
       forward_as<mode::eval>(x, y);
     }
   }
-  template <class S>
-  void forward(const tensor<float, S>& x, tensor<float, S>& y) {
+  template <class S, class Space>
+  void forward(const tensor<float, S, Space>& x, tensor<float, S, Space>& y) {
     forward(x.ref(), y.ref());
   }
 
   /// dx = dL/dx and every parameter's gradient (accumulated into nothing: overwritten), one
   /// pass over x and dy. x is the input of the last forward; the masks are that forward's.
-  template <class S>
-  void backward(tensor_ref<const float, S> x, tensor_ref<const float, S> dy, tensor_ref<float, S> dx) {
+  template <class S, class Space>
+  void backward(tensor_ref<const float, S, Space> x, tensor_ref<const float, S, Space> dy, tensor_ref<float, S, Space> dx) {
     if (current == mode::train)
       backward_as<mode::train>(x, dy, dx);
     else
       backward_as<mode::eval>(x, dy, dx);
   }
-  template <class S>
-  void backward(const tensor<float, S>& x, const tensor<float, S>& dy, tensor<float, S>& dx) {
+  template <class S, class Space>
+  void backward(const tensor<float, S, Space>& x, const tensor<float, S, Space>& dy, tensor<float, S, Space>& dx) {
     backward(x.ref(), dy.ref(), dx.ref());
   }
 
   /// The gradients of the last forward from whichever of its input x and output y the layers
   /// need (y when output_backward): the form a network calls, keeping both anyway.
-  template <class S>
-  void backward(tensor_ref<const float, S> x, tensor_ref<const float, S> y, tensor_ref<const float, S> dy,
-                tensor_ref<float, S> dx) {
+  template <class S, class Space>
+  void backward(tensor_ref<const float, S, Space> x, tensor_ref<const float, S, Space> y, tensor_ref<const float, S, Space> dy,
+                tensor_ref<float, S, Space> dx) {
     if (current == mode::eval && output_backward_eval) {
       if constexpr (output_backward_eval) return write_gate(dx, gate_from_output<mode::eval>(y, dy));
     }
@@ -196,8 +214,8 @@ class elementwise_block {
   /// dy, no random bits drawn. A chain keeps y anyway (the next layer's input), so this form
   /// needs no saved tensor of its own. (A NaN input dropped by a dropout gives a NaN gradient
   /// from x, where relu's gate meets it, and +0 from y.)
-  template <class S>
-  void backward_from_output(tensor_ref<const float, S> y, tensor_ref<const float, S> dy, tensor_ref<float, S> dx)
+  template <class S, class Space>
+  void backward_from_output(tensor_ref<const float, S, Space> y, tensor_ref<const float, S, Space> dy, tensor_ref<float, S, Space> dx)
     requires output_backward
   {
     if (current == mode::train)
@@ -205,8 +223,8 @@ class elementwise_block {
     else
       backward_from_output_as<mode::eval>(y, dy, dx);
   }
-  template <class S>
-  void backward_from_output(const tensor<float, S>& y, const tensor<float, S>& dy, tensor<float, S>& dx)
+  template <class S, class Space>
+  void backward_from_output(const tensor<float, S, Space>& y, const tensor<float, S, Space>& dy, tensor<float, S, Space>& dx)
     requires output_backward
   {
     backward_from_output(y.ref(), dy.ref(), dx.ref());
@@ -287,24 +305,24 @@ class elementwise_block {
     return std::apply([](auto&... l) { return std::tuple_cat(l.grads()...); }, layers);
   }
 
-  template <mode M, class S>
-  void forward_as(tensor_ref<const float, S> x, tensor_ref<float, S> y) {
+  template <mode M, class S, class Space>
+  void forward_as(tensor_ref<const float, S, Space> x, tensor_ref<float, S, Space> y) {
     std::apply([&](auto&... p) { assign(y, expression<M>(x, p.ref()...)); }, all_params());
   }
 
-  template <mode M, class S>
-  void backward_from_output_as(tensor_ref<const float, S> y, tensor_ref<const float, S> dy, tensor_ref<float, S> dx) {
+  template <mode M, class S, class Space>
+  void backward_from_output_as(tensor_ref<const float, S, Space> y, tensor_ref<const float, S, Space> dy, tensor_ref<float, S, Space> dx) {
     write_gate(dx, gate_from_output<M>(y, dy));
   }
   /// dx = g and every bias gradient (the column sums of g) in one pass.
-  template <class S, class G>
-  void write_gate(tensor_ref<float, S> dx, const G& g) {
+  template <class S, class Space, class G>
+  void write_gate(tensor_ref<float, S, Space> dx, const G& g) {
     std::apply([&](auto&... db) { assign_all(write(dx, g), write(db, sum_to<typename std::remove_cvref_t<decltype(db)>::shape_type>(g))...); },
                all_grads());
   }
 
-  template <mode M, class S>
-  void backward_as(tensor_ref<const float, S> x, tensor_ref<const float, S> dy, tensor_ref<float, S> dx) {
+  template <mode M, class S, class Space>
+  void backward_as(tensor_ref<const float, S, Space> x, tensor_ref<const float, S, Space> dy, tensor_ref<float, S, Space> dx) {
     auto params = all_params();
     auto grads = all_grads();
     std::apply(

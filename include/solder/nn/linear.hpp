@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <tuple>
+#include <type_traits>
+#include <vector>
 
 #include "solder/expr/contract.hpp"
 #include "solder/expr/operators.hpp"
@@ -33,19 +35,37 @@ inline void fill_uniform_philox(float* p, std::size_t n, float bound, std::uint6
   }
 }
 
+/// The same values into a tensor of any memory space: drawn on the host, copied into it.
+template <class T>
+void fill_uniform_philox(T& t, float bound, std::uint64_t seed, std::uint64_t offset) {
+  using space = typename T::space_type;
+  if constexpr (std::is_same_v<space, host>) {
+    fill_uniform_philox(t.data(), t.size(), bound, seed, offset);
+  } else {
+    std::vector<float> values(t.size());
+    fill_uniform_philox(values.data(), values.size(), bound, seed, offset);
+    executor<backend_of_t<space>>::copy_from_host(t.data(), values.data(), values.size());
+  }
+}
+
 }  // namespace detail
 
 /// y = x W^T (+ b). W [Out, In] and b [Out] as PyTorch stores them, so a state_dict loads as is;
 /// initialized as PyTorch does (kaiming_uniform with a = sqrt(5), i.e. W and b uniform in
 /// [-1/sqrt(In), 1/sqrt(In))), from `seed`. On its own it is one GEMM; nn::linear_block fuses the
 /// activation and dropout after it into the GEMM's epilogue, and folds a batch_norm right after
-/// it into W and b in evaluation mode.
+/// it into W and b in evaluation mode. W and b live in Space (host memory by default;
+/// `in_space<device>` is the same layer over CUDA memory).
 template <class Linear, class... Tail>
 class linear_block;
 
-template <std::size_t In, std::size_t Out, bool Bias = true>
+template <std::size_t In, std::size_t Out, bool Bias = true, class Space = host>
 struct linear {
   static_assert(In >= 1 && Out >= 1, "solder::nn::linear: feature counts must be at least 1");
+  using space = Space;
+  /// The same layer with its parameters in memory space S.
+  template <class S>
+  using in_space = linear<In, Out, Bias, S>;
   static constexpr std::size_t in_features = In;
   static constexpr std::size_t out_features = Out;
   static constexpr bool has_bias = Bias;
@@ -71,10 +91,10 @@ struct linear {
     static constexpr std::size_t saved_floats(std::size_t) { return 0; }
   };
 
-  tensor<float, shape<Out, In>> weight;       // W
-  tensor<float, shape<Out, In>> weight_grad;  // dL/dW, written by backward
-  [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Out>>, std::tuple<>> bias{};
-  [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Out>>, std::tuple<>> bias_grad{};
+  tensor<float, shape<Out, In>, Space> weight;       // W
+  tensor<float, shape<Out, In>, Space> weight_grad;  // dL/dW, written by backward
+  [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Out>, Space>, std::tuple<>> bias{};
+  [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Out>, Space>, std::tuple<>> bias_grad{};
 
   explicit linear(std::uint64_t seed = 0) { reset_parameters(seed); }
 
@@ -82,8 +102,8 @@ struct linear {
   /// (seed, 1) for b.
   void reset_parameters(std::uint64_t seed) {
     const float bound = float(1.0 / std::sqrt(double(In)));
-    detail::fill_uniform_philox(weight.data(), weight.size(), bound, seed, 0);
-    if constexpr (Bias) detail::fill_uniform_philox(bias.data(), bias.size(), bound, seed, 1);
+    detail::fill_uniform_philox(weight, bound, seed, 0);
+    if constexpr (Bias) detail::fill_uniform_philox(bias, bound, seed, 1);
   }
 
   auto params() {

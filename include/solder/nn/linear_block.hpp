@@ -51,25 +51,29 @@ namespace solder::nn {
 namespace detail {
 template <class L>
 inline constexpr bool is_linear = false;
-template <std::size_t In, std::size_t Out, bool B>
-inline constexpr bool is_linear<linear<In, Out, B>> = true;
+template <std::size_t In, std::size_t Out, bool B, class S>
+inline constexpr bool is_linear<linear<In, Out, B, S>> = true;
 
-/// product_tail of Out features as a template of the tail's layers alone.
-template <std::size_t Out>
+/// product_tail of Out features in Space as a template of the tail's layers alone.
+template <class Space, std::size_t Out>
 struct product_tail_of {
   template <class... Tail>
-  using type = product_tail<Out, Tail...>;
+  using type = product_tail<Space, Out, Tail...>;
 };
 }  // namespace detail
 
 template <class Linear, class... Tail>
 class linear_block
-    : public detail::leading_norm<detail::product_tail_of<Linear::out_features>::template type, Tail...>::rest {
+    : public detail::leading_norm<detail::product_tail_of<typename Linear::space, Linear::out_features>::template type,
+                                  Tail...>::rest {
   static_assert(detail::is_linear<Linear>, "solder::nn::linear_block: the first layer must be an nn::linear");
-  using split = detail::leading_norm<detail::product_tail_of<Linear::out_features>::template type, Tail...>;
+  using split =
+      detail::leading_norm<detail::product_tail_of<typename Linear::space, Linear::out_features>::template type, Tail...>;
   using base = typename split::rest;
 
  public:
+  /// Where the parameters, the buffers and the tensors it takes live: the linear layer's space.
+  using space = typename Linear::space;
   static constexpr std::size_t in_features = Linear::in_features;
   static constexpr std::size_t out_features = Linear::out_features;
   /// Whether a batch_norm follows the linear layer in the block (folded in evaluation mode).
@@ -86,6 +90,8 @@ class linear_block
   /// How many: with a batch_norm, z and (with a tail) the normalization's output; else z when kept.
   static constexpr std::size_t kept_outputs =
       has_norm ? 1 + (tail_size > 0 ? 1 : 0) : (base::keeps_preactivation ? 1 : 0);
+  static_assert(!has_norm || std::is_same_v<space, host>,
+                "solder::nn::linear_block: a batch_norm after a linear layer runs in host memory only so far");
   static_assert(!has_norm || split::channels == out_features,
                 "solder::nn::linear_block: the batch_norm after a linear layer must have the layer's output features "
                 "as its channels; use batch_norm<Out> for a linear<In, Out>");
@@ -128,13 +134,16 @@ class linear_block
   /// optimizer step); weights_changed() returns to packing per call. With a batch_norm it packs
   /// the folded W' instead (and makes b'), from the running statistics as they are now (the
   /// model is frozen), which eval-mode forwards then read.
+  /// In device memory nothing is packed: the backend's product stages its own panels.
   void pack_weights() {
-    if (!packed) packed = std::make_unique<packed_matrix<out_features, in_features, true>>();
-    if constexpr (has_norm)
-      fold();
-    else
-      packed->pack(linear.weight.data(), in_features);
-    packed_current = true;
+    if constexpr (std::is_same_v<space, host>) {
+      if (!packed) packed = std::make_unique<packed_matrix<out_features, in_features, true>>();
+      if constexpr (has_norm)
+        fold();
+      else
+        packed->pack(linear.weight.data(), in_features);
+      packed_current = true;
+    }
   }
   void weights_changed() { packed_current = false; }
 
@@ -153,8 +162,8 @@ class linear_block
   }
   /// The linear layer's parameters (and a batch_norm's), named from the index `first` of the
   /// linear layer in the chain ("0.weight", "0.bias", "1.weight", "1.bias").
-  std::vector<optim::param> params_from(std::size_t first) {
-    std::vector<optim::param> out = named_params(std::to_string(first) + ".", linear);
+  std::vector<optim::basic_param<space>> params_from(std::size_t first) {
+    std::vector<optim::basic_param<space>> out = named_params(std::to_string(first) + ".", linear);
     if constexpr (has_norm)
       for (auto& p : norm.params(std::to_string(first + 1) + ".")) out.push_back(p);
     return out;
@@ -188,7 +197,7 @@ class linear_block
   /// call draws fresh dropout masks, and keeps z when keeps_preactivation. With a batch_norm,
   /// y = tail(norm(x W^T + b)): one GEMM with W', b' in evaluation mode (after pack_weights).
   template <class SX, class SY>
-  void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+  void forward(tensor_ref<const float, SX, space> x, tensor_ref<float, SY, space> y) {
     static_assert(check_shapes<SX, SY>());
     if constexpr (has_norm)
       forward_normalized(x, y);
@@ -196,7 +205,7 @@ class linear_block
       this->in_current_mode([&](auto m) { forward_as<decltype(m)::value>(x, y); });
   }
   template <class SX, class SY>
-  void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
+  void forward(const tensor<float, SX, space>& x, tensor<float, SY, space>& y) {
     forward(x.ref(), y.ref());
   }
 
@@ -204,19 +213,21 @@ class linear_block
   /// its weight_grad and bias_grad; overwritten) and dx = dL/dx. x and y are that forward's
   /// input and output.
   template <class SX, class SY>
-  void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
-                tensor_ref<float, SX> dx) {
+  void backward(tensor_ref<const float, SX, space> x, tensor_ref<const float, SY, space> y,
+                tensor_ref<const float, SY, space> dy, tensor_ref<float, SX, space> dx) {
     // dx [batch, In] = g W, the product's rule.
     assign(dx, autodiff::left_grad(linear.product(x), gradients(x, y, dy)));
   }
   template <class SX, class SY>
-  void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy, tensor<float, SX>& dx) {
+  void backward(const tensor<float, SX, space>& x, const tensor<float, SY, space>& y, const tensor<float, SY, space>& dy,
+                tensor<float, SX, space>& dx) {
     backward(x.ref(), y.ref(), dy.ref(), dx.ref());
   }
 
   /// backward without dx (the first layer of a network: its input needs no gradient).
   template <class SX, class SY>
-  void backward_params(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy) {
+  void backward_params(tensor_ref<const float, SX, space> x, tensor_ref<const float, SY, space> y,
+                       tensor_ref<const float, SY, space> dy) {
     gradients(x, y, dy);
   }
 
@@ -258,8 +269,8 @@ class linear_block
   /// The gate g = dL/dz with db (one pass), then dW = g^T x; returns g. With a batch_norm, z is
   /// the product's output before it.
   template <class SX, class SY>
-  tensor_ref<const float, SY> gradients(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y,
-                                        tensor_ref<const float, SY> dy) {
+  tensor_ref<const float, SY, space> gradients(tensor_ref<const float, SX, space> x, tensor_ref<const float, SY, space> y,
+                                               tensor_ref<const float, SY, space> dy) {
     static_assert(check_shapes<SX, SY>());
     const std::size_t batch = dy.batch();
     if (x.batch() != batch || y.batch() != batch)
@@ -304,16 +315,16 @@ class linear_block
   }
 
   template <mode M, class SX, class SY>
-  void forward_as(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
-    if (packed_current)
-      this->template store<M>(y, packed_product(x));
-    else
-      this->template store<M>(y, linear.expression(x));
+  void forward_as(tensor_ref<const float, SX, space> x, tensor_ref<float, SY, space> y) {
+    if constexpr (std::is_same_v<space, host>) {
+      if (packed_current) return this->template store<M>(y, packed_product(x));
+    }
+    this->template store<M>(y, linear.expression(x));
   }
 
   template <class S>
-  static tensor_ref<const float, S> cview(tensor_ref<float, S> t) {
-    return tensor_ref<const float, S>(t);
+  static tensor_ref<const float, S, space> cview(tensor_ref<float, S, space> t) {
+    return tensor_ref<const float, S, space>(t);
   }
 
   /// The forward with a batch_norm: folded (evaluation mode, frozen), or as written.

@@ -18,9 +18,10 @@
 namespace solder::nn {
 
 /// The elementwise layers after a product of Out features, the block's mode, and the buffers
-/// kept between forward and backward: the gate g = dL/dz and, when the tail's derivative needs
-/// it, the pre-activation z of the last training forward. Grown to the largest batch, reused.
-template <std::size_t Out, class... Tail>
+/// kept between forward and backward (in the block's memory space): the gate g = dL/dz and,
+/// when the tail's derivative needs it, the pre-activation z of the last training forward.
+/// Grown to the largest batch, reused.
+template <class Space, std::size_t Out, class... Tail>
 class product_tail {
   static_assert((std::tuple_size_v<decltype(std::declval<Tail&>().params())> + ... + 0) == 0,
                 "solder::nn: the layers after a product layer in its block must have no parameters (activations, dropout)");
@@ -59,19 +60,25 @@ class product_tail {
 
   /// A view of shape SY (batch `batch`) of a workspace of rows of W floats, grown (never shrunk).
   template <class SY, std::size_t W>
-  static tensor_ref<float, SY> workspace(tensor<float, shape<dyn, W>>& t, std::size_t batch) {
+  static tensor_ref<float, SY, Space> workspace(tensor<float, shape<dyn, W>, Space>& t, std::size_t batch) {
     const std::size_t rows = SY::elements(batch) / W;
-    if (t.batch() < rows) t = tensor<float, shape<dyn, W>>(rows);
-    return tensor_ref<float, SY>(t.data(), batch);
+    if (t.batch() < rows) t = tensor<float, shape<dyn, W>, Space>(rows);
+    return tensor_ref<float, SY, Space>(t.data(), batch);
   }
 
   /// y = tail(z) for the product expression z (with its bias), in mode M: one product, the
-  /// tail in its epilogue; in training z is stored beside y when keeps_preactivation.
+  /// tail in its epilogue; in training z is stored beside y when keeps_preactivation (from the
+  /// same epilogue where the backend's product can write twice, else y in a pass over z).
   template <mode M, class SY, class Z>
-  void store(tensor_ref<float, SY> y, const Z& z) {
+  void store(tensor_ref<float, SY, Space> y, const Z& z) {
     if constexpr (keeps_preactivation && M == mode::train) {
       auto saved = workspace<SY>(pre, y.batch());
-      assign_all(write(y, tail.template expression<M>(z)), write(saved, z));
+      if constexpr (executor<backend_of_t<Space>>::product_writes_several) {
+        assign_all(write(y, tail.template expression<M>(z)), write(saved, z));
+      } else {
+        assign(saved, z);
+        assign(y, tail.template expression<M>(tensor_ref<const float, SY, Space>(saved)));
+      }
       pre_batch = y.batch();
     } else {
       assign(y, tail.template expression<M>(z));
@@ -81,19 +88,20 @@ class product_tail {
   /// g = dL/dz into the gate buffer and, when db is a tensor, db = the column sums of g, in one
   /// pass, in the current mode; returns g. y and dy are the last forward's output and its gradient.
   template <class SY, class DB>
-  tensor_ref<const float, SY> gate(tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy, DB& db, const char* who) {
+  tensor_ref<const float, SY, Space> gate(tensor_ref<const float, SY, Space> y, tensor_ref<const float, SY, Space> dy,
+                                          DB& db, const char* who) {
     if (current == mode::train) return gate_as<mode::train>(y, dy, db, who);
     return gate_as<mode::eval>(y, dy, db, who);
   }
 
  private:
-  tensor<float, shape<dyn, Out>> gate_buffer{1};  // g = dL/dz
-  tensor<float, shape<dyn, Out>> pre{1};          // z of the last training forward (keeps_preactivation)
+  tensor<float, shape<dyn, Out>, Space> gate_buffer{1};  // g = dL/dz
+  tensor<float, shape<dyn, Out>, Space> pre{1};          // z of the last training forward (keeps_preactivation)
   std::size_t pre_batch = 0;                      // its batch; 0: none
 
   template <mode M, class SY, class DB>
-  tensor_ref<const float, SY> gate_as(tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy, DB& db,
-                                      const char* who) {
+  tensor_ref<const float, SY, Space> gate_as(tensor_ref<const float, SY, Space> y, tensor_ref<const float, SY, Space> dy,
+                                             DB& db, const char* who) {
     const std::size_t batch = dy.batch();
     auto g = workspace<SY>(gate_buffer, batch);
     auto finish = [&](const auto& ge) {
@@ -108,11 +116,11 @@ class product_tail {
       if (M == mode::eval || pre_batch != batch)
         solder::detail::fail(std::string(who) + ": this layer's backward needs the pre-activation of a training-mode "
                              "forward on the same batch (" + std::to_string(batch) + " rows)");
-      const tensor_ref<const float, SY> z(pre.data(), batch);
+      const tensor_ref<const float, SY, Space> z(pre.data(), batch);
       const auto grads = vjp([&](const auto& zv) { return tail.template expression<M>(zv); }, dy, z);
       finish(std::get<0>(grads));
     }
-    return tensor_ref<const float, SY>(gate_buffer.data(), batch);
+    return tensor_ref<const float, SY, Space>(gate_buffer.data(), batch);
   }
 };
 

@@ -184,8 +184,8 @@ struct sketched_linear {
 /// rules: the gate pass (with db), then dh = g [U1; S2]^T / (2L) and dS2 = h[:, Lk:]^T g / (2L)
 /// from the second product, dS1 = x^T dh[:, :Lk] and dx = dh [S1 | U2]^T from the first.
 template <class Layer, class... Tail>
-class sketched_block : public product_tail<Layer::out_features, Tail...> {
-  using base = product_tail<Layer::out_features, Tail...>;
+class sketched_block : public product_tail<host, Layer::out_features, Tail...> {
+  using base = product_tail<host, Layer::out_features, Tail...>;
 
  public:
   static constexpr std::size_t in_features = Layer::in_features;

@@ -23,6 +23,8 @@ namespace solder {
 template <>
 struct executor<cpu> {
   using space = host;
+  /// A product's epilogue may fill several outputs in its one pass.
+  static constexpr bool product_writes_several = true;
   /// The vector type of float math on this target (xsimd::batch<float, arch>).
   using vec = eval::cpu::vec<float>;
   /// The vector walk of a row of N floats (whole vectors, then a padded tail).

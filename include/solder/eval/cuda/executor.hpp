@@ -23,6 +23,8 @@ namespace solder {
 template <>
 struct executor<cuda> {
   using space = device;
+  /// A product kernel's epilogue writes one output.
+  static constexpr bool product_writes_several = false;
 
   /// Evaluates several writes in ONE pass over their common shape (see solder::assign_all).
   template <class W0, class... Ws>

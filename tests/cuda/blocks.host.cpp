@@ -1,0 +1,56 @@
+// tests/cuda/blocks.host.cpp: the CPU side of blocks.cu: the blocks in host memory, compiled by
+// the C++ compiler.
+#include "blocks.hpp"
+
+#include <cstring>
+
+#include "solder/solder.hpp"
+
+namespace solder::test::blocks {
+
+namespace {
+
+template <class Block>
+result run(const std::vector<float>& x, const std::vector<float>& dy) {
+  constexpr std::size_t in = Block::in_features, out = Block::out_features;
+  using X = tensor<float, shape<dyn, in>>;
+  using Y = tensor<float, shape<dyn, out>>;
+  Block b;
+  b.reset(seed, 0);
+  result r;
+  r.w0.assign(b.linear.weight.data(), b.linear.weight.data() + out * in);
+  r.b0.assign(b.linear.bias.data(), b.linear.bias.data() + out);
+
+  X xt(batch), dx(batch);
+  Y y(batch), dyt(batch), y_eval(batch);
+  std::memcpy(xt.data(), x.data(), x.size() * sizeof(float));
+  std::memcpy(dyt.data(), dy.data(), dy.size() * sizeof(float));
+  b.forward(xt, y);
+  b.backward(xt, y, dyt, dx);
+  r.y.assign(y.data(), y.data() + y.size());
+  r.dx.assign(dx.data(), dx.data() + dx.size());
+  r.dw.assign(b.linear.weight_grad.data(), b.linear.weight_grad.data() + out * in);
+  r.db.assign(b.linear.bias_grad.data(), b.linear.bias_grad.data() + out);
+
+  const std::vector<optim::param> params = b.params_from(0);
+  r.norm = optim::clip_grad_norm(params, 1e30f);
+  optim::adamw opt(params, {.lr = 1e-2f});
+  opt.step();
+  r.w1.assign(b.linear.weight.data(), b.linear.weight.data() + out * in);
+  r.b1.assign(b.linear.bias.data(), b.linear.bias.data() + out);
+
+  b.eval();
+  b.pack_weights();
+  b.forward(xt, y_eval);
+  r.y_eval.assign(y_eval.data(), y_eval.data() + y_eval.size());
+  return r;
+}
+
+}  // namespace
+
+result host_run(int kind, const std::vector<float>& x, const std::vector<float>& dy) {
+  if (kind == 0) return run<nn::linear_block<nn::linear<48, 40>, nn::gelu, nn::dropout<0.25f>>>(x, dy);
+  return run<nn::linear_block<nn::linear<64, 32>, nn::relu, nn::dropout<0.1f>>>(x, dy);
+}
+
+}  // namespace solder::test::blocks

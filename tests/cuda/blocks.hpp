@@ -1,0 +1,33 @@
+// tests/cuda/blocks.hpp: the CPU side of blocks.cu, which runs the blocks and the optimizer
+// written once over the memory space (nn/linear_block.hpp, optim/) in device memory and
+// compares them with the same types in host memory, computed in blocks.host.cpp by the C++
+// compiler (nvcc does not instantiate the CPU loops).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace solder::test::blocks {
+
+inline constexpr std::size_t batch = 37;
+inline constexpr std::uint64_t seed = 11;
+
+/// Block kinds: 0 = linear<48, 40>, gelu, dropout<0.25> (keeps its pre-activation);
+/// 1 = linear<64, 32>, relu, dropout<0.1> (backward from its output).
+inline constexpr std::size_t in_features(int kind) { return kind == 0 ? 48 : 64; }
+inline constexpr std::size_t out_features(int kind) { return kind == 0 ? 40 : 32; }
+
+/// What the host block gives for x [batch, In] and dy [batch, Out], in this order: its
+/// parameters after reset(seed, 0); a training forward y and the backward's dx, dW, db; the
+/// gradient norm (optim::clip_grad_norm, no clipping); W and b after one AdamW step; and an
+/// evaluation forward with the updated weights (packed, as a frozen model runs).
+struct result {
+  std::vector<float> w0, b0, y, dx, dw, db;
+  double norm = 0;
+  std::vector<float> w1, b1, y_eval;
+};
+
+result host_run(int kind, const std::vector<float>& x, const std::vector<float>& dy);
+
+}  // namespace solder::test::blocks
