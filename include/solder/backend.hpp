@@ -41,6 +41,19 @@ struct backend_of<device> {
 template <class Space>
 using backend_of_t = typename backend_of<Space>::type;
 
+/// The memory space of a tensor or view type T (its space_type), host where T does not say.
+template <class T>
+struct memory_space {
+  using type = host;
+};
+template <class T>
+  requires requires { typename T::space_type; }
+struct memory_space<T> {
+  using type = typename T::space_type;
+};
+template <class T>
+using memory_space_t = typename memory_space<T>::type;
+
 /// What a backend provides to evaluate assignments: `run(writes...)` evaluates several
 /// write_target's in one pass (or one product with its epilogue). Each backend specializes it
 /// in its own folder: executor<cpu> in eval/cpu/executor.hpp (included by solder/assign.hpp,

@@ -13,14 +13,18 @@
 //   rows<N>(count, body)              body(walker, r) for every row r of [0, count): rows of N
 //                                     floats (N = dyn: body.n of them), walked by the backend's
 //                                     row walker, which ops/ row ops are written over (docs/ops.md)
+//   row_sums<N>(count, body)          the double sum of body(walker, r) over the rows of rows<N>,
+//                                     added in an order fixed by count; returns it to the host
 //   elements(n, body)                 body.template operator()<V>(i) covering [0, n) once: V the
 //                                     backend's widest value (a vector on the CPU, float on CUDA)
 //                                     at i, float for the elements a vector cannot take
 //   sum_blocks(count, size, body)     the double sum of body(b) over the blocks b of [0, count)
 //                                     (each of about `size` elements), added in an order fixed
 //                                     by count; returns it to the host
-//   copy_from_host(dst, src, n)       n floats from host memory into the space's memory
-//   copy_to_host(dst, src, n)         n floats of the space's memory into host memory, finished
+//   copy(dst, src, n)                 n elements (float, int32...) within the space's memory
+//                                     (dst == src: nothing)
+//   copy_from_host(dst, src, n)       n elements from host memory into the space's memory
+//   copy_to_host(dst, src, n)         n elements of the space's memory into host memory, finished
 //                                     on return
 //
 // Results never depend on the thread count or the launch shape: rows and elements hand out
@@ -51,6 +55,15 @@ struct probe_element_body {
   SOLDER_HD void operator()(std::size_t) const {}
 };
 
+/// A row body of the shape row_sums takes: for the concept's check only.
+struct probe_row_value_body {
+  std::size_t n = 0;
+  template <class R>
+  SOLDER_HD double operator()(const R&, std::size_t) const {
+    return 0.0;
+  }
+};
+
 /// A block body of the shape sum_blocks takes: for the concept's check only.
 struct probe_block_body {
   SOLDER_HD double operator()(std::size_t) const { return 0.0; }
@@ -68,7 +81,9 @@ concept Executor = MemorySpace<typename E::space> &&
                      E::template rows<4>(n, detail::probe_row_body{});
                      E::template rows<dyn>(n, detail::probe_row_body{});
                      E::elements(n, detail::probe_element_body{});
+                     { E::template row_sums<4>(n, detail::probe_row_value_body{}) } -> std::same_as<double>;
                      { E::sum_blocks(n, n, detail::probe_block_body{}) } -> std::same_as<double>;
+                     E::copy(dst, src, n);
                      E::copy_from_host(dst, src, n);
                      E::copy_to_host(dst, src, n);
                    };

@@ -4,14 +4,17 @@
 // AdamW over basic_param<device>, against the same types in host memory (blocks.host.cpp):
 // the initialization bit for bit (drawn on the host, copied), the forward, the backward and an
 // evaluation forward within 1e-5 of their sums' magnitudes (the products add in another order),
-// the norm and the step on the host's gradients within a few roundings. Exits 77 (ctest's skip
-// code) where no CUDA device is present.
+// the norm and the step on the host's gradients within a few roundings; softmax, log_softmax,
+// flatten and the softmax cross-entropy over device tensors against the host's (CUDA's expf and
+// logf are within 2 ulp of glibc's). Exits 77 (ctest's skip code) where no CUDA device is present.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -20,7 +23,10 @@
 #include "blocks.hpp"
 #include "solder/cuda.hpp"
 #include "solder/device.hpp"
+#include "solder/nn/flatten.hpp"
 #include "solder/nn/linear_block.hpp"
+#include "solder/nn/loss.hpp"
+#include "solder/nn/softmax.hpp"
 #include "solder/optim/adam.hpp"
 
 namespace {
@@ -122,11 +128,69 @@ void check_block(int kind, const char* name) {
   expect(off((what + "evaluation y").c_str(), host_copy(y_eval), want.y_eval, mag_y) == 0, "evaluation forward");
 }
 
+/// The row layers, flatten and the loss in device memory against the host's.
+void check_rows() {
+  constexpr std::size_t batch = blocks::batch, classes = blocks::classes;
+  std::vector<float> x(batch * classes), dy(batch * classes);
+  std::vector<std::int32_t> labels(batch);
+  solder::test::fill_uniform(x, -4.0, 4.0, 21u);
+  solder::test::fill_uniform(dy, -1.0, 1.0, 22u);
+  for (std::size_t r = 0; r < batch; ++r) labels[r] = std::int32_t((r * 7) % classes);
+  const blocks::rows_result want = blocks::host_rows(x, labels, dy);
+
+  using T = tensor<float, shape<dyn, classes>, device>;
+  T xd(batch), dyd(batch), g(batch), y(batch), dx(batch), s(batch);
+  tensor<std::int32_t, shape<dyn>, device> labels_d(batch);
+  executor<cuda>::copy_from_host(xd.data(), x.data(), x.size());
+  executor<cuda>::copy_from_host(dyd.data(), dy.data(), dy.size());
+  executor<cuda>::copy_from_host(labels_d.data(), labels.data(), labels.size());
+  const std::span<const std::int32_t> dlabels(labels_d.data(), batch);
+  const double loss = nn::softmax_cross_entropy(xd, dlabels, g, 0.1f);
+  expect(std::fabs(loss - want.loss) <= 1e-6 * std::fabs(want.loss), "softmax_cross_entropy: the host's mean loss");
+  nn::log_softmax<classes, device> log_softmax;
+  log_softmax.forward(xd, y);
+  log_softmax.backward(xd, y, dyd, dx);
+  nn::softmax<classes, device>{}.forward(xd, s);
+  // Each value from a handful of exps and logs of the row and a sum of its 10 terms.
+  auto magnitudes = [](const std::vector<float>& v, double rel) {
+    std::vector<double> m(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) m[i] = rel * (1.0 + std::fabs(v[i]));
+    return m;
+  };
+  expect(off("dlogits", host_copy(g), want.dlogits, magnitudes(want.dlogits, 1.0)) == 0, "softmax_cross_entropy: dlogits");
+  expect(off("log_softmax y", host_copy(y), want.log_y, magnitudes(want.log_y, 1.0)) == 0, "log_softmax forward");
+  expect(off("log_softmax dx", host_copy(dx), want.log_dx, magnitudes(want.log_dx, 1.0)) == 0, "log_softmax backward");
+  expect(off("softmax y", host_copy(s), want.soft_y, magnitudes(want.soft_y, 1.0)) == 0, "softmax forward");
+
+  // A label outside [0, classes) is refused before anything is written.
+  labels[3] = std::int32_t(classes);
+  executor<cuda>::copy_from_host(labels_d.data(), labels.data(), labels.size());
+  bool refused = false;
+  try {
+    (void)nn::softmax_cross_entropy(xd, dlabels, g);
+  } catch (const solder::error&) {
+    refused = true;
+  }
+  expect(refused, "softmax_cross_entropy: a label outside [0, classes) in device memory is refused");
+
+  // flatten: a copy in device memory, both ways.
+  using F = nn::flatten<2, 5>::in_space<device>;
+  tensor<float, shape<dyn, 2, 5>, device> image(batch), dimage(batch);
+  tensor<float, shape<dyn, 10>, device> flat(batch);
+  executor<cuda>::copy_from_host(image.data(), x.data(), x.size());
+  F f;
+  f.forward(image, flat);
+  expect(differing_bits(host_copy(flat), x) == 0, "flatten forward: the same floats");
+  f.backward(image, flat, flat, dimage);
+  expect(differing_bits(host_copy(dimage), x) == 0, "flatten backward: the same floats");
+}
+
 }  // namespace
 
 int main() {
-  return solder::test::gpu::run("blocks", "solder: the linear blocks and AdamW in device memory match the host's", [] {
+  return solder::test::gpu::run("blocks", "solder: the linear blocks, AdamW, the row layers, flatten and the loss in device memory match the host's", [] {
     check_block<nn::linear_block<nn::linear<48, 40, true, device>, nn::gelu, nn::dropout<0.25f>>>(0, "linear+gelu+dropout");
     check_block<nn::linear_block<nn::linear<64, 32, true, device>, nn::relu, nn::dropout<0.1f>>>(1, "linear+relu+dropout");
+    check_rows();
   });
 }

@@ -48,6 +48,24 @@ result run(const std::vector<float>& x, const std::vector<float>& dy) {
 
 }  // namespace
 
+rows_result host_rows(const std::vector<float>& x, const std::vector<std::int32_t>& labels, const std::vector<float>& dy) {
+  using T = tensor<float, shape<dyn, classes>>;
+  T xt(batch), dyt(batch), g(batch), y(batch), dx(batch), s(batch);
+  std::memcpy(xt.data(), x.data(), x.size() * sizeof(float));
+  std::memcpy(dyt.data(), dy.data(), dy.size() * sizeof(float));
+  rows_result r;
+  r.loss = nn::softmax_cross_entropy(xt, labels, g, 0.1f);
+  nn::log_softmax<classes> log_softmax;
+  log_softmax.forward(xt, y);
+  log_softmax.backward(xt, y, dyt, dx);
+  nn::softmax<classes>{}.forward(xt, s);
+  r.dlogits.assign(g.data(), g.data() + g.size());
+  r.log_y.assign(y.data(), y.data() + y.size());
+  r.log_dx.assign(dx.data(), dx.data() + dx.size());
+  r.soft_y.assign(s.data(), s.data() + s.size());
+  return r;
+}
+
 result host_run(int kind, const std::vector<float>& x, const std::vector<float>& dy) {
   if (kind == 0) return run<nn::linear_block<nn::linear<48, 40>, nn::gelu, nn::dropout<0.25f>>>(x, dy);
   return run<nn::linear_block<nn::linear<64, 32>, nn::relu, nn::dropout<0.1f>>>(x, dy);

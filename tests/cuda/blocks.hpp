@@ -30,4 +30,16 @@ struct result {
 
 result host_run(int kind, const std::vector<float>& x, const std::vector<float>& dy);
 
+inline constexpr std::size_t classes = 10;
+
+/// The row layers and the loss on the host, for logits x [batch, classes], labels and dy:
+/// softmax_cross_entropy's mean loss (label smoothing 0.1) and dlogits; log_softmax's y and its
+/// dx for dy; softmax's y.
+struct rows_result {
+  double loss = 0;
+  std::vector<float> dlogits, log_y, log_dx, soft_y;
+};
+
+rows_result host_rows(const std::vector<float>& x, const std::vector<std::int32_t>& labels, const std::vector<float>& dy);
+
 }  // namespace solder::test::blocks

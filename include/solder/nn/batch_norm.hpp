@@ -36,7 +36,7 @@ namespace solder::nn {
 /// unbiased Var) towards them by momentum; eval() uses the running ones. Results do not depend
 /// on the thread count.
 template <std::size_t C>
-class batch_norm : public block_defaults {
+class batch_norm : public block_defaults<> {
   static_assert(C >= 1, "solder::nn::batch_norm: the channel count C must be at least 1");
   using exec = executor<cpu>;
   using op = ops::batch_norm;

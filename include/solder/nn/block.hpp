@@ -39,7 +39,8 @@ namespace solder::nn {
 /// The members of the block contract for a layer that is a block of its own and has no
 /// parameters, no state besides its output, no modes and no dropout: each does nothing. Such a
 /// layer derives from it and defines forward and backward; a layer with some of these defines
-/// them itself (its own hide these).
+/// them itself (its own hide these). Space: where its (absent) parameters would live.
+template <class Space = host>
 struct block_defaults {
   static constexpr bool channels_last_capable = false;
   static constexpr bool input_grad_optional = false;
@@ -48,7 +49,7 @@ struct block_defaults {
   void eval() {}
   void weights_changed() {}
   void pack_weights() {}
-  std::vector<optim::param> params_from(std::size_t /*first*/) { return {}; }
+  std::vector<optim::basic_param<Space>> params_from(std::size_t /*first*/) { return {}; }
   std::vector<buffer> buffers_from(std::size_t /*first*/) { return {}; }
   template <class F>
   void for_each_dropout(F&& /*f*/) {}
@@ -61,7 +62,7 @@ template <class L>
 auto named_params(const std::string& prefix, L& layer) {
   auto ps = layer.params();
   auto gs = layer.grads();
-  using space = typename optim::space_of<std::remove_cvref_t<std::tuple_element_t<0, decltype(ps)>>>::type;
+  using space = memory_space_t<std::remove_cvref_t<std::tuple_element_t<0, decltype(ps)>>>;
   std::vector<optim::basic_param<space>> out;
   [&]<std::size_t... K>(std::index_sequence<K...>) {
     (out.push_back(optim::make_param(prefix + L::param_names[K], std::get<K>(ps), std::get<K>(gs))), ...);

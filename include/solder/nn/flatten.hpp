@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstddef>
-#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -23,9 +22,10 @@ namespace solder::nn {
 /// y [batch, E0*E1*...] = x [batch, E0, E1, ...] (or x already [batch, E0*E1*...]) in the same
 /// row-major order: torch's nn.Flatten(). Forward copies x to y and backward dy to dx, unless
 /// they are the same memory; view() gives the flat view with no copy at all. flatten<> (no
-/// extents) takes a sample of any shape, as a chain hands it over.
-template <std::size_t... Extents>
-struct flatten : block_defaults {
+/// extents) takes a sample of any shape, as a chain hands it over. basic_flatten<Space, ...> is
+/// the same layer over memory of Space; flatten<...> is the host one.
+template <class Space, std::size_t... Extents>
+struct basic_flatten : block_defaults<Space> {
   static_assert(((Extents >= 1) && ...), "solder::nn::flatten: each extent of a sample must be at least 1 (e.g. flatten<3, 8, 8>)");
   static_assert(sizeof...(Extents) <= sample_shape::max_rank, "solder::nn::flatten: at most 4 extents");
 
@@ -58,8 +58,10 @@ struct flatten : block_defaults {
     }
   };
 
+  using space = Space;
+
   /// No parameters.
-  std::vector<optim::param> params(const std::string& /*prefix*/ = "") { return {}; }
+  std::vector<optim::basic_param<Space>> params(const std::string& /*prefix*/ = "") { return {}; }
 
   /// The [batch, features] view of x [batch, Extents...]: the same memory, nothing copied.
   template <class T, std::size_t B>
@@ -76,21 +78,21 @@ struct flatten : block_defaults {
   /// y = x for x [batch, Extents...] or [batch, features] and y [batch, features] (flatten<>: x
   /// of any shape, y [batch, its elements per sample]).
   template <class SX, class SY>
-  void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+  void forward(tensor_ref<const float, SX, Space> x, tensor_ref<float, SY, Space> y) {
     static_assert(check_shapes<SX, SY>());
     if (x.batch() != y.batch())
       detail::batches_differ("solder::nn::flatten::forward", {{"x", x.batch()}, {"y", y.batch()}});
     copy(y.data(), x.data(), y.size());
   }
   template <class SX, class SY>
-  void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
+  void forward(const tensor<float, SX, Space>& x, tensor<float, SY, Space>& y) {
     forward(x.ref(), y.ref());
   }
 
   /// dx = dy, reshaped back to x's shape (x and y are not read).
   template <class SX, class SY>
-  void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
-                tensor_ref<float, SX> dx) {
+  void backward(tensor_ref<const float, SX, Space> x, tensor_ref<const float, SY, Space> y,
+                tensor_ref<const float, SY, Space> dy, tensor_ref<float, SX, Space> dx) {
     static_assert(check_shapes<SX, SY>());
     const std::size_t batch = x.batch();
     if (y.batch() != batch || dy.batch() != batch || dx.batch() != batch)
@@ -99,13 +101,14 @@ struct flatten : block_defaults {
     copy(dx.data(), dy.data(), dx.size());
   }
   template <class SX, class SY>
-  void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy, tensor<float, SX>& dx) {
+  void backward(const tensor<float, SX, Space>& x, const tensor<float, SY, Space>& y, const tensor<float, SY, Space>& dy,
+                tensor<float, SX, Space>& dx) {
     backward(x.ref(), y.ref(), dy.ref(), dx.ref());
   }
 
  private:
   static void copy(float* to, const float* from, std::size_t n) {
-    if (to != from) std::memmove(to, from, n * sizeof(float));  // a chain may hand over the same buffer
+    executor<backend_of_t<Space>>::copy(to, from, n);  // nothing where a chain hands over the same buffer
   }
 
   template <class SX, class SY>
@@ -144,6 +147,13 @@ struct flatten : block_defaults {
       return diagnostic<m>::reported;
     }
   }
+};
+
+/// torch's nn.Flatten over host memory; in_space<S> is the same layer over memory of S.
+template <std::size_t... Extents>
+struct flatten : basic_flatten<host, Extents...> {
+  template <class S>
+  using in_space = basic_flatten<S, Extents...>;
 };
 
 }  // namespace solder::nn

@@ -27,7 +27,7 @@ namespace solder::nn {
 /// the biased variance). Keeps each row's mean and 1/sqrt(Var + eps) for backward. Results
 /// do not depend on the thread count. A NaN or infinity in a row makes that row's y NaN.
 template <std::size_t N>
-class layer_norm : public block_defaults {
+class layer_norm : public block_defaults<> {
   static_assert(N >= 1, "solder::nn::layer_norm: the feature count N must be at least 1");
   using exec = executor<cpu>;
   using row = exec::row<N>;

@@ -1,7 +1,9 @@
 // nn/loss.hpp: the training losses (mse, softmax_cross_entropy, bce_with_logits) and accuracy.
 // Each loss visits a row once and returns the mean loss together with the gradient of that
-// mean, or the loss alone for evaluation. The math is ops/loss.hpp's, run on executor<cpu>'s
-// row walk; sums are fixed-order, so results never depend on the thread count.
+// mean, or the loss alone for evaluation. The math is ops/loss.hpp's, run on the row walk of the
+// executor of the inputs' memory space (softmax_cross_entropy in any space; mse, bce_with_logits
+// and accuracy in host memory); sums are fixed-order, so results never depend on the thread
+// count.
 #pragma once
 
 #include <cmath>
@@ -11,6 +13,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "solder/assign.hpp"
 #include "solder/config.hpp"
@@ -94,36 +97,35 @@ inline void check_labels(const char* who, std::span<const std::int32_t> labels, 
 // One row of a loss, or one chunk of an elementwise loss, flattened: the op's loops with exp
 // and log1p and the walker's reductions become one body whatever else the translation unit
 // holds (left to GCC's unit-growth budget, a large unit calls exp out of line, once per vector).
-template <bool Grad, std::size_t C>
-SOLDER_FLATTEN_KERNEL double softmax_cross_entropy_row(const ops::softmax_cross_entropy& op,
-                                                                               const float* x, std::size_t y, float* g) {
-  return op.row<Grad>(executor<cpu>::row<C>{}, x, y, g);
-}
 template <bool Grad, class Op>
 SOLDER_FLATTEN_KERNEL double elementwise_loss_chunk(const Op& op, const float* x, const float* t,
                                                                             float* g, std::size_t n, float scale) {
   return ops::elementwise_loss_sum<Grad>(op, executor<cpu>::row<dyn>(n), x, t, g, scale);
 }
 
-/// Softmax cross-entropy over the rows of logits x [B, C] of shape S: the mean loss, and with
-/// Grad its gradient in g. C is a constant, so each row's loops and tail are laid out at
-/// compile time.
-template <bool Grad, class S>
+/// Softmax cross-entropy over the rows of logits x [B, C] of shape S in memory of Space, against
+/// labels in the same memory: the mean loss, and with Grad its gradient in g. C is a constant,
+/// so each row's loops and tail are laid out at compile time. The labels are checked before
+/// anything is written (labels outside host memory are read back for it).
+template <bool Grad, class S, class Space>
 float softmax_cross_entropy(const float* x, std::size_t batch, std::span<const std::int32_t> labels, float* g,
                             float label_smoothing) {
-  using exec = executor<cpu>;
+  using exec = executor<backend_of_t<Space>>;
   constexpr const char* who = "solder::nn::softmax_cross_entropy";
   constexpr std::size_t classes = S::last;
   const std::size_t rows = S::elements(batch) / classes;
   if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
     solder::detail::fail(std::string(who) + ": label_smoothing must be in [0, 1], got " + std::to_string(label_smoothing));
-  check_labels(who, labels, rows, classes);
+  if constexpr (std::is_same_v<Space, host>) {
+    check_labels(who, labels, rows, classes);
+  } else {
+    std::vector<std::int32_t> readable(labels.size() == rows ? rows : 0);
+    exec::copy_to_host(readable.data(), labels.data(), readable.size());
+    check_labels(who, labels.size() == rows ? std::span<const std::int32_t>(readable) : labels, rows, classes);
+  }
   const ops::softmax_cross_entropy op{1.0f - label_smoothing, label_smoothing / float(classes), 1.0f / float(rows)};
-  const std::int32_t* y = labels.data();
-  const double total = exec::sum_rows(rows, classes, [=](std::size_t r) {
-    return softmax_cross_entropy_row<Grad, classes>(op, x + r * classes, std::size_t(y[r]),
-                                                    Grad ? g + r * classes : nullptr);
-  });
+  const double total = exec::template row_sums<classes>(
+      rows, ops::softmax_cross_entropy_rows<Grad, classes>{op, x, labels.data(), Grad ? g : nullptr});
   return float(total / double(rows));
 }
 
@@ -147,6 +149,10 @@ float elementwise_mean_loss(const Op& op, const float* x, const float* t, float*
 template <fixed_string Who, class X, class T>
 void check_target(const X& input, const T& target) {
   using S = shape_of_t<X>;
+  static_assert(std::is_same_v<memory_space_t<std::remove_cvref_t<X>>, host> &&
+                    std::is_same_v<memory_space_t<std::remove_cvref_t<T>>, host>,
+                "solder::nn::mse, bce_with_logits: the input and the target must be in host memory (in device memory, "
+                "softmax_cross_entropy is the loss a chain takes)");
   static_assert(check_same_shape<Who, S, shape_of_t<T>>());
   if constexpr (S::dynamic) check_batches(Who.text, input.batch(), target.batch(), "the target");
 }
@@ -204,21 +210,27 @@ float bce_with_logits(const X& input, const T& target) {
 ///   loss_i = logsumexp(x_i) - (1 - eps) x_i[y_i] - eps / C sum_j x_i[j]
 /// Writes dlogits = (softmax(x_i) - (1 - eps) onehot(y_i) - eps / C) / B, the gradient of the
 /// mean. A NaN or +inf logit makes its row's loss NaN; -inf logits are allowed (masking) and
-/// give an infinite loss only where they carry target weight, as in PyTorch.
+/// give an infinite loss only where they carry target weight, as in PyTorch. The logits, labels
+/// and dlogits are in one memory space (device tensors take device labels).
 template <FloatInput L, FloatOutput G>
 float softmax_cross_entropy(const L& logits, std::span<const std::int32_t> labels, G&& dlogits,
                             float label_smoothing = 0.0f) {
   using S = detail::shape_of_t<L>;
+  using Space = memory_space_t<std::remove_cvref_t<L>>;
   static_assert(detail::check_rank2<"solder::nn::softmax_cross_entropy", S>());
+  static_assert(std::is_same_v<Space, memory_space_t<std::remove_cvref_t<G>>>,
+                "solder::nn::softmax_cross_entropy: the logits and dlogits must be in the same memory space");
   detail::check_gradient<"solder::nn::softmax_cross_entropy">(logits, dlogits, "dlogits");
-  return detail::softmax_cross_entropy<true, S>(logits.data(), logits.batch(), labels, dlogits.data(), label_smoothing);
+  return detail::softmax_cross_entropy<true, S, Space>(logits.data(), logits.batch(), labels, dlogits.data(),
+                                                       label_smoothing);
 }
 /// Softmax cross-entropy without the gradient (evaluation); the same loss as above.
 template <FloatInput L>
 float softmax_cross_entropy(const L& logits, std::span<const std::int32_t> labels, float label_smoothing = 0.0f) {
   using S = detail::shape_of_t<L>;
   static_assert(detail::check_rank2<"solder::nn::softmax_cross_entropy", S>());
-  return detail::softmax_cross_entropy<false, S>(logits.data(), logits.batch(), labels, nullptr, label_smoothing);
+  return detail::softmax_cross_entropy<false, S, memory_space_t<std::remove_cvref_t<L>>>(logits.data(), logits.batch(),
+                                                                                      labels, nullptr, label_smoothing);
 }
 
 /// The fraction of rows of logits [B, C] whose argmax is the label. Ties go to the lowest
@@ -227,6 +239,8 @@ template <FloatInput L>
 float accuracy(const L& logits, std::span<const std::int32_t> labels) {
   using S = detail::shape_of_t<L>;
   static_assert(detail::check_rank2<"solder::nn::accuracy", S>());
+  static_assert(std::is_same_v<memory_space_t<std::remove_cvref_t<L>>, host>,
+                "solder::nn::accuracy: the logits must be in host memory (copy them with solder::to_host)");
   constexpr std::size_t classes = S::last;
   const std::size_t rows = S::elements(logits.batch()) / classes;
   detail::check_labels("solder::nn::accuracy", labels, rows, classes);

@@ -143,7 +143,7 @@ constexpr bool check_shapes() {
 /// Ho = floor((H + 2P - K) / S) + 1. A NaN in a window makes its y NaN. Forward saves each
 /// output's argmax; backward routes dy there (ties: the first maximal element, row-major).
 template <std::size_t K, std::size_t Stride = K, std::size_t Pad = 0>
-class max_pool2d : public block_defaults {
+class max_pool2d : public block_defaults<> {
   static_assert(K >= 1 && Stride >= 1, "solder::nn::max_pool2d: the kernel size and the stride must be at least 1");
   static_assert(Pad <= K / 2, "solder::nn::max_pool2d: the padding must be at most half the kernel size (Pad <= K / 2), "
                               "as torch requires; use a larger kernel or less padding");
@@ -248,7 +248,7 @@ class max_pool2d : public block_defaults {
 /// count_include_pad). The divisor is the window clipped to the padded input [-P, H + P) when
 /// CountIncludePad, to the input itself otherwise. Backward spreads dy / divisor over the window.
 template <std::size_t K, std::size_t Stride = K, std::size_t Pad = 0, bool CountIncludePad = true>
-class avg_pool2d : public block_defaults {
+class avg_pool2d : public block_defaults<> {
   static_assert(K >= 1 && Stride >= 1, "solder::nn::avg_pool2d: the kernel size and the stride must be at least 1");
   static_assert(Pad <= K / 2, "solder::nn::avg_pool2d: the padding must be at most half the kernel size (Pad <= K / 2), "
                               "as torch requires; use a larger kernel or less padding");
@@ -330,7 +330,7 @@ class avg_pool2d : public block_defaults {
 /// nn.AdaptiveAvgPool2d((Oh, Ow)), rows [floor(i H / Oh), ceil((i + 1) H / Oh)) and likewise
 /// columns (windows overlap when Oh does not divide H). Any H, W >= 1.
 template <std::size_t Oh, std::size_t Ow = Oh>
-class adaptive_avg_pool2d : public block_defaults {
+class adaptive_avg_pool2d : public block_defaults<> {
   static_assert(Oh >= 1 && Ow >= 1, "solder::nn::adaptive_avg_pool2d: the output size Oh, Ow must be at least 1");
 
  public:

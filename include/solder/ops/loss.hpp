@@ -4,7 +4,10 @@
 // is described in ops/softmax.hpp and docs/ops.md, "Row ops").
 #pragma once
 
+#include <math.h>
+
 #include <cstddef>
+#include <cstdint>
 
 #include "solder/config.hpp"
 #include "solder/ops/softmax.hpp"
@@ -104,6 +107,25 @@ struct softmax_cross_entropy {
       r.once([&]() SOLDER_INLINE_LAMBDA { g[y] = simd::fma(simd::neg(T(keep)), T(scale), g[y]); });
     }
     return loss;
+  }
+};
+
+/// Softmax cross-entropy over the rows of logits x [rows, n] against labels, as a row body of
+/// the executor's row_sums<N>: row r's loss (NaN for a label outside [0, n), reading nothing
+/// of the row), and with Grad its gradient in g.
+template <bool Grad, std::size_t N>
+struct softmax_cross_entropy_rows {
+  softmax_cross_entropy op;
+  const float* x;
+  const std::int32_t* labels;
+  float* g;
+  std::size_t n = N;
+  SOLDER_EXEC_CHECK_OFF
+  template <class R>
+  SOLDER_HD SOLDER_INLINE double operator()(const R& walker, std::size_t r) const {
+    const std::int32_t y = labels[r];
+    if (y < 0 || std::size_t(y) >= n) return NAN;  // the same label on every lane of a warp
+    return double(op.template row<Grad>(walker, x + r * n, std::size_t(y), Grad ? g + r * n : nullptr));
   }
 };
 

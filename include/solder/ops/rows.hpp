@@ -38,4 +38,28 @@ struct rows_backward_from_output {
   }
 };
 
+/// The run-time row length of a body (body.n), 0 for a body that has none (a constant N).
+template <class Body>
+SOLDER_HD constexpr std::size_t row_length(const Body& body) {
+  if constexpr (requires { body.n; })
+    return body.n;
+  else
+    return 0;
+}
+
+/// A row body whose row gives a value (body(walker, r) returns a double), storing it at
+/// out[r] once the row is done: what a backend runs for row_sums<N> before adding the values.
+template <class Body>
+struct row_value_into {
+  Body body;
+  double* out;
+  std::size_t n = row_length(body);
+  SOLDER_EXEC_CHECK_OFF
+  template <class R>
+  SOLDER_HD SOLDER_INLINE void operator()(const R& walker, std::size_t r) const {
+    const double v = body(walker, r);
+    walker.once([&]() SOLDER_INLINE_LAMBDA { out[r] = v; });
+  }
+};
+
 }  // namespace solder::ops

@@ -47,17 +47,6 @@ struct basic_param {
 /// A parameter in host memory, what the CPU layers give.
 using param = basic_param<host>;
 
-/// The memory space of a tensor or view type (host where it does not say).
-template <class V>
-struct space_of {
-  using type = host;
-};
-template <class V>
-  requires requires { typename V::space_type; }
-struct space_of<V> {
-  using type = typename V::space_type;
-};
-
 /// A param viewing a tensor (or writable view) and its gradient, of any shape, flattened; in
 /// the tensor's memory space.
 template <class V, class G>
@@ -67,9 +56,9 @@ template <class V, class G>
     { v.size() } -> std::convertible_to<std::size_t>;
     { g.size() } -> std::convertible_to<std::size_t>;
   }
-basic_param<typename space_of<V>::type> make_param(std::string name, V& value, G& grad) {
-  using Space = typename space_of<V>::type;
-  static_assert(std::is_same_v<Space, typename space_of<G>::type>,
+basic_param<memory_space_t<V>> make_param(std::string name, V& value, G& grad) {
+  using Space = memory_space_t<V>;
+  static_assert(std::is_same_v<Space, memory_space_t<G>>,
                 "solder::optim::make_param: a value and its gradient must live in the same memory space");
   if (value.size() != grad.size())
     solder::detail::fail("solder::optim::make_param: '" + name + "' has " + std::to_string(value.size()) +

@@ -92,6 +92,13 @@ struct executor<cpu> {
     if constexpr (N == dyn) n = body.n;
     for_rows(count, n, [&](std::size_t r) { one_row<N>(body, r); });
   }
+  /// The sum of body(row<N>{}, r) over [0, count): sum_rows's order, each row flattened.
+  template <std::size_t N, class Body>
+  static double row_sums(std::size_t count, const Body& body) {
+    std::size_t n = N;
+    if constexpr (N == dyn) n = body.n;
+    return sum_rows(count, n, [&](std::size_t r) { return one_row<N>(body, r); });
+  }
   /// body.template operator()<V>(i): V = vec at every whole vector of [0, n), float after.
   template <class Body>
   static void elements(std::size_t n, const Body& body) {
@@ -103,11 +110,17 @@ struct executor<cpu> {
     return sum_rows(count, size, body);
   }
   /// Host memory is the CPU's own: plain copies.
-  static void copy_from_host(float* dst, const float* src, std::size_t n) {
-    if (n) std::memcpy(dst, src, n * sizeof(float));
+  template <class T>
+  static void copy(T* dst, const T* src, std::size_t n) {
+    if (n && dst != src) std::memmove(dst, src, n * sizeof(T));
   }
-  static void copy_to_host(float* dst, const float* src, std::size_t n) {
-    if (n) std::memcpy(dst, src, n * sizeof(float));
+  template <class T>
+  static void copy_from_host(T* dst, const T* src, std::size_t n) {
+    if (n) std::memcpy(dst, src, n * sizeof(T));
+  }
+  template <class T>
+  static void copy_to_host(T* dst, const T* src, std::size_t n) {
+    if (n) std::memcpy(dst, src, n * sizeof(T));
   }
 
  private:
@@ -115,11 +128,11 @@ struct executor<cpu> {
   // whatever else the translation unit holds (left to GCC's unit-growth budget, a large unit
   // calls exp out of line, once per vector).
   template <std::size_t N, class Body>
-  SOLDER_FLATTEN_KERNEL static void one_row(const Body& body, std::size_t r) {
+  SOLDER_FLATTEN_KERNEL static auto one_row(const Body& body, std::size_t r) {
     if constexpr (N == dyn)
-      body(row<dyn>(body.n), r);
+      return body(row<dyn>(body.n), r);
     else
-      body(row<N>{}, r);
+      return body(row<N>{}, r);
   }
 };
 

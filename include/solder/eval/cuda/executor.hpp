@@ -42,6 +42,19 @@ struct executor<cuda> {
   static void rows(std::size_t count, const Body& body) {
     eval::cuda::detail::launch_rows(eval::cuda::warp_rows<N, Body>{body}, count, current_stream(), "solder::executor<cuda>::rows");
   }
+  /// The sum of body(walker, r) over [0, count): a warp per row stores each row's value, then
+  /// the fixed-order device total (sum_terms), waited for and read back.
+  template <std::size_t N, class Body>
+  static double row_sums(std::size_t count, const Body& body) {
+    if (count == 0) return 0.0;
+    const cudaStream_t stream = current_stream();
+    constexpr const char* what = "solder::executor<cuda>::row_sums";
+    const eval::cuda::detail::stream_scratch<double> values(count + 1, stream, what);  // per row, then the total
+    eval::cuda::detail::launch_rows(eval::cuda::warp_rows<N, ops::row_value_into<Body>>{{body, values.get()}}, count,
+                                    stream, what);
+    eval::cuda::detail::sum_terms(eval::cuda::double_terms{values.get()}, count, values.get() + count, stream, what);
+    return eval::cuda::detail::read_back(values.get() + count, stream, what);
+  }
   /// body.template operator()<float>(i) for every i of [0, n): one thread per element.
   template <class Body>
   static void elements(std::size_t n, const Body& body) {
@@ -58,18 +71,27 @@ struct executor<cuda> {
     eval::cuda::detail::sum_terms(body, count, total.get(), stream, "solder::executor<cuda>::sum_blocks");
     return eval::cuda::detail::read_back(total.get(), stream, "solder::executor<cuda>::sum_blocks");
   }
+  /// Device to device on the current stream.
+  template <class T>
+  static void copy(T* dst, const T* src, std::size_t n) {
+    if (n && dst != src)
+      eval::cuda::check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, current_stream()),
+                        "solder::executor<cuda>::copy");
+  }
   /// Host to device on the current stream (pageable host memory: the source may be reused on
   /// return).
-  static void copy_from_host(float* dst, const float* src, std::size_t n) {
+  template <class T>
+  static void copy_from_host(T* dst, const T* src, std::size_t n) {
     if (n)
-      eval::cuda::check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, current_stream()),
+      eval::cuda::check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyHostToDevice, current_stream()),
                         "solder::executor<cuda>::copy_from_host");
   }
   /// Device to host on the current stream, which is waited for.
-  static void copy_to_host(float* dst, const float* src, std::size_t n) {
+  template <class T>
+  static void copy_to_host(T* dst, const T* src, std::size_t n) {
     if (n == 0) return;
     const cudaStream_t stream = current_stream();
-    eval::cuda::check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream),
+    eval::cuda::check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream),
                       "solder::executor<cuda>::copy_to_host");
     eval::cuda::check(cudaStreamSynchronize(stream), "solder::executor<cuda>::copy_to_host");
   }
