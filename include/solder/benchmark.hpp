@@ -424,7 +424,7 @@ template <class Model>
 struct unfused_of;
 template <class Config, class... Layers>
 struct unfused_of<nn::basic_chain<Config, Layers...>> {
-  using type = nn::basic_chain<nn::chain_config<false, typename Config::input>, Layers...>;
+  using type = nn::basic_chain<nn::chain_config<false, typename Config::input, typename Config::space>, Layers...>;
 };
 template <class Model>
 using unfused_t = typename unfused_of<Model>::type;

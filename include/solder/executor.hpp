@@ -7,6 +7,8 @@
 //   space                             the memory space it evaluates into (host, device)
 //   run(writes...), assign(out, e)    ONE pass over expressions: elementwise maps, reductions,
 //                                     and a matrix product with its epilogue (a contract node)
+//   flush_denormals                   a scope (constructed with on/off) in which the backend's
+//                                     arithmetic flushes denormals to zero where it can choose
 //   product_writes_several            whether run takes, beside a write holding a product, more
 //                                     writes of its shape filled from the same epilogue (else a
 //                                     product runs alone and its caller makes a second pass)
@@ -77,6 +79,7 @@ template <class E>
 concept Executor = MemorySpace<typename E::space> &&
                    std::same_as<E, executor<backend_of_t<typename E::space>>> &&
                    std::convertible_to<decltype(E::product_writes_several), bool> &&
+                   std::constructible_from<typename E::flush_denormals, bool> &&
                    requires(std::size_t n, float* dst, const float* src) {
                      E::template rows<4>(n, detail::probe_row_body{});
                      E::template rows<dyn>(n, detail::probe_row_body{});

@@ -6,7 +6,9 @@
 // evaluation forward within 1e-5 of their sums' magnitudes (the products add in another order),
 // the norm and the step on the host's gradients within a few roundings; softmax, log_softmax,
 // flatten and the softmax cross-entropy over device tensors against the host's (CUDA's expf and
-// logf are within 2 ulp of glibc's). Exits 77 (ctest's skip code) where no CUDA device is present.
+// logf are within 2 ulp of glibc's); a whole chain in device memory (nn::chain_in<device, ...>)
+// trained two steps against the same chain on the host. Exits 77 (ctest's skip code) where no
+// CUDA device is present.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -23,11 +25,13 @@
 #include "blocks.hpp"
 #include "solder/cuda.hpp"
 #include "solder/device.hpp"
+#include "solder/nn/chain.hpp"
 #include "solder/nn/flatten.hpp"
 #include "solder/nn/linear_block.hpp"
 #include "solder/nn/loss.hpp"
 #include "solder/nn/softmax.hpp"
 #include "solder/optim/adam.hpp"
+#include "solder/optim/sgd.hpp"
 
 namespace {
 
@@ -185,12 +189,59 @@ void check_rows() {
   expect(differing_bits(host_copy(dimage), x) == 0, "flatten backward: the same floats");
 }
 
+/// A chain in device memory, trained as the host chain is.
+void check_chain() {
+  constexpr std::size_t batch = blocks::batch;
+  std::vector<float> x(batch * blocks::chain_in);
+  std::vector<std::int32_t> labels(batch);
+  solder::test::fill_uniform(x, -1.0, 1.0, 31u);
+  for (std::size_t r = 0; r < batch; ++r) labels[r] = std::int32_t((r * 3 + 1) % blocks::chain_out);
+  const blocks::chain_result want = blocks::host_chain(x, labels);
+
+  using model_type = nn::chain_in<device, nn::linear<blocks::chain_in, 32>, nn::relu, nn::dropout<0.1f>,
+                                  nn::linear<32, 16>, nn::gelu, nn::linear<16, blocks::chain_out>>;
+  static_assert(model_type::kernels == 3);
+  model_type model(blocks::chain_seed);
+  auto flat = [&] {
+    std::vector<float> out;
+    for (const auto& p : model.params()) {
+      const std::vector<float> v = host_copy(p.value);
+      out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+  };
+  expect(differing_bits(flat(), want.initial) == 0, "chain_in<device>: parameters drawn as on the host");
+
+  tensor<float, shape<dyn, blocks::chain_in>, device> xd(batch);
+  tensor<std::int32_t, shape<dyn>, device> labels_d(batch);
+  executor<cuda>::copy_from_host(xd.data(), x.data(), x.size());
+  executor<cuda>::copy_from_host(labels_d.data(), labels.data(), labels.size());
+  const std::span<const std::int32_t> dlabels(labels_d.data(), batch);
+  optim::basic_sgd<device> opt(model.params(), {.lr = 0.05f, .momentum = 0.9f});
+  const float loss1 = model.train_step(xd.ref(), dlabels, opt);
+  const float loss2 = model.train_step(xd.ref(), dlabels, opt);
+  expect(std::fabs(loss1 - want.loss1) <= 1e-5f * want.loss1, "chain_in<device>: the first step's loss");
+  expect(std::fabs(loss2 - want.loss2) <= 1e-5f * want.loss2, "chain_in<device>: the second step's loss");
+  const std::vector<float> trained = flat();
+  std::vector<double> mag(trained.size(), 1.0);
+  for (std::size_t i = 0; i < mag.size() && i < want.trained.size(); ++i) mag[i] += std::fabs(want.trained[i]);
+  expect(off("chain parameters after two SGD steps", trained, want.trained, mag) == 0,
+         "chain_in<device>: the parameters after two steps");
+
+  model.eval();
+  const auto logits = model.forward(xd);
+  std::vector<double> mag_logits(want.logits.size());
+  for (std::size_t i = 0; i < mag_logits.size(); ++i) mag_logits[i] = 1.0 + std::fabs(want.logits[i]);
+  expect(off("chain logits", host_copy(logits), want.logits, mag_logits) == 0, "chain_in<device>: evaluation logits");
+}
+
 }  // namespace
 
 int main() {
-  return solder::test::gpu::run("blocks", "solder: the linear blocks, AdamW, the row layers, flatten and the loss in device memory match the host's", [] {
+  return solder::test::gpu::run("blocks", "solder: the linear blocks, AdamW, the row layers, flatten, the loss and a chain in device memory match the host's", [] {
     check_block<nn::linear_block<nn::linear<48, 40, true, device>, nn::gelu, nn::dropout<0.25f>>>(0, "linear+gelu+dropout");
     check_block<nn::linear_block<nn::linear<64, 32, true, device>, nn::relu, nn::dropout<0.1f>>>(1, "linear+relu+dropout");
     check_rows();
+    check_chain();
   });
 }

@@ -66,6 +66,29 @@ rows_result host_rows(const std::vector<float>& x, const std::vector<std::int32_
   return r;
 }
 
+chain_result host_chain(const std::vector<float>& x, const std::vector<std::int32_t>& labels) {
+  using model_type = nn::chain<nn::linear<chain_in, 32>, nn::relu, nn::dropout<0.1f>, nn::linear<32, 16>, nn::gelu,
+                               nn::linear<16, chain_out>>;
+  model_type model(chain_seed);
+  auto flat = [&] {
+    std::vector<float> out;
+    for (const optim::param& p : model.params()) out.insert(out.end(), p.value.data(), p.value.data() + p.value.size());
+    return out;
+  };
+  chain_result r;
+  r.initial = flat();
+  tensor<float, shape<dyn, chain_in>> xt(batch);
+  std::memcpy(xt.data(), x.data(), x.size() * sizeof(float));
+  optim::sgd opt(model.params(), {.lr = 0.05f, .momentum = 0.9f});
+  r.loss1 = model.train_step(xt.ref(), labels, opt);
+  r.loss2 = model.train_step(xt.ref(), labels, opt);
+  r.trained = flat();
+  model.eval();
+  const auto logits = model.forward(xt);
+  r.logits.assign(logits.data(), logits.data() + logits.size());
+  return r;
+}
+
 result host_run(int kind, const std::vector<float>& x, const std::vector<float>& dy) {
   if (kind == 0) return run<nn::linear_block<nn::linear<48, 40>, nn::gelu, nn::dropout<0.25f>>>(x, dy);
   return run<nn::linear_block<nn::linear<64, 32>, nn::relu, nn::dropout<0.1f>>>(x, dy);

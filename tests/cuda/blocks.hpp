@@ -42,4 +42,20 @@ struct rows_result {
 
 rows_result host_rows(const std::vector<float>& x, const std::vector<std::int32_t>& labels, const std::vector<float>& dy);
 
+/// The chain both sides build: nn::chain<linear<64, 32>, relu, dropout<0.1>, linear<32, 16>,
+/// gelu, linear<16, 10>> (three GEMM kernels, one keeping its pre-activation), seed 7.
+inline constexpr std::size_t chain_in = 64, chain_out = 10;
+inline constexpr std::uint64_t chain_seed = 7;
+
+/// What the host chain gives on x [batch, 64] and labels: its parameters as drawn (params()
+/// order, flattened), the losses of two train_steps with SGD (lr 0.05, momentum 0.9), the
+/// parameters after them, and the logits of an evaluation forward.
+struct chain_result {
+  std::vector<float> initial;
+  float loss1 = 0, loss2 = 0;
+  std::vector<float> trained, logits;
+};
+
+chain_result host_chain(const std::vector<float>& x, const std::vector<std::int32_t>& labels);
+
 }  // namespace solder::test::blocks

@@ -13,18 +13,23 @@
 // error naming both layers and sample shapes. The chain owns its parameters, gradients and every
 // activation; buffers are sized to the largest batch seen and reused, so a training step
 // allocates nothing after the first.
+//
+// The same model over CUDA memory, parameters and activations on the device (in code nvcc
+// compiles, after solder/cuda.hpp):
+//
+//   using gpu_mlp = nn::chain_in<device, nn::linear<64, 256>, nn::relu, nn::linear<256, 10>>;
 #pragma once
 
 #include <chrono>
 #include <concepts>
 #include <cstdint>
-#include <cstring>
 #include <iomanip>
 #include <ostream>
 #include <span>
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -52,13 +57,64 @@ struct profile_entry {
   double forward_flops = 0, backward_flops = 0;  // accumulated over the timed calls
 };
 
-/// How a chain is planned: fused or one kernel per layer, and the shape of its input (Input:
-/// an nn::input<...>, or unstated_input: fixed by its first layers).
-template <bool Fused, class Input = unstated_input>
+/// How a chain is planned: fused or one kernel per layer, the shape of its input (Input: an
+/// nn::input<...>, or unstated_input: fixed by its first layers), and the memory space its
+/// parameters, activations and inputs live in.
+template <bool Fused, class Input = unstated_input, class Space = host>
 struct chain_config {
   static constexpr bool fused = Fused;
   using input = Input;
+  using space = Space;
 };
+
+/// Layer L over memory space S (L::in_space<S>); every layer as written is the host's.
+template <class L, class S>
+struct layer_in_space {
+  using type = L;
+};
+template <class L, class S>
+  requires(!std::is_same_v<S, host>) && requires { typename L::template in_space<S>; }
+struct layer_in_space<L, S> {
+  using type = typename L::template in_space<S>;
+};
+template <class L, class S>
+using layer_in_space_t = typename layer_in_space<L, S>::type;
+
+namespace detail {
+/// Whether layer L runs over memory of Space: it says so (L::space), or Space is the host's.
+template <class L, class Space>
+constexpr bool runs_in_space() {
+  if constexpr (std::is_same_v<Space, host>)
+    return true;
+  else if constexpr (requires { typename L::space; })
+    return std::is_same_v<typename L::space, Space>;
+  else
+    return false;
+}
+/// One error naming the first layer that has no form in Space.
+template <class Space, class... Layers>
+constexpr bool check_layers_in_space() {
+  constexpr std::size_t bad = [] {
+    std::size_t i = 0;
+    bool found = false;
+    ((found = found || !runs_in_space<Layers, Space>(), i += !found), ...);
+    return i;
+  }();
+  if constexpr (bad == sizeof...(Layers)) {
+    return true;
+  } else {
+    using L = std::tuple_element_t<bad, std::tuple<Layers...>>;
+    constexpr fixed_string m = [] {
+      fixed_string s("solder::chain_in: layer ");
+      s.append(bad).append(" (").append(L::name).append(
+          ") has no form in this memory space yet (device: linear, bias, activations, dropout, softmax, "
+          "log_softmax, flatten)");
+      return s;
+    }();
+    return diagnostic<m>::reported;
+  }
+}
+}  // namespace detail
 
 /// The sample shape of a chain's input, when its first layer does not fix it (a convolution
 /// takes images of any height and width): nn::chain<nn::input<1, 8, 8>, nn::conv2d<1, 16, 3, 3>, ...>.
@@ -83,6 +139,10 @@ class basic_chain {
 
  public:
   static constexpr bool fused = Config::fused;
+  /// Where the parameters, the activations and the tensors it takes live.
+  using space = typename Config::space;
+  static_assert(MemorySpace<space>, "solder::chain: the space must be solder::host or solder::device");
+  static_assert(detail::check_layers_in_space<space, Layers...>());
   using groups = typename plan_groups<fused, Layers...>::type;
   using blocks_type = typename blocks_of<groups>::type;
   static constexpr std::size_t kernels = std::tuple_size_v<groups>;
@@ -91,10 +151,11 @@ class basic_chain {
   static constexpr std::size_t out_features = widths::output;
   static constexpr sample_shape input_shape = widths::input_shape;
   static constexpr sample_shape output_shape = widths::output_shape;
-  using input_ref = tensor_ref<const float, typename widths::input_batch>;
-  using output_ref = tensor_ref<const float, typename widths::output_batch>;
-  using input_tensor = tensor<float, typename widths::input_batch>;
-  using output_tensor = tensor<float, typename widths::output_batch>;
+  using input_ref = tensor_ref<const float, typename widths::input_batch, space>;
+  using output_ref = tensor_ref<const float, typename widths::output_batch, space>;
+  using input_tensor = tensor<float, typename widths::input_batch, space>;
+  using output_tensor = tensor<float, typename widths::output_batch, space>;
+  using param_type = optim::basic_param<space>;
 
   blocks_type blocks;
 
@@ -146,7 +207,8 @@ class basic_chain {
   }
   mode current_mode() const { return current; }
   /// Whether forward, backward and train_step flush denormals to zero (default: yes; see
-  /// executor<cpu>::flush_denormals for why). Off: IEEE gradual underflow, slower late in training.
+  /// eval::cpu::flush_denormals for why; the CUDA kernels keep denormals either way). Off: IEEE
+  /// gradual underflow, slower late in training.
   void set_flush_denormals(bool on) { flush = on; }
   /// Whether forward keeps the images between two convolution blocks channels-last when both
   /// can run so (frozen, the normalization folded; default: yes), and whether the last forward
@@ -198,21 +260,21 @@ class basic_chain {
   }
   template <class S>
     requires(S::rank >= 2 && S::inner_size == in_features)
-  output_tensor forward(tensor_ref<const float, S> x) {
+  output_tensor forward(tensor_ref<const float, S, space> x) {
     return forward(as_input(x));
   }
   template <class S>
-  output_tensor forward(const tensor<float, S>& x) {
+  output_tensor forward(const tensor<float, S, space>& x) {
     return forward(x.ref());
   }
   template <class S>
-  output_tensor forward(tensor<float, S>&& x) {
+  output_tensor forward(tensor<float, S, space>&& x) {
     if constexpr (std::is_same_v<S, typename input_tensor::shape_type>) {
       held = std::move(x);
     } else {
       const input_ref view = as_input(x.ref());
       held = input_tensor(view.batch(), uninitialized);
-      std::memcpy(held.data(), view.data(), view.size() * sizeof(float));
+      exec::copy(held.data(), view.data(), view.size());
     }
     return forward(input_ref(held.ref()));
   }
@@ -221,7 +283,7 @@ class basic_chain {
   /// its own copy, which backward reads). x as for forward, but a temporary tensor is refused:
   /// backward would read it after it is gone.
   template <class X>
-  void forward_into(X&& x, tensor_ref<float, typename widths::output_batch> out) {
+  void forward_into(X&& x, tensor_ref<float, typename widths::output_batch, space> out) {
     static_assert(std::is_lvalue_reference_v<X> || !detail::is_owning_tensor<std::remove_cvref_t<X>>,
                   "solder::chain::forward_into: the batch is a temporary tensor, but backward reads it after forward; "
                   "keep it in a variable (or call forward, which keeps a temporary batch)");
@@ -229,7 +291,7 @@ class basic_chain {
     if (out.batch() != batch)
       solder::detail::fail("solder::chain::forward_into: out has " + std::to_string(out.batch()) +
                            " rows, the batch has " + std::to_string(batch));
-    std::memcpy(out.data(), output_view(batch).data(), batch * out_features * sizeof(float));
+    exec::copy(out.data(), output_view(batch).data(), batch * out_features);
   }
 
   /// Gradients of every parameter (overwritten) for dL/d(output) = dy, [batch, Out], after the
@@ -243,7 +305,7 @@ class basic_chain {
   template <class F>
     requires std::invocable<F&, std::size_t>
   void backward(output_ref dy, F&& block_done) {
-    const executor<cpu>::flush_denormals guard(flush);
+    const typename exec::flush_denormals guard(flush);
     const std::size_t n = dy.batch();
     if (n != batch)
       solder::detail::fail("solder::chain::backward: dy has " + std::to_string(n) + " rows, the last forward had " +
@@ -256,12 +318,15 @@ class basic_chain {
   }
 
   /// dL/d(output) buffer of the chain (the loss writes into it; train_step does).
-  tensor_ref<float, typename widths::output_batch> output_grad() { return tensor_ref<float, typename widths::output_batch>(dout.data(), batch); }
+  tensor_ref<float, typename widths::output_batch, space> output_grad() {
+    return tensor_ref<float, typename widths::output_batch, space>(dout.data(), batch);
+  }
 
   /// One training step: forward, the loss and its gradient (one pass), backward, the
   /// optimizer's step. Returns the mean loss. `loss` is any loss of nn/criterion.hpp with the
   /// target it takes: cross_entropy_loss (integer labels, the default), mse_loss or
-  /// bce_with_logits_loss (a target tensor of the output's shape).
+  /// bce_with_logits_loss (a target tensor of the output's shape); targets live in the chain's
+  /// space (in device memory, cross_entropy_loss with device labels).
   template <class Target, class Optimizer, class Loss = cross_entropy_loss>
   float train_step(input_ref x, const Target& target, Optimizer& opt, const Loss& loss = {}) {
     const float value = loss_and_backward(x, target, loss);
@@ -274,7 +339,7 @@ class basic_chain {
   template <class Target, class Loss = cross_entropy_loss, class F = void (*)(std::size_t)>
     requires std::invocable<F&, std::size_t>
   float loss_and_backward(input_ref x, const Target& target, const Loss& loss = {}, F&& block_done = [](std::size_t) {}) {
-    const executor<cpu>::flush_denormals guard(flush);
+    const typename exec::flush_denormals guard(flush);
     run(x, false);
     const float value = loss(output_view(batch), target, output_grad());
     backward(output_ref(dout.data(), batch), block_done);
@@ -285,14 +350,14 @@ class basic_chain {
   /// [batch, 64] batch for a chain over [1, 8, 8] images).
   template <class S, class Target, class Optimizer, class Loss = cross_entropy_loss>
     requires(!std::is_same_v<S, typename widths::input_batch> && S::rank >= 2 && S::inner_size == in_features)
-  float train_step(tensor_ref<const float, S> x, const Target& target, Optimizer& opt, const Loss& loss = {}) {
+  float train_step(tensor_ref<const float, S, space> x, const Target& target, Optimizer& opt, const Loss& loss = {}) {
     return train_step(as_input(x), target, opt, loss);
   }
 
   /// Every parameter with its gradient, named as PyTorch's nn.Sequential names them ("0.weight",
   /// "0.bias", ... by layer position), for optimizers and parameter files.
-  std::vector<optim::param> params() {
-    std::vector<optim::param> out;
+  std::vector<param_type> params() {
+    std::vector<param_type> out;
     for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
       for (auto& p : b.params_from(G::first)) out.push_back(p);
     });
@@ -300,11 +365,11 @@ class basic_chain {
   }
   /// The parameters of kernel k (0 <= k < kernels), as params() names them; params() is every
   /// kernel's in order.
-  std::vector<optim::param> block_params(std::size_t k) {
+  std::vector<param_type> block_params(std::size_t k) {
     if (k >= kernels)
       solder::detail::fail("solder::chain::block_params: kernel " + std::to_string(k) + " is out of range; the chain has " +
                            std::to_string(kernels) + " kernels");
-    std::vector<optim::param> out;
+    std::vector<param_type> out;
     std::size_t i = 0;
     for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
       if (i++ == k) out = b.params_from(G::first);
@@ -381,7 +446,7 @@ class basic_chain {
   /// the images between two convolution blocks that can run channels-last (frozen, folded) stay
   /// channels-last (docs/convolution.md, "Layouts").
   void run(input_ref x, bool channels_last = true) {
-    const executor<cpu>::flush_denormals guard(flush);
+    const typename exec::flush_denormals guard(flush);
     const std::size_t n = x.batch();
     reserve(n);
     input = x.data();
@@ -389,20 +454,22 @@ class basic_chain {
   }
   /// x as the chain's input: a batch of samples of input_shape, or of as many features.
   template <class S>
-  static input_ref as_input(tensor_ref<const float, S> x) {
+  static input_ref as_input(tensor_ref<const float, S, space> x) {
     static_assert(S::rank >= 2 && S::inner_size == in_features,
                   "solder::chain: the input must be [batch, ...] with the elements of one sample of the chain's input "
                   "shape (in_features) after the batch extent");
     return input_ref(x.data(), S::elements(x.batch()) / in_features);
   }
   template <class S>
-  static input_ref as_input(tensor_ref<float, S> x) {
-    return as_input(tensor_ref<const float, S>(x));
+  static input_ref as_input(tensor_ref<float, S, space> x) {
+    return as_input(tensor_ref<const float, S, space>(x));
   }
   template <class S>
-  static input_ref as_input(const tensor<float, S>& x) {
+  static input_ref as_input(const tensor<float, S, space>& x) {
     return as_input(x.ref());
   }
+
+  using exec = executor<backend_of_t<space>>;
 
   mode current = mode::train;
   bool flush = true;
@@ -416,7 +483,7 @@ class basic_chain {
   bool images_channels_last = false;  // the last forward kept some block outputs channels-last
 
   template <class G>
-  using out_tensor = tensor<float, typename widths::template batch_after<G::first + G::size - 1>>;
+  using out_tensor = tensor<float, typename widths::template batch_after<G::first + G::size - 1>, space>;
   template <class Gs>
   struct outputs_of;
   template <class... Gs>
@@ -437,10 +504,10 @@ class basic_chain {
     using SY = typename std::tuple_element_t<I, typename outputs::type>::shape_type;
     using SX = typename std::conditional_t<I == 0, std::type_identity<input_tensor>,
                                            std::tuple_element<(I == 0 ? 0 : I - 1), typename outputs::type>>::type::shape_type;
-    if constexpr (Block<B, SX, SY>) {
+    if constexpr (Block<B, SX, SY, space>) {
       return true;
     } else {
-      static_assert(Block<B, SX, SY>, "solder::chain: this block lacks a member of the block contract (nn/block.hpp); a layer "
+      static_assert(Block<B, SX, SY, space>, "solder::chain: this block lacks a member of the block contract (nn/block.hpp); a layer "
                                       "that is a block of its own can derive from nn::block_defaults");
       return false;
     }
@@ -481,17 +548,17 @@ class basic_chain {
   template <std::size_t I>
   auto act_view(std::size_t n) {
     using T = std::tuple_element_t<I, decltype(acts)>;
-    return tensor_ref<float, typename T::shape_type>(std::get<I>(acts).data(), n);
+    return tensor_ref<float, typename T::shape_type, space>(std::get<I>(acts).data(), n);
   }
   template <std::size_t I>
   auto act_cview(std::size_t n) const {
     using T = std::tuple_element_t<I, decltype(acts)>;
-    return tensor_ref<const float, typename T::shape_type>(std::get<I>(acts).data(), n);
+    return tensor_ref<const float, typename T::shape_type, space>(std::get<I>(acts).data(), n);
   }
   template <std::size_t I>
   auto grad_view(std::size_t n) {
     using T = std::tuple_element_t<I, decltype(grads)>;
-    return tensor_ref<float, typename T::shape_type>(std::get<I>(grads).data(), n);
+    return tensor_ref<float, typename T::shape_type, space>(std::get<I>(grads).data(), n);
   }
   output_ref output_view(std::size_t n) const { return act_cview<kernels - 1>(n); }
 
@@ -555,13 +622,13 @@ class basic_chain {
       if constexpr (I + 1 == kernels)
         return output_ref(upstream, n);
       else
-        return tensor_ref<const float, typename GT::shape_type>(std::get<I>(grads).data(), n);
+        return tensor_ref<const float, typename GT::shape_type, space>(std::get<I>(grads).data(), n);
     }();
     if constexpr (I == 0) {
       if constexpr (std::remove_cvref_t<decltype(b)>::input_grad_optional)
         b.backward_params(block_input<0>(n), y, dy);
       else
-        b.backward(block_input<0>(n), y, dy, tensor_ref<float, typename widths::input_batch>(dinput.data(), n));
+        b.backward(block_input<0>(n), y, dy, tensor_ref<float, typename widths::input_batch, space>(dinput.data(), n));
     } else {
       b.backward(block_input<I>(n), y, dy, grad_view<I - 1>(n));
     }
@@ -579,23 +646,27 @@ class basic_chain {
 };
 
 namespace detail {
-template <bool Fused, class... Layers>
+template <bool Fused, class Space, class... Layers>
 struct chain_of {
-  using type = basic_chain<chain_config<Fused>, Layers...>;
+  using type = basic_chain<chain_config<Fused, unstated_input, Space>, layer_in_space_t<Layers, Space>...>;
 };
-template <bool Fused, std::size_t... Extents, class... Layers>
-struct chain_of<Fused, input<Extents...>, Layers...> {
-  using type = basic_chain<chain_config<Fused, input<Extents...>>, Layers...>;
+template <bool Fused, class Space, std::size_t... Extents, class... Layers>
+struct chain_of<Fused, Space, input<Extents...>, Layers...> {
+  using type = basic_chain<chain_config<Fused, input<Extents...>, Space>, layer_in_space_t<Layers, Space>...>;
 };
 }  // namespace detail
 
 /// A model: its layers planned into fused kernels (optionally after an nn::input<...> that
 /// gives the shape of one input sample).
 template <class... Layers>
-using chain = typename detail::chain_of<true, Layers...>::type;
+using chain = typename detail::chain_of<true, host, Layers...>::type;
 /// The same model with one kernel per layer (what an eager framework runs), for comparisons.
 template <class... Layers>
-using unfused_chain = typename detail::chain_of<false, Layers...>::type;
+using unfused_chain = typename detail::chain_of<false, host, Layers...>::type;
+/// The model with its parameters, activations and inputs in memory of Space (solder::device:
+/// CUDA memory, run by the CUDA backend): each layer as in_space<Space>.
+template <class Space, class... Layers>
+using chain_in = typename detail::chain_of<true, Space, Layers...>::type;
 
 template <class Config, class... Layers>
 void basic_chain<Config, Layers...>::print_profile(std::ostream& os) const {

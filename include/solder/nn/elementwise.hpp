@@ -63,9 +63,13 @@ struct bias {
   }
 };
 
-/// y = op(x) for an elementwise op of ops/ (relu, gelu, tanh, ...). No parameters.
-template <class Op>
+/// y = op(x) for an elementwise op of ops/ (relu, gelu, tanh, ...). No parameters; Space is
+/// the memory space of the tensors it is applied to in a chain (host by default).
+template <class Op, class Space = host>
 struct activation {
+  using space = Space;
+  template <class S>
+  using in_space = activation<Op, S>;
   static constexpr const char* name = Op::name;
   /// Takes the width it is given (in = out = 0); FLOPs per feature of that width.
   struct planner_traits {
@@ -98,9 +102,13 @@ using softplus = activation<ops::softplus>;
 /// Training: y = x * keep / (1 - P), keep drawn per element from Philox (never stored);
 /// evaluation: y = x. Each training forward draws a fresh mask (the stream offset advances);
 /// the backward regenerates the mask of the last forward.
-template <float P>
+template <float P, class Space = host>
 struct dropout {
   static_assert(P >= 0.0f && P < 1.0f, "solder::nn::dropout: the drop probability must be in [0, 1)");
+  /// The memory space of the tensors it is applied to in a chain (the mask lives in none).
+  using space = Space;
+  template <class S>
+  using in_space = dropout<P, S>;
   static constexpr float p = P;
   static constexpr const char* name = "dropout";
   philox_state rng{0x5eed, 0};

@@ -26,9 +26,9 @@ template <std::size_t N, class S>
 inline constexpr bool is_bias<bias<N, S>> = true;
 template <class L>
 inline constexpr bool is_dropout = false;
-template <float P>
-inline constexpr bool is_dropout<dropout<P>> = true;
-/// The memory space of the first of the layers that says one (a bias), host where none does.
+template <float P, class S>
+inline constexpr bool is_dropout<dropout<P, S>> = true;
+/// The memory space of the first of the layers that says one, host where none does.
 template <class... Layers>
 struct space_of_layers {
   using type = host;
@@ -47,8 +47,8 @@ template <class L>
 struct activation_of {
   using type = void;
 };
-template <class Op>
-struct activation_of<activation<Op>> {
+template <class Op, class S>
+struct activation_of<activation<Op, S>> {
   using type = Op;
 };
 
@@ -114,7 +114,8 @@ class elementwise_block {
   template <mode M>
   static constexpr bool output_backward_in = M == mode::train ? output_backward : output_backward_eval;
 
-  /// Where its parameters (biases) live; a run without parameters takes tensors of either space.
+  /// Where its parameters (biases) live: its layers' space. (Its forward and backward take
+  /// tensors of any space its parameters can join.)
   using space = typename detail::space_of_layers<Layers...>::type;
 
   std::tuple<Layers...> layers;

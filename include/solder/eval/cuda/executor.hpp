@@ -25,6 +25,10 @@ struct executor<cuda> {
   using space = device;
   /// A product kernel's epilogue writes one output.
   static constexpr bool product_writes_several = false;
+  /// The kernels are built without flushing denormals (no -ftz): a scope that changes nothing.
+  struct flush_denormals {
+    explicit flush_denormals(bool) {}
+  };
 
   /// Evaluates several writes in ONE pass over their common shape (see solder::assign_all).
   template <class W0, class... Ws>
