@@ -6,8 +6,8 @@
 // evaluation forward within 1e-5 of their sums' magnitudes (the products add in another order),
 // the norm and the step on the host's gradients within a few roundings; softmax, log_softmax,
 // flatten and the softmax cross-entropy over device tensors against the host's (CUDA's expf and
-// logf are within 2 ulp of glibc's); a whole chain in device memory (nn::chain_in<device, ...>)
-// trained two steps against the same chain on the host. Exits 77 (ctest's skip code) where no
+// logf are within 2 ulp of glibc's); whole chains in device memory (nn::chain_in<device, ...>: an
+// MLP, and one with a sketched layer) trained two steps against the same chains on the host. Exits 77 (ctest's skip code) where no
 // CUDA device is present.
 #include <cuda_runtime.h>
 
@@ -189,19 +189,13 @@ void check_rows() {
   expect(differing_bits(host_copy(dimage), x) == 0, "flatten backward: the same floats");
 }
 
-/// A chain in device memory, trained as the host chain is.
-void check_chain() {
+/// A chain in device memory, trained as the host chain is (want: the host's results).
+template <class Model>
+void check_chain(const char* name, const blocks::chain_result& want, const std::vector<float>& x,
+                 const std::vector<std::int32_t>& labels) {
   constexpr std::size_t batch = blocks::batch;
-  std::vector<float> x(batch * blocks::chain_in);
-  std::vector<std::int32_t> labels(batch);
-  solder::test::fill_uniform(x, -1.0, 1.0, 31u);
-  for (std::size_t r = 0; r < batch; ++r) labels[r] = std::int32_t((r * 3 + 1) % blocks::chain_out);
-  const blocks::chain_result want = blocks::host_chain(x, labels);
-
-  using model_type = nn::chain_in<device, nn::linear<blocks::chain_in, 32>, nn::relu, nn::dropout<0.1f>,
-                                  nn::linear<32, 16>, nn::gelu, nn::linear<16, blocks::chain_out>>;
-  static_assert(model_type::kernels == 3);
-  model_type model(blocks::chain_seed);
+  const std::string what = std::string(name) + ": ";
+  Model model(blocks::chain_seed);
   auto flat = [&] {
     std::vector<float> out;
     for (const auto& p : model.params()) {
@@ -210,7 +204,7 @@ void check_chain() {
     }
     return out;
   };
-  expect(differing_bits(flat(), want.initial) == 0, "chain_in<device>: parameters drawn as on the host");
+  expect(differing_bits(flat(), want.initial) == 0, (what + "parameters drawn as on the host").c_str());
 
   tensor<float, shape<dyn, blocks::chain_in>, device> xd(batch);
   tensor<std::int32_t, shape<dyn>, device> labels_d(batch);
@@ -220,28 +214,49 @@ void check_chain() {
   optim::basic_sgd<device> opt(model.params(), {.lr = 0.05f, .momentum = 0.9f});
   const float loss1 = model.train_step(xd.ref(), dlabels, opt);
   const float loss2 = model.train_step(xd.ref(), dlabels, opt);
-  expect(std::fabs(loss1 - want.loss1) <= 1e-5f * want.loss1, "chain_in<device>: the first step's loss");
-  expect(std::fabs(loss2 - want.loss2) <= 1e-5f * want.loss2, "chain_in<device>: the second step's loss");
+  expect(std::fabs(loss1 - want.loss1) <= 1e-5f * want.loss1, (what + "the first step's loss").c_str());
+  expect(std::fabs(loss2 - want.loss2) <= 1e-5f * want.loss2, (what + "the second step's loss").c_str());
   const std::vector<float> trained = flat();
   std::vector<double> mag(trained.size(), 1.0);
   for (std::size_t i = 0; i < mag.size() && i < want.trained.size(); ++i) mag[i] += std::fabs(want.trained[i]);
-  expect(off("chain parameters after two SGD steps", trained, want.trained, mag) == 0,
-         "chain_in<device>: the parameters after two steps");
+  expect(off((what + "parameters after two SGD steps").c_str(), trained, want.trained, mag) == 0,
+         (what + "the parameters after two steps").c_str());
 
   model.eval();
   const auto logits = model.forward(xd);
   std::vector<double> mag_logits(want.logits.size());
   for (std::size_t i = 0; i < mag_logits.size(); ++i) mag_logits[i] = 1.0 + std::fabs(want.logits[i]);
-  expect(off("chain logits", host_copy(logits), want.logits, mag_logits) == 0, "chain_in<device>: evaluation logits");
+  expect(off((what + "logits").c_str(), host_copy(logits), want.logits, mag_logits) == 0,
+         (what + "evaluation logits").c_str());
+}
+
+/// The MLP chain and the sketched chain of blocks.hpp in device memory.
+void check_chains() {
+  constexpr std::size_t batch = blocks::batch;
+  std::vector<float> x(batch * blocks::chain_in);
+  std::vector<std::int32_t> labels(batch);
+  solder::test::fill_uniform(x, -1.0, 1.0, 31u);
+  for (std::size_t r = 0; r < batch; ++r) labels[r] = std::int32_t((r * 3 + 1) % blocks::chain_out);
+  using mlp = nn::chain_in<device, nn::linear<blocks::chain_in, 32>, nn::relu, nn::dropout<0.1f>, nn::linear<32, 16>,
+                           nn::gelu, nn::linear<16, blocks::chain_out>>;
+  static_assert(mlp::kernels == 3);
+  check_chain<mlp>("chain_in<device> MLP", blocks::host_chain(x, labels), x, labels);
+  // The sketched layer's two products stage [S1 | U2] and [U1; S2] from the factors and the
+  // regenerated signs; evaluation runs the two products on the device (the host folds them).
+  using sketched = nn::chain_in<device, nn::sketched_linear<blocks::chain_in, 48, 2, 4>, nn::relu, nn::dropout<0.1f>,
+                                nn::linear<48, blocks::chain_out>>;
+  check_chain<sketched>("chain_in<device> sketched", blocks::host_sketched_chain(x, labels), x, labels);
 }
 
 }  // namespace
 
 int main() {
-  return solder::test::gpu::run("blocks", "solder: the linear blocks, AdamW, the row layers, flatten, the loss and a chain in device memory match the host's", [] {
+  constexpr const char* passed =
+      "solder: the linear blocks, AdamW, the row layers, flatten, the loss and chains in device memory match the host's";
+  return solder::test::gpu::run("blocks", passed, [] {
     check_block<nn::linear_block<nn::linear<48, 40, true, device>, nn::gelu, nn::dropout<0.25f>>>(0, "linear+gelu+dropout");
     check_block<nn::linear_block<nn::linear<64, 32, true, device>, nn::relu, nn::dropout<0.1f>>>(1, "linear+relu+dropout");
     check_rows();
-    check_chain();
+    check_chains();
   });
 }

@@ -66,10 +66,11 @@ rows_result host_rows(const std::vector<float>& x, const std::vector<std::int32_
   return r;
 }
 
-chain_result host_chain(const std::vector<float>& x, const std::vector<std::int32_t>& labels) {
-  using model_type = nn::chain<nn::linear<chain_in, 32>, nn::relu, nn::dropout<0.1f>, nn::linear<32, 16>, nn::gelu,
-                               nn::linear<16, chain_out>>;
-  model_type model(chain_seed);
+namespace {
+
+template <class Model>
+chain_result train_chain(const std::vector<float>& x, const std::vector<std::int32_t>& labels) {
+  Model model(chain_seed);
   auto flat = [&] {
     std::vector<float> out;
     for (const optim::param& p : model.params()) out.insert(out.end(), p.value.data(), p.value.data() + p.value.size());
@@ -87,6 +88,17 @@ chain_result host_chain(const std::vector<float>& x, const std::vector<std::int3
   const auto logits = model.forward(xt);
   r.logits.assign(logits.data(), logits.data() + logits.size());
   return r;
+}
+
+}  // namespace
+
+chain_result host_chain(const std::vector<float>& x, const std::vector<std::int32_t>& labels) {
+  return train_chain<nn::chain<nn::linear<chain_in, 32>, nn::relu, nn::dropout<0.1f>, nn::linear<32, 16>, nn::gelu,
+                               nn::linear<16, chain_out>>>(x, labels);
+}
+chain_result host_sketched_chain(const std::vector<float>& x, const std::vector<std::int32_t>& labels) {
+  return train_chain<nn::chain<nn::sketched_linear<chain_in, 48, 2, 4>, nn::relu, nn::dropout<0.1f>,
+                               nn::linear<48, chain_out>>>(x, labels);
 }
 
 result host_run(int kind, const std::vector<float>& x, const std::vector<float>& dy) {

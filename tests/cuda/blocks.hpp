@@ -57,5 +57,7 @@ struct chain_result {
 };
 
 chain_result host_chain(const std::vector<float>& x, const std::vector<std::int32_t>& labels);
+/// The same for nn::chain<sketched_linear<64, 48, 2, 4>, relu, dropout<0.1>, linear<48, 10>>.
+chain_result host_sketched_chain(const std::vector<float>& x, const std::vector<std::int32_t>& labels);
 
 }  // namespace solder::test::blocks

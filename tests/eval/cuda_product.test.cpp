@@ -257,6 +257,78 @@ TEST_CASE("cuda product: a sign sketch as the right operand, its signs regenerat
   CHECK(negative < 3 * K * N / 4);
 }
 
+namespace {
+
+/// The operand op [KR, NC] as a dense host matrix, made by the CPU's product I op with the
+/// identity I: each entry is one term, so exactly the operand's values.
+template <std::size_t KR, std::size_t NC, class Op>
+tensor<float, shape<KR, NC>> dense_operand(const Op& op) {
+  tensor<float, shape<KR, KR>> identity;
+  for (std::size_t i = 0; i < KR; ++i) identity.data()[i * KR + i] = 1.0f;
+  tensor<float, shape<KR, NC>> d;
+  assign(d, matmul(identity, op));
+  return d;
+}
+
+/// y = x op on the device path (cu::product_of of the expression over device views, run over
+/// the grid on the host) against the double reference of x and the CPU's dense form of op.
+template <std::size_t KR, std::size_t NC, class X, class DeviceOp, class HostOp>
+std::size_t device_product_off(const X& x, std::size_t M, const DeviceOp& dop, const HostOp& hop) {
+  tensor<float, shape<dyn, NC>> y(M);
+  test::run_product(cu::product_of(write(dev_out(y), matmul(dev(x), dop))));
+  const auto d = dense_operand<KR, NC>(hop);
+  std::vector<double> c, mag;
+  reference([&](std::size_t m, std::size_t k) { return x.data()[m * KR + k]; },
+            [&](std::size_t k, std::size_t n) { return d.data()[k * NC + n]; }, M, NC, KR, c, mag);
+  return far_from(y.data(), c, mag, KR);
+}
+
+}  // namespace
+
+TEST_CASE("cuda product: the sketched layer's operands from expressions, hcat and vcat of a device matrix and "
+          "stacked sign sketches, their transposes, and column blocks of the batch", "[cuda][product]") {
+  // The factors of a sketched layer of In 24, Out 20, 2 terms of rank 3 (L k = 6):
+  // [S1 | U2] [24, 12] and [U1; S2] [12, 20], as device_operand stages them from the expression.
+  constexpr std::size_t In = 24, Out = 20, R = 3, T = 2, Lk = T * R, H = 2 * Lk;
+  const std::size_t M = 37;
+  tensor<float, shape<In, Lk>> s1;
+  tensor<float, shape<Lk, Out>> s2;
+  test::fill_uniform(s1, -1, 1, 51);
+  test::fill_uniform(s2, -1, 1, 52);
+  const float scale = 1.0f / std::sqrt(float(R));
+  const sign_sketch<R, Out, T, sketch_stack::rows> u1{0x51, scale};
+  const sign_sketch<In, R, T, sketch_stack::columns> u2{0x52, scale};
+  tensor<float, shape<dyn, In>> x(M);
+  tensor<float, shape<dyn, H>> h(M);
+  tensor<float, shape<dyn, Out>> g(M);
+  test::fill_uniform(x, -1, 1, 53);
+  test::fill_uniform(h, -1, 1, 54);
+  test::fill_uniform(g, -1, 1, 55);
+
+  // Forward: h = x [S1 | U2], y = h [U1; S2]; backward: dh = g [U1; S2]^T, dx = dh [S1 | U2]^T.
+  CHECK(device_product_off<In, H>(x, M, hcat(dev(s1), u2), hcat(s1, u2)) == 0);
+  CHECK(device_product_off<H, Out>(h, M, vcat(u1, dev(s2)), vcat(u1, s2)) == 0);
+  CHECK(device_product_off<Out, H>(g, M, transpose(vcat(u1, dev(s2))), transpose(vcat(u1, s2))) == 0);
+  CHECK(device_product_off<H, In>(h, M, transpose(hcat(dev(s1), u2)), transpose(hcat(s1, u2))) == 0);
+  // A stacked sketch alone, as stored and transposed.
+  CHECK(device_product_off<In, Lk>(x, M, u2, u2) == 0);
+  CHECK(device_product_off<Out, Lk>(g, M, transpose(u1), transpose(u1)) == 0);
+
+  // dS2 = h[:, Lk:]^T g: a transposed column block of the batch as the left operand, the batch
+  // as the inner extent; and x^T h[:, :Lk] with a column block on the right.
+  tensor<float, shape<Lk, Out>> ds2;
+  test::run_product(cu::product_of(write(dev_out(ds2), matmul(transpose(columns<Lk, H>(dev(h))), dev(g)))));
+  std::vector<double> c, mag;
+  reference([&](std::size_t m, std::size_t k) { return h.data()[k * H + Lk + m]; },
+            [&](std::size_t k, std::size_t n) { return g.data()[k * Out + n]; }, Lk, Out, M, c, mag);
+  CHECK(far_from(ds2.data(), c, mag, M) == 0);
+  tensor<float, shape<In, Lk>> ds1;
+  test::run_product(cu::product_of(write(dev_out(ds1), matmul(transpose(dev(x)), columns<0, Lk>(dev(h))))));
+  reference([&](std::size_t m, std::size_t k) { return x.data()[k * In + m]; },
+            [&](std::size_t k, std::size_t n) { return h.data()[k * H + n]; }, In, Lk, M, c, mag);
+  CHECK(far_from(ds1.data(), c, mag, M) == 0);
+}
+
 TEST_CASE("cuda product: an output whose rows differ from the product's is refused, naming both", "[cuda][product]") {
   constexpr std::size_t N = 8, K = 4;
   tensor<float, shape<dyn, K>> x(5);

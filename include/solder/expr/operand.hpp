@@ -34,16 +34,16 @@ struct transposed {
   std::size_t batch() const { return ref.batch(); }
 };
 
-/// Columns [C0, C1) of a stored [R, C] matrix (R may be the batch), read as they are or
-/// (Trans) transposed: a view with the matrix's row stride.
-template <class S, std::size_t C0, std::size_t C1, bool Trans = false>
+/// Columns [C0, C1) of a stored [R, C] matrix (R may be the batch) in memory of Space, read as
+/// they are or (Trans) transposed: a view with the matrix's row stride.
+template <class S, std::size_t C0, std::size_t C1, bool Trans = false, class Space = host>
 struct column_block {
   static_assert(S::rank == 2, "solder::columns: only a [rows, cols] matrix has column blocks");
   static_assert(C0 < C1 && C1 <= S::last, "solder::columns: the block [C0, C1) must be a non-empty range of the columns");
   using stored_shape = S;
-  using space_type = host;
+  using space_type = Space;
   static constexpr std::size_t first = C0, count = C1 - C0;
-  tensor_ref<const float, S> ref;
+  tensor_ref<const float, S, Space> ref;
   std::size_t batch() const { return ref.batch(); }
 };
 
@@ -131,14 +131,14 @@ struct operand_traits<transposed<S, Space>> {
   static constexpr operand_form form = operand_form::stored;
   static std::size_t batch(const transposed<S, Space>& t) { return t.batch(); }
 };
-template <class S, std::size_t C0, std::size_t C1, bool Trans>
-struct operand_traits<column_block<S, C0, C1, Trans>> {
+template <class S, std::size_t C0, std::size_t C1, bool Trans, class Space>
+struct operand_traits<column_block<S, C0, C1, Trans, Space>> {
   static constexpr std::size_t rank = 2;
   static constexpr std::size_t rows = Trans ? C1 - C0 : S::extents[0];
   static constexpr std::size_t cols = Trans ? S::extents[0] : C1 - C0;
   static constexpr bool trans = Trans;
   static constexpr operand_form form = operand_form::stored;
-  static std::size_t batch(const column_block<S, C0, C1, Trans>& t) { return t.batch(); }
+  static std::size_t batch(const column_block<S, C0, C1, Trans, Space>& t) { return t.batch(); }
 };
 template <std::size_t N, std::size_t K, bool TransB>
 struct operand_traits<prepacked<N, K, TransB>> {
@@ -233,12 +233,12 @@ auto vcat(const A& a, const B& b) {
 }
 
 /// columns<C0, C1>(x): columns [C0, C1) of a stored matrix x [R, C] as a product operand.
-template <std::size_t C0, std::size_t C1, class T, class S>
-column_block<S, C0, C1> columns(tensor_ref<T, S> t) {
+template <std::size_t C0, std::size_t C1, class T, class S, class Space>
+column_block<S, C0, C1, false, Space> columns(tensor_ref<T, S, Space> t) {
   return {detail::as_operand(t)};
 }
-template <std::size_t C0, std::size_t C1, class T, class S>
-column_block<S, C0, C1> columns(const tensor<T, S>& t) {
+template <std::size_t C0, std::size_t C1, class T, class S, class Space>
+column_block<S, C0, C1, false, Space> columns(const tensor<T, S, Space>& t) {
   return {detail::as_operand(t)};
 }
 
@@ -256,8 +256,8 @@ template <class S, class Space>
 tensor_ref<const float, S, Space> transpose(const transposed<S, Space>& t) {
   return t.ref;
 }
-template <class S, std::size_t C0, std::size_t C1, bool Trans>
-column_block<S, C0, C1, !Trans> transpose(const column_block<S, C0, C1, Trans>& t) {
+template <class S, std::size_t C0, std::size_t C1, bool Trans, class Space>
+column_block<S, C0, C1, !Trans, Space> transpose(const column_block<S, C0, C1, Trans, Space>& t) {
   return {t.ref};
 }
 template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack, bool Trans>

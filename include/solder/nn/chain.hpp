@@ -107,8 +107,7 @@ constexpr bool check_layers_in_space() {
     constexpr fixed_string m = [] {
       fixed_string s("solder::chain_in: layer ");
       s.append(bad).append(" (").append(L::name).append(
-          ") has no form in this memory space yet (device: linear, bias, activations, dropout, softmax, "
-          "log_softmax, flatten)");
+          ") has no form in this memory space yet; docs/models.md lists the layers that have");
       return s;
     }();
     return diagnostic<m>::reported;

@@ -72,11 +72,15 @@ constexpr bool check_sketch_sizes() {
 /// k = Rank. Learned: S1 = [S1_1 | ... | S1_L] [In, L k], S2 = [S2_1; ...; S2_L] [L k, Out] and
 /// b [Out] (Panther's S1s[i] is S1's columns [i k, (i + 1) k), its S2s[i] S2's rows). A layer
 /// whose factors hold as many values as a dense one (2 L k (In + Out) >= In Out) is a compile
-/// error unless AllowLarger.
+/// error unless AllowLarger. The factors and b live in Space (host memory by default).
 template <std::size_t In, std::size_t Out, std::size_t Terms, std::size_t Rank, bool Bias = true,
-          sketch_strategy Strategy = sketch_strategy::automatic, bool AllowLarger = false>
+          sketch_strategy Strategy = sketch_strategy::automatic, bool AllowLarger = false, class Space = host>
 struct sketched_linear {
   static_assert(detail::check_sketch_sizes<In, Out, Terms, Rank, AllowLarger>());
+  using space = Space;
+  /// The same layer with its parameters in memory space S.
+  template <class S>
+  using in_space = sketched_linear<In, Out, Terms, Rank, Bias, Strategy, AllowLarger, S>;
   static constexpr std::size_t in_features = In, out_features = Out, terms = Terms, rank = Rank;
   static constexpr std::size_t lk = Terms * Rank;  // columns of S1, rows of S2
   static constexpr bool has_bias = Bias;
@@ -122,25 +126,36 @@ struct sketched_linear {
   // Not constexpr: std::sqrt is constexpr in GCC alone.
   static inline const float sign_scale = float(1.0 / std::sqrt(double(Rank)));
 
-  tensor<float, shape<In, lk>> s1, s1_grad;   // [S1_1 | ... | S1_L]
-  tensor<float, shape<lk, Out>> s2, s2_grad;  // [S2_1; ...; S2_L]
-  [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Out>>, std::tuple<>> bias{};
-  [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Out>>, std::tuple<>> bias_grad{};
+  tensor<float, shape<In, lk>, Space> s1, s1_grad;   // [S1_1 | ... | S1_L]
+  tensor<float, shape<lk, Out>, Space> s2, s2_grad;  // [S2_1; ...; S2_L]
+  [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Out>, Space>, std::tuple<>> bias{};
+  [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Out>, Space>, std::tuple<>> bias_grad{};
   std::uint64_t sketch_seed = 0;  // the sketches' Philox keys derive from it
 
   explicit sketched_linear(std::uint64_t seed = 0) { reset_parameters(seed); }
 
   /// W [In, Out] drawn as PyTorch draws a linear layer's weight (uniform in +-1/sqrt(In), from
   /// Philox stream (seed, 0)), then S1_i = W U1_i^T and S2_i = U2_i^T W, so that each term's
-  /// expectation is W; b from stream (seed, 1); the sketches from derive_seed(seed, 2).
+  /// expectation is W; b from stream (seed, 1); the sketches from derive_seed(seed, 2). Drawn
+  /// and multiplied on the host, then copied into Space: every space starts from the same bits.
   void reset_parameters(std::uint64_t seed) {
     sketch_seed = random::derive_seed(seed, 2);
     const float bound = float(1.0 / std::sqrt(double(In)));
     auto w = std::make_unique<tensor<float, shape<In, Out>>>(uninitialized);
     detail::fill_uniform_philox(w->data(), w->size(), bound, seed, 0);
-    s1 = matmul(*w, transpose(u1()));
-    s2 = matmul(transpose(u2()), *w);
-    if constexpr (Bias) detail::fill_uniform_philox(bias.data(), bias.size(), bound, seed, 1);
+    if constexpr (std::is_same_v<Space, host>) {
+      s1 = matmul(*w, transpose(u1()));
+      s2 = matmul(transpose(u2()), *w);
+    } else {
+      using exec = executor<backend_of_t<Space>>;
+      auto h1 = std::make_unique<tensor<float, shape<In, lk>>>(uninitialized);
+      auto h2 = std::make_unique<tensor<float, shape<lk, Out>>>(uninitialized);
+      *h1 = matmul(*w, transpose(u1()));
+      *h2 = matmul(transpose(u2()), *w);
+      exec::copy_from_host(s1.data(), h1->data(), h1->size());
+      exec::copy_from_host(s2.data(), h2->data(), h2->size());
+    }
+    if constexpr (Bias) detail::fill_uniform_philox(bias, bound, seed, 1);
   }
 
   /// U1 and U2, generated operands (+-1/sqrt(k)).
@@ -163,6 +178,9 @@ struct sketched_linear {
   }
   /// W_eff = [S1 | U2] [U1; S2] / (2L) [In, Out], the dense weight the layer equals.
   auto folded() const { return matmul(left_factor(), right_factor()) * scale; }
+  /// Whether inference runs the folded weight: the form chosen, in host memory (in device
+  /// memory the two products run, each staged from the factors and the generated signs).
+  static constexpr bool folds = inference_strategy == sketch_strategy::folded && std::is_same_v<Space, host>;
 
   auto params() {
     if constexpr (Bias)
@@ -184,10 +202,12 @@ struct sketched_linear {
 /// rules: the gate pass (with db), then dh = g [U1; S2]^T / (2L) and dS2 = h[:, Lk:]^T g / (2L)
 /// from the second product, dS1 = x^T dh[:, :Lk] and dx = dh [S1 | U2]^T from the first.
 template <class Layer, class... Tail>
-class sketched_block : public product_tail<host, Layer::out_features, Tail...> {
-  using base = product_tail<host, Layer::out_features, Tail...>;
+class sketched_block : public product_tail<typename Layer::space, Layer::out_features, Tail...> {
+  using base = product_tail<typename Layer::space, Layer::out_features, Tail...>;
 
  public:
+  /// Where the factors, the buffers and the tensors it takes live: the sketched layer's space.
+  using space = typename Layer::space;
   static constexpr std::size_t in_features = Layer::in_features;
   static constexpr std::size_t out_features = Layer::out_features;
   static constexpr std::size_t lk = Layer::lk;
@@ -206,7 +226,7 @@ class sketched_block : public product_tail<host, Layer::out_features, Tail...> {
   /// and packed once; every eval-mode forward then runs the linear kernel on it, until
   /// weights_changed(). The two-products form has nothing to freeze.
   void pack_weights() {
-    if constexpr (Layer::inference_strategy == sketch_strategy::folded) {
+    if constexpr (Layer::folds) {
       if (!folded) folded = std::make_unique<folded_weight>();
       folded->dense = sketched.folded();
       folded->packed.pack(folded->dense.data(), out_features);
@@ -224,7 +244,9 @@ class sketched_block : public product_tail<host, Layer::out_features, Tail...> {
     weights_changed();
   }
   /// S1, S2 and the bias, named from the layer's index `first` ("0.S1", "0.S2", "0.bias").
-  std::vector<optim::param> params_from(std::size_t first) { return named_params(std::to_string(first) + ".", sketched); }
+  std::vector<optim::basic_param<space>> params_from(std::size_t first) {
+    return named_params(std::to_string(first) + ".", sketched);
+  }
   std::vector<buffer> buffers_from(std::size_t /*first*/) { return {}; }
   /// f(k, d) for every dropout d of the tail, k its index in the block (the sketched layer is 0).
   template <class F>
@@ -252,13 +274,13 @@ class sketched_block : public product_tail<host, Layer::out_features, Tail...> {
 
   /// y = tail((x [S1 | U2]) [U1; S2] / (2L) + b), or tail(x W_eff + b) in eval mode once folded.
   template <class SX, class SY>
-  void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+  void forward(tensor_ref<const float, SX, space> x, tensor_ref<float, SY, space> y) {
     static_assert(check_shapes<SX, SY>());
     if (x.batch() != y.batch()) detail::batches_differ("solder::nn::sketched_block::forward", {{"x", x.batch()}, {"y", y.batch()}});
     this->in_current_mode([&](auto m) { forward_as<decltype(m)::value>(x, y); });
   }
   template <class SX, class SY>
-  void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
+  void forward(const tensor<float, SX, space>& x, tensor<float, SY, space>& y) {
     forward(x.ref(), y.ref());
   }
 
@@ -266,18 +288,20 @@ class sketched_block : public product_tail<host, Layer::out_features, Tail...> {
   /// x and y are that forward's input and output (h = x [S1 | U2] is recomputed when that
   /// forward ran the folded weight).
   template <class SX, class SY>
-  void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
-                tensor_ref<float, SX> dx) {
+  void backward(tensor_ref<const float, SX, space> x, tensor_ref<const float, SY, space> y,
+                tensor_ref<const float, SY, space> dy, tensor_ref<float, SX, space> dx) {
     const auto dh = gradients(x, y, dy);
     assign(dx, autodiff::left_grad(sketched.first_product(x), dh));
   }
   template <class SX, class SY>
-  void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy, tensor<float, SX>& dx) {
+  void backward(const tensor<float, SX, space>& x, const tensor<float, SY, space>& y, const tensor<float, SY, space>& dy,
+                tensor<float, SX, space>& dx) {
     backward(x.ref(), y.ref(), dy.ref(), dx.ref());
   }
   /// backward without dx (the first layer of a network).
   template <class SX, class SY>
-  void backward_params(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy) {
+  void backward_params(tensor_ref<const float, SX, space> x, tensor_ref<const float, SY, space> y,
+                       tensor_ref<const float, SY, space> dy) {
     gradients(x, y, dy);
   }
 
@@ -302,7 +326,7 @@ class sketched_block : public product_tail<host, Layer::out_features, Tail...> {
   };
   std::unique_ptr<folded_weight> folded;
   bool folded_current = false;
-  tensor<float, shape<dyn, 2 * lk>> h_buffer{1}, dh_buffer{1};  // h = x [S1 | U2] of the last forward, and dh
+  tensor<float, shape<dyn, 2 * lk>, space> h_buffer{1}, dh_buffer{1};  // h = x [S1 | U2] of the last forward, and dh
   std::size_t h_rows = 0;                                      // the rows h holds; 0: none
 
   template <class SX, class SY>
@@ -318,7 +342,7 @@ class sketched_block : public product_tail<host, Layer::out_features, Tail...> {
 
   /// h = x [S1 | U2] into h_buffer (the first product), remembered for backward.
   template <class SX>
-  tensor_ref<const float, h_shape<SX>> first(tensor_ref<const float, SX> x) {
+  tensor_ref<const float, h_shape<SX>, space> first(tensor_ref<const float, SX, space> x) {
     const auto h = this->template workspace<shape<SX::extents[0], 2 * lk>>(h_buffer, x.batch());
     assign(h, sketched.first_product(x));
     h_rows = SX::elements(x.batch()) / in_features;
@@ -334,26 +358,29 @@ class sketched_block : public product_tail<host, Layer::out_features, Tail...> {
   }
 
   template <mode M, class SX, class SY>
-  void forward_as(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
-    if (M == mode::eval && folded_current) {
-      this->template store<M>(y, with_bias(matmul(x, folded->packed)));
-      h_rows = 0;
-      return;
+  void forward_as(tensor_ref<const float, SX, space> x, tensor_ref<float, SY, space> y) {
+    if constexpr (Layer::folds) {
+      if (M == mode::eval && folded_current) {
+        this->template store<M>(y, with_bias(matmul(x, folded->packed)));
+        h_rows = 0;
+        return;
+      }
     }
     this->template store<M>(y, with_bias(sketched.second_product(first(x)) * Layer::scale));
   }
 
   /// The gate (with db), dS2 and dh from the second product, dS1 from the first; returns dh.
   template <class SX, class SY>
-  tensor_ref<const float, h_shape<SX>> gradients(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y,
-                                                 tensor_ref<const float, SY> dy) {
+  tensor_ref<const float, h_shape<SX>, space> gradients(tensor_ref<const float, SX, space> x,
+                                                        tensor_ref<const float, SY, space> y,
+                                                        tensor_ref<const float, SY, space> dy) {
     static_assert(check_shapes<SX, SY>());
     const std::size_t batch = dy.batch();
     if (x.batch() != batch || y.batch() != batch)
       detail::batches_differ("solder::nn::sketched_block::backward", {{"x", x.batch()}, {"y", y.batch()}, {"dy", batch}});
     // h of the last forward, or again where that forward ran the folded weight or another batch.
     const auto h = h_rows == SX::elements(batch) / in_features
-                       ? tensor_ref<const float, h_shape<SX>>(h_buffer.data(), batch)
+                       ? tensor_ref<const float, h_shape<SX>, space>(h_buffer.data(), batch)
                        : first(x);
     const auto g = this->gate(y, dy, sketched.bias_grad, "solder::nn::sketched_block::backward");
     const auto dh = this->template workspace<shape<SX::extents[0], 2 * lk>>(dh_buffer, batch);
@@ -362,7 +389,7 @@ class sketched_block : public product_tail<host, Layer::out_features, Tail...> {
     assign(sketched.s2_grad, std::get<0>(autodiff::right_grads(second, g)) * Layer::scale);
     assign(dh, autodiff::left_grad(second, g) * Layer::scale);
     // First product: dS1 (the stored part of [S1 | U2]).
-    const tensor_ref<const float, h_shape<SX>> dhc(dh);
+    const tensor_ref<const float, h_shape<SX>, space> dhc(dh);
     assign(sketched.s1_grad, std::get<0>(autodiff::right_grads(sketched.first_product(x), dhc)));
     return dhc;
   }

@@ -702,6 +702,26 @@ struct device_operand<sign_sketch<TR, TC, 1, Stack, Trans>> {
   using type = sign_operand<TR, TC, Trans>;
   static type of(const sign_sketch<TR, TC, 1, Stack, Trans>& u) { return {u.seed, 0, u.scale}; }
 };
+template <class S, std::size_t C0, std::size_t C1, bool Trans>
+struct device_operand<column_block<S, C0, C1, Trans, device>> {
+  using type = matrix_operand<Trans>;
+  static type of(const column_block<S, C0, C1, Trans, device>& t) { return {t.ref.data() + C0, S::last}; }
+};
+template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack, bool Trans>
+  requires(Terms > 1)
+struct device_operand<sign_sketch<TR, TC, Terms, Stack, Trans>> {
+  using type = sketch_operand<TR, TC, Terms, Stack, Trans>;
+  static type of(const sign_sketch<TR, TC, Terms, Stack, Trans>& u) { return {u.seed, u.scale}; }
+};
+/// hcat and vcat of two operands the backend stages: the sketched layer's factors.
+template <class A, class B, sketch_stack Axis>
+  requires(!std::is_void_v<typename device_operand<A>::type> && !std::is_void_v<typename device_operand<B>::type>)
+struct device_operand<operand_concat<A, B, Axis>> {
+  static constexpr std::size_t split =
+      Axis == sketch_stack::columns ? solder::detail::operand_traits<A>::cols : solder::detail::operand_traits<A>::rows;
+  using type = concat_operand<typename device_operand<A>::type, typename device_operand<B>::type, Axis, split>;
+  static type of(const operand_concat<A, B, Axis>& c) { return {device_operand<A>::of(c.a), device_operand<B>::of(c.b)}; }
+};
 
 namespace detail {
 template <class W>
@@ -726,7 +746,7 @@ constexpr bool check_product_write() {
     return diagnostic<"solder::assign (CUDA): an expression may hold one matrix product; assign the others to device tensors first", E>::reported;
   } else if constexpr (std::is_void_v<typename device_operand<typename C::a_type>::type> ||
                        std::is_void_v<typename device_operand<typename C::b_type>::type>) {
-    return diagnostic<"solder::assign (CUDA): a product's operands must be device matrices, their transposes, or a one-term sign sketch",
+    return diagnostic<"solder::assign (CUDA): a product's operands must be device matrices, their transposes, sign sketches or hcat/vcat of them",
                       typename C::a_type, typename C::b_type>::reported;
   } else if constexpr (!std::is_same_v<typename C::shape_type, S>) {
     return diagnostic<"solder::assign (CUDA): an output holding a matrix product must have the product's shape", typename C::shape_type,

@@ -296,8 +296,8 @@ struct layer_norm_param_grad_body {
 };
 
 /// Softmax cross-entropy of row r of logits x [rows, n] against labels[r]: loss[r], and with
-/// Grad its gradient in g. A label outside [0, n) reads nothing and gives a NaN loss (the
-/// launcher reports it).
+/// Grad its gradient in g; the backend-free row body (ops::softmax_cross_entropy_rows, a NaN
+/// loss for a label outside [0, n), which the launcher reports) on a warp.
 template <bool Grad, std::size_t N>
 struct cross_entropy_body {
   ops::softmax_cross_entropy op;
@@ -309,14 +309,8 @@ struct cross_entropy_body {
   SOLDER_EXEC_CHECK_OFF
   template <class Team>
   SOLDER_HD void operator()(std::size_t r, const Team& team) const {
-    const auto row = make_warp_row<N>(n, team);
-    const std::int32_t y = labels[r];
-    if (y < 0 || std::size_t(y) >= n) {  // the same label on every lane: the warp stays together
-      row.once([&]() SOLDER_INLINE_LAMBDA { loss[r] = NAN; });
-      return;
-    }
-    const double l = op.template row<Grad>(row, x + r * n, std::size_t(y), Grad ? g + r * n : nullptr);
-    row.once([&]() SOLDER_INLINE_LAMBDA { loss[r] = l; });
+    const ops::row_value_into<ops::softmax_cross_entropy_rows<Grad, N>> body{{op, x, labels, g, n}, loss};
+    body(make_warp_row<N>(n, team), r);
   }
 };
 
