@@ -17,6 +17,10 @@
 //                                     row walker, which ops/ row ops are written over (docs/ops.md)
 //   row_sums<N>(count, body)          the double sum of body(walker, r) over the rows of rows<N>,
 //                                     added in an order fixed by count; returns it to the host
+//   chunking, chunks_of(rows, n)      how rows of n elements are cut into chunks of consecutive
+//                                     rows, fixed by the sizes alone (count, begin(c), end(c))
+//   chunks<N>(parts, body)            body(walker, c) for every chunk c of parts: a body that sums
+//                                     over its chunk's rows, its walker one of rows<N>'s
 //   elements(n, body)                 body.template operator()<V>(i) covering [0, n) once: V the
 //                                     backend's widest value (a vector on the CPU, float on CUDA)
 //                                     at i, float for the elements a vector cannot take
@@ -85,6 +89,9 @@ concept Executor = MemorySpace<typename E::space> &&
                      E::template rows<dyn>(n, detail::probe_row_body{});
                      E::elements(n, detail::probe_element_body{});
                      { E::template row_sums<4>(n, detail::probe_row_value_body{}) } -> std::same_as<double>;
+                     { E::chunks_of(n, n) } -> std::same_as<typename E::chunking>;
+                     { E::chunks_of(n, n).count } -> std::convertible_to<std::size_t>;
+                     E::template chunks<4>(E::chunks_of(n, n), detail::probe_row_body{});
                      { E::sum_blocks(n, n, detail::probe_block_body{}) } -> std::same_as<double>;
                      E::copy(dst, src, n);
                      E::copy_from_host(dst, src, n);

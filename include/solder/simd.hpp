@@ -9,6 +9,7 @@
 
 #include <math.h>
 
+#include <cstddef>
 #include <type_traits>
 
 #include "solder/config.hpp"
@@ -22,6 +23,10 @@ struct vocab;
 /// The scalar type of V: float for float and for xsimd::batch<float, A>.
 template <class V>
 using scalar_t = typename vocab<V>::scalar;
+
+/// The elements V holds: 1 for a scalar, the lanes of a batch.
+template <class V>
+inline constexpr std::size_t lanes = sizeof(V) / sizeof(scalar_t<V>);
 
 /// The mask type comparisons of V produce: bool for scalars, xsimd::batch_bool for batches.
 template <class V>

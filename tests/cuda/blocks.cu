@@ -5,10 +5,10 @@
 // the initialization bit for bit (drawn on the host, copied), the forward, the backward and an
 // evaluation forward within 1e-5 of their sums' magnitudes (the products add in another order),
 // the norm and the step on the host's gradients within a few roundings; softmax, log_softmax,
-// flatten and the softmax cross-entropy over device tensors against the host's (CUDA's expf and
-// logf are within 2 ulp of glibc's); whole chains in device memory (nn::chain_in<device, ...>: an
-// MLP, and one with a sketched layer) trained two steps against the same chains on the host. Exits 77 (ctest's skip code) where no
-// CUDA device is present.
+// layer_norm, flatten and the softmax cross-entropy over device tensors against the host's
+// (CUDA's expf and logf are within 2 ulp of glibc's); whole chains in device memory
+// (nn::chain_in<device, ...>: an MLP, and one with a sketched layer) trained two steps against
+// the same chains on the host. Exits 77 (ctest's skip code) where no CUDA device is present.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -27,6 +27,7 @@
 #include "solder/device.hpp"
 #include "solder/nn/chain.hpp"
 #include "solder/nn/flatten.hpp"
+#include "solder/nn/layer_norm.hpp"
 #include "solder/nn/linear_block.hpp"
 #include "solder/nn/loss.hpp"
 #include "solder/nn/softmax.hpp"
@@ -165,6 +166,26 @@ void check_rows() {
   expect(off("log_softmax y", host_copy(y), want.log_y, magnitudes(want.log_y, 1.0)) == 0, "log_softmax forward");
   expect(off("log_softmax dx", host_copy(dx), want.log_dx, magnitudes(want.log_dx, 1.0)) == 0, "log_softmax backward");
   expect(off("softmax y", host_copy(s), want.soft_y, magnitudes(want.soft_y, 1.0)) == 0, "softmax forward");
+
+  // layer_norm: each row's statistics, y and dx from them; dweight and dbias summed over the
+  // rows in chunks (the device's chunks differ from the CPU's: a sum of 37 terms' roundings).
+  nn::layer_norm<classes, device> norm;
+  std::vector<float> w(classes), b(classes);
+  for (std::size_t j = 0; j < classes; ++j) {
+    w[j] = 1.0f + float(j) / 10.0f;
+    b[j] = float(j) / 20.0f;
+  }
+  executor<cuda>::copy_from_host(norm.weight.data(), w.data(), classes);
+  executor<cuda>::copy_from_host(norm.bias.data(), b.data(), classes);
+  T ny(batch), ndx(batch);
+  norm.forward(xd, ny);
+  norm.backward(xd, ny, dyd, ndx);
+  expect(off("layer_norm y", host_copy(ny), want.norm_y, magnitudes(want.norm_y, 1.0)) == 0, "layer_norm forward");
+  expect(off("layer_norm dx", host_copy(ndx), want.norm_dx, magnitudes(want.norm_dx, 1.0)) == 0, "layer_norm dx");
+  expect(off("layer_norm dweight", host_copy(norm.weight_grad), want.norm_dw, magnitudes(want.norm_dw, 10.0)) == 0,
+         "layer_norm dweight");
+  expect(off("layer_norm dbias", host_copy(norm.bias_grad), want.norm_db, magnitudes(want.norm_db, 10.0)) == 0,
+         "layer_norm dbias");
 
   // A label outside [0, classes) is refused before anything is written.
   labels[3] = std::int32_t(classes);

@@ -59,6 +59,18 @@ rows_result host_rows(const std::vector<float>& x, const std::vector<std::int32_
   log_softmax.forward(xt, y);
   log_softmax.backward(xt, y, dyt, dx);
   nn::softmax<classes>{}.forward(xt, s);
+  nn::layer_norm<classes> norm;
+  for (std::size_t j = 0; j < classes; ++j) {
+    norm.weight[j] = 1.0f + float(j) / 10.0f;
+    norm.bias[j] = float(j) / 20.0f;
+  }
+  T ny(batch), ndx(batch);
+  norm.forward(xt, ny);
+  norm.backward(xt, ny, dyt, ndx);
+  r.norm_y.assign(ny.data(), ny.data() + ny.size());
+  r.norm_dx.assign(ndx.data(), ndx.data() + ndx.size());
+  r.norm_dw.assign(norm.weight_grad.data(), norm.weight_grad.data() + classes);
+  r.norm_db.assign(norm.bias_grad.data(), norm.bias_grad.data() + classes);
   r.dlogits.assign(g.data(), g.data() + g.size());
   r.log_y.assign(y.data(), y.data() + y.size());
   r.log_dx.assign(dx.data(), dx.data() + dx.size());

@@ -34,10 +34,12 @@ inline constexpr std::size_t classes = 10;
 
 /// The row layers and the loss on the host, for logits x [batch, classes], labels and dy:
 /// softmax_cross_entropy's mean loss (label smoothing 0.1) and dlogits; log_softmax's y and its
-/// dx for dy; softmax's y.
+/// dx for dy; softmax's y; layer_norm's y, dx, dweight and dbias (weight 1 + j / 10, bias j / 20
+/// at feature j).
 struct rows_result {
   double loss = 0;
   std::vector<float> dlogits, log_y, log_dx, soft_y;
+  std::vector<float> norm_y, norm_dx, norm_dw, norm_db;
 };
 
 rows_result host_rows(const std::vector<float>& x, const std::vector<std::int32_t>& labels, const std::vector<float>& dy);

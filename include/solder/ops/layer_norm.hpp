@@ -98,6 +98,109 @@ struct layer_norm {
   }
 };
 
+/// The width of a walker's step: its `n` columns (a CPU vector step), or one (a warp lane's).
+template <class Step>
+SOLDER_HD SOLDER_INLINE std::size_t step_columns(const Step& at) {
+  if constexpr (requires { at.n; })
+    return at.n;
+  else
+    return 1;
+}
+
+/// layer_norm forward on row r of x, y [rows, n], as a body of the executor's rows<N>: y, and
+/// the row's mean and rstd at mean[r * stride] and rstd[r * stride].
+template <std::size_t N>
+struct layer_norm_forward_rows {
+  const float* x;
+  const float* w;
+  const float* b;
+  float* y;
+  float* mean;
+  float* rstd;
+  std::size_t stride;
+  double eps;
+  std::size_t n = N;
+  SOLDER_EXEC_CHECK_OFF
+  template <class R>
+  SOLDER_HD SOLDER_INLINE void operator()(const R& walker, std::size_t r) const {
+    const auto st = layer_norm{}.forward(walker, x + r * n, y + r * n, w, b, eps);
+    walker.once([&]() SOLDER_INLINE_LAMBDA {
+      mean[r * stride] = st.mean;
+      rstd[r * stride] = st.rstd;
+    });
+  }
+};
+
+/// layer_norm backward on chunk c of the rows (Chunks: the backend's chunking, fixed by the row
+/// count), as a body of the executor's chunks<N>: dx of each row, and the chunk's dweight and
+/// dbias terms summed in float, flushed to double every flush_rows rows, into total[c] =
+/// [dweight (n), dbias (n)]; partial[c] (2 n floats) is scratch. Each step of the walker touches
+/// only its own columns of both.
+template <std::size_t N, class Chunks>
+struct layer_norm_backward_chunks {
+  /// Rows summed in float before a flush to double: 64 terms, about 64 u of relative error.
+  static constexpr std::size_t flush_rows = 64;
+  const float* x;
+  const float* dy;
+  const float* w;
+  const float* mean;
+  const float* rstd;
+  std::size_t stride;
+  float* dx;
+  float* partial;
+  double* total;
+  Chunks chunks;
+  std::size_t n = N;
+  SOLDER_EXEC_CHECK_OFF
+  template <class R>
+  SOLDER_HD SOLDER_INLINE void operator()(const R& walker, std::size_t c) const {
+    float* p = partial + c * 2 * n;
+    double* t = total + c * 2 * n;
+    walker.each([&](auto at) SOLDER_INLINE_LAMBDA {
+      for (std::size_t j = at.j; j < at.j + step_columns(at); ++j) {
+        p[j] = p[n + j] = 0.0f;
+        t[j] = t[n + j] = 0.0;
+      }
+    });
+    const std::size_t begin = chunks.begin(c), end = chunks.end(c);
+    for (std::size_t r = begin; r < end; ++r) {
+      layer_norm{}.backward(walker, x + r * n, dy + r * n, w, {mean[r * stride], rstd[r * stride]}, dx + r * n, p, p + n);
+      if ((r - begin + 1) % flush_rows == 0 || r + 1 == end) {
+        walker.each([&](auto at) SOLDER_INLINE_LAMBDA {
+          for (std::size_t j = at.j; j < at.j + step_columns(at); ++j) {
+            t[j] += double(p[j]);
+            t[n + j] += double(p[n + j]);
+            p[j] = p[n + j] = 0.0f;
+          }
+        });
+      }
+    }
+  }
+};
+
+/// layer_norm's parameter gradients, as an element body over the 2 n columns: dw[j] (j < n) and
+/// db[j - n] the sums over chunks of total[c][j], added in chunk order.
+struct layer_norm_param_grads {
+  const double* total;
+  std::size_t chunks;
+  std::size_t n;
+  float* dw;
+  float* db;
+  SOLDER_HD SOLDER_INLINE void column(std::size_t j) const {
+    double s = 0;
+    for (std::size_t c = 0; c < chunks; ++c) s += total[c * 2 * n + j];
+    if (j < n)
+      dw[j] = float(s);
+    else
+      db[j - n] = float(s);
+  }
+  SOLDER_EXEC_CHECK_OFF
+  template <class V>
+  SOLDER_HD SOLDER_INLINE void operator()(std::size_t i) const {
+    for (std::size_t k = 0; k < simd::lanes<V>; ++k) column(i + k);
+  }
+};
+
 }  // namespace solder::ops
 
 SOLDER_INTRINSIC_WARNINGS_ON

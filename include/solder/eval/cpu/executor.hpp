@@ -99,6 +99,15 @@ struct executor<cpu> {
     if constexpr (N == dyn) n = body.n;
     return sum_rows(count, n, [&](std::size_t r) { return one_row<N>(body, r); });
   }
+  /// Rows of row_elements cut into chunks (at most max_chunks, each worth a thread's start).
+  static chunking chunks_of(std::size_t rows, std::size_t row_elements) { return chunking(rows, row_elements); }
+  /// body(row<N>{}, c) for every chunk c of parts, over the threads.
+  template <std::size_t N, class Body>
+  static void chunks(const chunking& parts, const Body& body) {
+    std::size_t n = N;
+    if constexpr (N == dyn) n = body.n;
+    for_chunks(parts, n, [&](std::size_t c) { one_row<N>(body, c); });
+  }
   /// body.template operator()<V>(i): V = vec at every whole vector of [0, n), float after.
   template <class Body>
   static void elements(std::size_t n, const Body& body) {

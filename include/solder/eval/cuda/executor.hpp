@@ -59,6 +59,15 @@ struct executor<cuda> {
     eval::cuda::detail::sum_terms(eval::cuda::double_terms{values.get()}, count, values.get() + count, stream, what);
     return eval::cuda::detail::read_back(values.get() + count, stream, what);
   }
+  /// Rows cut into at most 256 chunks (eval::cuda::row_chunks: enough warps for a GPU).
+  using chunking = eval::cuda::row_chunks;
+  static chunking chunks_of(std::size_t rows, std::size_t) { return chunking(rows); }
+  /// body(walker, c) for every chunk c: one warp per chunk.
+  template <std::size_t N, class Body>
+  static void chunks(const chunking& parts, const Body& body) {
+    eval::cuda::detail::launch_rows(eval::cuda::warp_rows<N, Body>{body}, parts.count, current_stream(),
+                                    "solder::executor<cuda>::chunks");
+  }
   /// body.template operator()<float>(i) for every i of [0, n): one thread per element.
   template <class Body>
   static void elements(std::size_t n, const Body& body) {

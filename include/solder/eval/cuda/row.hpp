@@ -197,7 +197,8 @@ using softmax_forward_body = warp_rows<N, ops::rows_forward<Op, N>>;
 template <class Op, std::size_t N>
 using softmax_backward_body = warp_rows<N, ops::rows_backward_from_output<Op, N>>;
 
-/// layer_norm forward on row r: y = (x - mean) rstd w + b; keeps mean[r] and rstd[r].
+/// layer_norm forward on row r: y = (x - mean) rstd w + b; keeps mean[r] and rstd[r]. The
+/// backend-free row body (ops::layer_norm_forward_rows) on a warp.
 template <std::size_t N>
 struct layer_norm_forward_body {
   const float* x;
@@ -211,12 +212,7 @@ struct layer_norm_forward_body {
   SOLDER_EXEC_CHECK_OFF
   template <class Team>
   SOLDER_HD void operator()(std::size_t r, const Team& team) const {
-    const auto row = make_warp_row<N>(n, team);
-    const auto st = ops::layer_norm{}.forward(row, x + r * n, y + r * n, w, b, eps);
-    row.once([&]() SOLDER_INLINE_LAMBDA {
-      mean[r] = st.mean;
-      rstd[r] = st.rstd;
-    });
+    ops::layer_norm_forward_rows<N>{x, w, b, y, mean, rstd, 1, eps, n}(make_warp_row<N>(n, team), r);
   }
 };
 
@@ -236,13 +232,11 @@ struct row_chunks {
 };
 
 /// layer_norm backward on chunk c of the rows: dx of each row from its saved mean and rstd,
-/// and the chunk's dweight and dbias terms summed in float, flushed to double every
-/// flush_rows rows (as the CPU layer), into total[c] = [dweight (n), dbias (n)] of doubles.
-/// partial[c] (2 n floats) is scratch. Each lane touches only its own columns of both.
+/// and the chunk's dweight and dbias terms summed in float, flushed to double every 64 rows (as
+/// the CPU layer), into total[c] = [dweight (n), dbias (n)] of doubles; partial[c] (2 n floats)
+/// is scratch. The backend-free chunk body (ops::layer_norm_backward_chunks) on a warp.
 template <std::size_t N>
 struct layer_norm_backward_body {
-  /// Rows summed in float before a flush to double: about 64 u of relative error.
-  static constexpr std::size_t flush_rows = 64;
   const float* x;
   const float* dy;
   const float* w;
@@ -256,24 +250,8 @@ struct layer_norm_backward_body {
   SOLDER_EXEC_CHECK_OFF
   template <class Team>
   SOLDER_HD void operator()(std::size_t c, const Team& team) const {
-    const auto row = make_warp_row<N>(n, team);
-    float* p = partial + c * 2 * n;
-    double* t = total + c * 2 * n;
-    row.each([&](warp_step at) SOLDER_INLINE_LAMBDA {
-      p[at.j] = p[n + at.j] = 0.0f;
-      t[at.j] = t[n + at.j] = 0.0;
-    });
-    const std::size_t begin = chunks.begin(c), end = chunks.end(c);
-    for (std::size_t r = begin; r < end; ++r) {
-      ops::layer_norm{}.backward(row, x + r * n, dy + r * n, w, {mean[r], rstd[r]}, dx + r * n, p, p + n);
-      if ((r - begin + 1) % flush_rows == 0 || r + 1 == end) {
-        row.each([&](warp_step at) SOLDER_INLINE_LAMBDA {
-          t[at.j] += double(p[at.j]);
-          t[n + at.j] += double(p[n + at.j]);
-          p[at.j] = p[n + at.j] = 0.0f;
-        });
-      }
-    }
+    ops::layer_norm_backward_chunks<N, row_chunks>{x, dy, w, mean, rstd, 1, dx, partial, total, chunks, n}(
+        make_warp_row<N>(n, team), c);
   }
 };
 
@@ -285,14 +263,7 @@ struct layer_norm_param_grad_body {
   std::size_t n;
   float* dw;
   float* db;
-  SOLDER_HD void operator()(std::size_t j) const {
-    double s = 0;
-    for (std::size_t c = 0; c < chunks; ++c) s += total[c * 2 * n + j];
-    if (j < n)
-      dw[j] = float(s);
-    else
-      db[j - n] = float(s);
-  }
+  SOLDER_HD void operator()(std::size_t j) const { ops::layer_norm_param_grads{total, chunks, n, dw, db}.column(j); }
 };
 
 /// Softmax cross-entropy of row r of logits x [rows, n] against labels[r]: loss[r], and with
