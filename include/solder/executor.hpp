@@ -21,6 +21,9 @@
 //                                     rows, fixed by the sizes alone (count, begin(c), end(c))
 //   chunks<N>(parts, body)            body(walker, c) for every chunk c of parts: a body that sums
 //                                     over its chunk's rows, its walker one of rows<N>'s
+//   planes(count, rows, cols, work, body)
+//                                     body(p, i, j) for every (i, j) of a rows x cols plane of
+//                                     every plane p of [0, count); work: elements a plane reads
 //   elements(n, body)                 body.template operator()<V>(i) covering [0, n) once: V the
 //                                     backend's widest value (a vector on the CPU, float on CUDA)
 //                                     at i, float for the elements a vector cannot take
@@ -70,6 +73,11 @@ struct probe_row_value_body {
   }
 };
 
+/// A plane body of the shape planes takes: for the concept's check only.
+struct probe_plane_body {
+  SOLDER_HD void operator()(std::size_t, std::size_t, std::size_t) const {}
+};
+
 /// A block body of the shape sum_blocks takes: for the concept's check only.
 struct probe_block_body {
   SOLDER_HD double operator()(std::size_t) const { return 0.0; }
@@ -92,6 +100,7 @@ concept Executor = MemorySpace<typename E::space> &&
                      { E::chunks_of(n, n) } -> std::same_as<typename E::chunking>;
                      { E::chunks_of(n, n).count } -> std::convertible_to<std::size_t>;
                      E::template chunks<4>(E::chunks_of(n, n), detail::probe_row_body{});
+                     E::planes(n, n, n, n, detail::probe_plane_body{});
                      { E::sum_blocks(n, n, detail::probe_block_body{}) } -> std::same_as<double>;
                      E::copy(dst, src, n);
                      E::copy_from_host(dst, src, n);

@@ -6,9 +6,9 @@
 // evaluation forward within 1e-5 of their sums' magnitudes (the products add in another order),
 // the norm and the step on the host's gradients within a few roundings; softmax, log_softmax,
 // layer_norm, flatten and the softmax cross-entropy over device tensors against the host's
-// (CUDA's expf and logf are within 2 ulp of glibc's); whole chains in device memory
-// (nn::chain_in<device, ...>: an MLP, and one with a sketched layer) trained two steps against
-// the same chains on the host. Exits 77 (ctest's skip code) where no CUDA device is present.
+// (CUDA's expf and logf are within 2 ulp of glibc's); pooling; whole chains in device memory
+// (nn::chain_in<device, ...>: an MLP, one with a sketched layer, one over images with pooling
+// and layer_norm) trained two steps against the same chains on the host. Exits 77 (ctest's skip code) where no CUDA device is present.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -143,7 +143,10 @@ void check_rows() {
   for (std::size_t r = 0; r < batch; ++r) labels[r] = std::int32_t((r * 7) % classes);
   const blocks::rows_result want = blocks::host_rows(x, labels, dy);
 
-  using T = tensor<float, shape<dyn, classes>, device>;
+  // Literal extents in the types: nvcc's host code spells a type by its first spelling, and a
+  // named constant there as a function-style cast, which g++ reads as a function type.
+  static_assert(classes == 10);
+  using T = tensor<float, shape<dyn, 10>, device>;
   T xd(batch), dyd(batch), g(batch), y(batch), dx(batch), s(batch);
   tensor<std::int32_t, shape<dyn>, device> labels_d(batch);
   executor<cuda>::copy_from_host(xd.data(), x.data(), x.size());
@@ -152,10 +155,10 @@ void check_rows() {
   const std::span<const std::int32_t> dlabels(labels_d.data(), batch);
   const double loss = nn::softmax_cross_entropy(xd, dlabels, g, 0.1f);
   expect(std::fabs(loss - want.loss) <= 1e-6 * std::fabs(want.loss), "softmax_cross_entropy: the host's mean loss");
-  nn::log_softmax<classes, device> log_softmax;
+  nn::log_softmax<10, device> log_softmax;
   log_softmax.forward(xd, y);
   log_softmax.backward(xd, y, dyd, dx);
-  nn::softmax<classes, device>{}.forward(xd, s);
+  nn::softmax<10, device>{}.forward(xd, s);
   // Each value from a handful of exps and logs of the row and a sum of its 10 terms.
   auto magnitudes = [](const std::vector<float>& v, double rel) {
     std::vector<double> m(v.size());
@@ -169,7 +172,7 @@ void check_rows() {
 
   // layer_norm: each row's statistics, y and dx from them; dweight and dbias summed over the
   // rows in chunks (the device's chunks differ from the CPU's: a sum of 37 terms' roundings).
-  nn::layer_norm<classes, device> norm;
+  nn::layer_norm<10, device> norm;
   std::vector<float> w(classes), b(classes);
   for (std::size_t j = 0; j < classes; ++j) {
     w[j] = 1.0f + float(j) / 10.0f;
@@ -233,8 +236,9 @@ void check_chain(const char* name, const blocks::chain_result& want, const std::
   executor<cuda>::copy_from_host(labels_d.data(), labels.data(), labels.size());
   const std::span<const std::int32_t> dlabels(labels_d.data(), batch);
   optim::basic_sgd<device> opt(model.params(), {.lr = 0.05f, .momentum = 0.9f});
-  const float loss1 = model.train_step(xd.ref(), dlabels, opt);
-  const float loss2 = model.train_step(xd.ref(), dlabels, opt);
+  const tensor_ref<const float, shape<dyn, blocks::chain_in>, device> xv(xd.ref());  // for any input shape
+  const float loss1 = model.train_step(xv, dlabels, opt);
+  const float loss2 = model.train_step(xv, dlabels, opt);
   expect(std::fabs(loss1 - want.loss1) <= 1e-5f * want.loss1, (what + "the first step's loss").c_str());
   expect(std::fabs(loss2 - want.loss2) <= 1e-5f * want.loss2, (what + "the second step's loss").c_str());
   const std::vector<float> trained = flat();
@@ -267,6 +271,39 @@ void check_chains() {
   using sketched = nn::chain_in<device, nn::sketched_linear<blocks::chain_in, 48, 2, 4>, nn::relu, nn::dropout<0.1f>,
                                 nn::linear<48, blocks::chain_out>>;
   check_chain<sketched>("chain_in<device> sketched", blocks::host_sketched_chain(x, labels), x, labels);
+  // Images: pooling, flatten, layer_norm and log_softmax as blocks of their own.
+  using image_chain = nn::chain_in<device, nn::input<4, 4, 4>, nn::max_pool2d<2>, nn::flatten<>, nn::linear<16, 32>,
+                                   nn::relu, nn::layer_norm<32>, nn::linear<32, 10>, nn::log_softmax<10>>;
+  static_assert(blocks::chain_out == 10);
+  check_chain<image_chain>("chain_in<device> image", blocks::host_image_chain(x, labels), x, labels);
+}
+
+/// Pooling in device memory: max pooling's values, argmax routing and gathers bit for bit (no
+/// arithmetic but the gather's adds, in the same order), average pooling's within a rounding.
+void check_pool() {
+  constexpr std::size_t batch = blocks::batch;
+  std::vector<float> x(batch * 4 * 8 * 8), dy_max(batch * 4 * 4 * 4), dy_avg(x.size());
+  solder::test::fill_uniform(x, -1.0, 1.0, 61u);
+  solder::test::fill_uniform(dy_max, -1.0, 1.0, 62u);
+  solder::test::fill_uniform(dy_avg, -1.0, 1.0, 63u);
+  const blocks::pool_result want = blocks::host_pool(x, dy_max, dy_avg);
+  using X = tensor<float, shape<dyn, 4, 8, 8>, device>;
+  X xd(batch), dx(batch), y_avg(batch), dy_a(batch);
+  tensor<float, shape<dyn, 4, 4, 4>, device> y_max(batch), dy_m(batch);
+  executor<cuda>::copy_from_host(xd.data(), x.data(), x.size());
+  executor<cuda>::copy_from_host(dy_m.data(), dy_max.data(), dy_max.size());
+  executor<cuda>::copy_from_host(dy_a.data(), dy_avg.data(), dy_avg.size());
+  nn::max_pool2d<2>::in_space<device> max_pool;
+  max_pool.forward(xd, y_max);
+  max_pool.backward(xd, y_max, dy_m, dx);
+  expect(differing_bits(host_copy(y_max), want.max_y) == 0, "max_pool2d forward: the host's bits");
+  expect(differing_bits(host_copy(dx), want.max_dx) == 0, "max_pool2d backward: the host's bits");
+  nn::avg_pool2d<3, 1, 1>::in_space<device> avg_pool;
+  avg_pool.forward(xd, y_avg);
+  avg_pool.backward(xd, y_avg, dy_a, dx);
+  std::vector<double> mag(x.size(), 9.0);  // at most 9 terms of magnitude 1
+  expect(off("avg_pool2d y", host_copy(y_avg), want.avg_y, mag) == 0, "avg_pool2d forward");
+  expect(off("avg_pool2d dx", host_copy(dx), want.avg_dx, mag) == 0, "avg_pool2d backward");
 }
 
 }  // namespace
@@ -278,6 +315,7 @@ int main() {
     check_block<nn::linear_block<nn::linear<48, 40, true, device>, nn::gelu, nn::dropout<0.25f>>>(0, "linear+gelu+dropout");
     check_block<nn::linear_block<nn::linear<64, 32, true, device>, nn::relu, nn::dropout<0.1f>>>(1, "linear+relu+dropout");
     check_rows();
+    check_pool();
     check_chains();
   });
 }

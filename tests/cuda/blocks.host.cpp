@@ -93,8 +93,9 @@ chain_result train_chain(const std::vector<float>& x, const std::vector<std::int
   tensor<float, shape<dyn, chain_in>> xt(batch);
   std::memcpy(xt.data(), x.data(), x.size() * sizeof(float));
   optim::sgd opt(model.params(), {.lr = 0.05f, .momentum = 0.9f});
-  r.loss1 = model.train_step(xt.ref(), labels, opt);
-  r.loss2 = model.train_step(xt.ref(), labels, opt);
+  const tensor_ref<const float, shape<dyn, chain_in>> xv(xt.ref());  // [batch, 64] for any input shape
+  r.loss1 = model.train_step(xv, labels, opt);
+  r.loss2 = model.train_step(xv, labels, opt);
   r.trained = flat();
   model.eval();
   const auto logits = model.forward(xt);
@@ -108,6 +109,32 @@ chain_result host_chain(const std::vector<float>& x, const std::vector<std::int3
   return train_chain<nn::chain<nn::linear<chain_in, 32>, nn::relu, nn::dropout<0.1f>, nn::linear<32, 16>, nn::gelu,
                                nn::linear<16, chain_out>>>(x, labels);
 }
+chain_result host_image_chain(const std::vector<float>& x, const std::vector<std::int32_t>& labels) {
+  return train_chain<nn::chain<nn::input<4, 4, 4>, nn::max_pool2d<2>, nn::flatten<>, nn::linear<16, 32>, nn::relu,
+                               nn::layer_norm<32>, nn::linear<32, chain_out>, nn::log_softmax<chain_out>>>(x, labels);
+}
+
+pool_result host_pool(const std::vector<float>& x, const std::vector<float>& dy_max, const std::vector<float>& dy_avg) {
+  using X = tensor<float, shape<dyn, 4, 8, 8>>;
+  X xt(batch), dx(batch), y_avg(batch), dy_a(batch);
+  tensor<float, shape<dyn, 4, 4, 4>> y_max(batch), dy_m(batch);
+  std::memcpy(xt.data(), x.data(), x.size() * sizeof(float));
+  std::memcpy(dy_m.data(), dy_max.data(), dy_max.size() * sizeof(float));
+  std::memcpy(dy_a.data(), dy_avg.data(), dy_avg.size() * sizeof(float));
+  pool_result r;
+  nn::max_pool2d<2> max_pool;
+  max_pool.forward(xt, y_max);
+  max_pool.backward(xt, y_max, dy_m, dx);
+  r.max_y.assign(y_max.data(), y_max.data() + y_max.size());
+  r.max_dx.assign(dx.data(), dx.data() + dx.size());
+  nn::avg_pool2d<3, 1, 1> avg_pool;
+  avg_pool.forward(xt, y_avg);
+  avg_pool.backward(xt, y_avg, dy_a, dx);
+  r.avg_y.assign(y_avg.data(), y_avg.data() + y_avg.size());
+  r.avg_dx.assign(dx.data(), dx.data() + dx.size());
+  return r;
+}
+
 chain_result host_sketched_chain(const std::vector<float>& x, const std::vector<std::int32_t>& labels) {
   return train_chain<nn::chain<nn::sketched_linear<chain_in, 48, 2, 4>, nn::relu, nn::dropout<0.1f>,
                                nn::linear<48, chain_out>>>(x, labels);

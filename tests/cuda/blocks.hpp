@@ -61,5 +61,15 @@ struct chain_result {
 chain_result host_chain(const std::vector<float>& x, const std::vector<std::int32_t>& labels);
 /// The same for nn::chain<sketched_linear<64, 48, 2, 4>, relu, dropout<0.1>, linear<48, 10>>.
 chain_result host_sketched_chain(const std::vector<float>& x, const std::vector<std::int32_t>& labels);
+/// The same for nn::chain<input<4, 4, 4>, max_pool2d<2>, flatten<>, linear<16, 32>, relu,
+/// layer_norm<32>, linear<32, 10>, log_softmax<10>> (64 inputs).
+chain_result host_image_chain(const std::vector<float>& x, const std::vector<std::int32_t>& labels);
+
+/// Pooling on the host for x [batch, 4, 8, 8] and dy of each output: max_pool2d<2> and
+/// avg_pool2d<3, 1, 1> forward y and backward dx.
+struct pool_result {
+  std::vector<float> max_y, max_dx, avg_y, avg_dx;
+};
+pool_result host_pool(const std::vector<float>& x, const std::vector<float>& dy_max, const std::vector<float>& dy_avg);
 
 }  // namespace solder::test::blocks

@@ -1,7 +1,7 @@
 // nn/pool.hpp: 2-d pooling layers over NCHW [batch, C, H, W] activations with torch's
 // semantics: max_pool2d, avg_pool2d, adaptive_avg_pool2d (and global_avg_pool2d). The math, per
-// output element forward and per input element backward, is ops/pool.hpp's (a device kernel
-// runs the same bodies); the layers run it over executor<cpu>'s planes.
+// output element forward and per input element backward, is ops/pool.hpp's plane bodies; the
+// layers run them by the planes verb of the executor of their memory space (host by default).
 #pragma once
 
 #include <cstddef>
@@ -42,19 +42,6 @@ using ops::pool2d::max_forward_at;
 using ops::pool2d::out_extent;
 using ops::pool2d::window;
 using ops::pool2d::windows_over;
-
-/// f(n, c, i, j) for every element (i, j) of a rows x cols plane of each of `planes` planes
-/// (plane p = n C + c). Elements are independent, so the thread count cannot change a result;
-/// `plane_work` (elements touched per plane) decides whether threads pay.
-template <class F>
-void for_each_in_planes(std::size_t planes, std::size_t channels, std::size_t rows, std::size_t cols,
-                        std::size_t plane_work, const F& f) {
-  executor<cpu>::for_rows(planes, plane_work, [&](std::size_t p) {
-    const index n = index(p / channels), c = index(p % channels);
-    for (index i = 0; i < index(rows); ++i)
-      for (index j = 0; j < index(cols); ++j) f(n, c, i, j);
-  });
-}
 
 /// "[C, H, W] with H + 2*1 >= 3 and W + 2*1 >= 3" (or "H, W >= 3" without padding).
 constexpr void append_window_takes(fixed_string& m, std::size_t k, std::size_t p) {
@@ -142,13 +129,17 @@ constexpr bool check_shapes() {
 /// rows and columns of -inf padding: torch's nn.MaxPool2d(K, S, P) (dilation 1, ceil_mode=False),
 /// Ho = floor((H + 2P - K) / S) + 1. A NaN in a window makes its y NaN. Forward saves each
 /// output's argmax; backward routes dy there (ties: the first maximal element, row-major).
-template <std::size_t K, std::size_t Stride = K, std::size_t Pad = 0>
-class max_pool2d : public block_defaults<> {
+template <std::size_t K, std::size_t Stride = K, std::size_t Pad = 0, class Space = host>
+class max_pool2d : public block_defaults<Space> {
   static_assert(K >= 1 && Stride >= 1, "solder::nn::max_pool2d: the kernel size and the stride must be at least 1");
   static_assert(Pad <= K / 2, "solder::nn::max_pool2d: the padding must be at most half the kernel size (Pad <= K / 2), "
                               "as torch requires; use a larger kernel or less padding");
 
  public:
+  using space = Space;
+  /// The same layer over memory space S.
+  template <class S>
+  using in_space = max_pool2d<K, Stride, Pad, S>;
   static constexpr const char* name = "max_pool2d";
 
   struct planner_traits : pool2d::window_traits<K, Stride, Pad> {
@@ -160,38 +151,32 @@ class max_pool2d : public block_defaults<> {
   };
 
   /// No parameters.
-  std::vector<optim::param> params(const std::string& /*prefix*/ = "") { return {}; }
+  std::vector<optim::basic_param<Space>> params(const std::string& /*prefix*/ = "") { return {}; }
 
   /// y = max_pool2d(x) for x [batch, C, H, W], y [batch, C, Ho, Wo] (not overlapping x); saves
   /// the argmax of every output for backward.
   template <class SX, class SY>
-  void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+  void forward(tensor_ref<const float, SX, Space> x, tensor_ref<float, SY, Space> y) {
     static_assert(pool2d::check_shapes<who, planner_traits, SX, SY>());
     if (x.batch() != y.batch())
       detail::batches_differ("solder::nn::max_pool2d::forward", {{"x", x.batch()}, {"y", y.batch()}});
     constexpr pool2d::geometry g = geometry_of<SX, SY>();
     const std::size_t planes = x.size() / (SX::extents[2] * SX::extents[3]);
-    if (argmax.size() < y.size()) argmax.resize(y.size());
+    if (argmax.size() < y.size()) argmax = tensor<std::int32_t, shape<dyn>, Space>(y.size());
     saved_x = x.size();
     saved_y = y.size();
-    const float* xp = x.data();
-    float* yp = y.data();
-    std::int32_t* ap = argmax.data();
-    pool2d::for_each_in_planes(planes, g.channels, g.ho, g.wo, g.h * g.w,
-                               [=](pool2d::index n, pool2d::index c, pool2d::index oh, pool2d::index ow) {
-                                 pool2d::max_forward_at(xp, yp, ap, g, n, c, oh, ow);
-                               });
+    exec::planes(planes, g.ho, g.wo, g.h * g.w, forward_body{x.data(), y.data(), argmax.data(), g, false});
   }
   template <class SX, class SY>
-  void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
+  void forward(const tensor<float, SX, Space>& x, tensor<float, SY, Space>& y) {
     forward(x.ref(), y.ref());
   }
 
   /// dx = dL/dx (overwritten) for the last forward, whose input and output x and y were: each
   /// dy goes to its window's saved argmax. x and y are not read.
   template <class SX, class SY>
-  void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
-                tensor_ref<float, SX> dx) {
+  void backward(tensor_ref<const float, SX, Space> x, tensor_ref<const float, SY, Space> y,
+                tensor_ref<const float, SY, Space> dy, tensor_ref<float, SX, Space> dx) {
     static_assert(pool2d::check_shapes<who, planner_traits, SX, SY>());
     const std::size_t batch = x.batch();
     if (y.batch() != batch || dy.batch() != batch || dx.batch() != batch)
@@ -207,17 +192,12 @@ class max_pool2d : public block_defaults<> {
                            "; run forward on this batch first");
     constexpr pool2d::geometry g = geometry_of<SX, SY>();
     const std::size_t planes = x.size() / (SX::extents[2] * SX::extents[3]);
-    const float* dyp = dy.data();
-    const std::int32_t* ap = argmax.data();
-    float* dxp = dx.data();
     // A gather per input element: no two threads write one dx, and each sum has a fixed order.
-    pool2d::for_each_in_planes(planes, g.channels, g.h, g.w, g.h * g.w,
-                               [=](pool2d::index n, pool2d::index c, pool2d::index ih, pool2d::index iw) {
-                                 pool2d::max_backward_at(dyp, ap, dxp, g, n, c, ih, iw);
-                               });
+    exec::planes(planes, g.h, g.w, g.h * g.w, backward_body{dy.data(), argmax.data(), dx.data(), g, false});
   }
   template <class SX, class SY>
-  void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy, tensor<float, SX>& dx) {
+  void backward(const tensor<float, SX, Space>& x, const tensor<float, SY, Space>& y, const tensor<float, SY, Space>& dy,
+                tensor<float, SX, Space>& dx) {
     backward(x.ref(), y.ref(), dy.ref(), dx.ref());
   }
 
@@ -237,9 +217,13 @@ class max_pool2d : public block_defaults<> {
             pool2d::index(Pad)};
   }
 
+  using exec = executor<backend_of_t<Space>>;
+  using forward_body = ops::pool2d::forward_planes<ops::pool2d::pool_kind::max>;
+  using backward_body = ops::pool2d::backward_planes<ops::pool2d::pool_kind::max>;
+
   // Saved rather than recomputed from x: backward then reads Ho*Wo indices per plane instead of
   // H*W inputs and K*K compares per output, and routes exactly where forward chose, as torch.
-  std::vector<std::int32_t> argmax;  // per output of the last forward: ih * W + iw in its plane
+  tensor<std::int32_t, shape<dyn>, Space> argmax{1};  // per output of the last forward: ih * W + iw in its plane
   std::size_t saved_x = 0, saved_y = 0;  // its x and y elements; 0: no forward yet
 };
 
@@ -247,13 +231,17 @@ class max_pool2d : public block_defaults<> {
 /// rows and columns of zero padding: torch's nn.AvgPool2d(K, S, P, ceil_mode=False,
 /// count_include_pad). The divisor is the window clipped to the padded input [-P, H + P) when
 /// CountIncludePad, to the input itself otherwise. Backward spreads dy / divisor over the window.
-template <std::size_t K, std::size_t Stride = K, std::size_t Pad = 0, bool CountIncludePad = true>
-class avg_pool2d : public block_defaults<> {
+template <std::size_t K, std::size_t Stride = K, std::size_t Pad = 0, bool CountIncludePad = true, class Space = host>
+class avg_pool2d : public block_defaults<Space> {
   static_assert(K >= 1 && Stride >= 1, "solder::nn::avg_pool2d: the kernel size and the stride must be at least 1");
   static_assert(Pad <= K / 2, "solder::nn::avg_pool2d: the padding must be at most half the kernel size (Pad <= K / 2), "
                               "as torch requires; use a larger kernel or less padding");
 
  public:
+  using space = Space;
+  /// The same layer over memory space S.
+  template <class S>
+  using in_space = avg_pool2d<K, Stride, Pad, CountIncludePad, S>;
   static constexpr const char* name = "avg_pool2d";
 
   struct planner_traits : pool2d::window_traits<K, Stride, Pad> {
@@ -264,32 +252,27 @@ class avg_pool2d : public block_defaults<> {
   };
 
   /// No parameters.
-  std::vector<optim::param> params(const std::string& /*prefix*/ = "") { return {}; }
+  std::vector<optim::basic_param<Space>> params(const std::string& /*prefix*/ = "") { return {}; }
 
   /// y = avg_pool2d(x) for x [batch, C, H, W], y [batch, C, Ho, Wo] (not overlapping x).
   template <class SX, class SY>
-  void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+  void forward(tensor_ref<const float, SX, Space> x, tensor_ref<float, SY, Space> y) {
     static_assert(pool2d::check_shapes<who, planner_traits, SX, SY>());
     if (x.batch() != y.batch())
       detail::batches_differ("solder::nn::avg_pool2d::forward", {{"x", x.batch()}, {"y", y.batch()}});
     constexpr pool2d::geometry g = geometry_of<SX, SY>();
     const std::size_t planes = x.size() / (SX::extents[2] * SX::extents[3]);
-    const float* xp = x.data();
-    float* yp = y.data();
-    pool2d::for_each_in_planes(planes, g.channels, g.ho, g.wo, g.h * g.w,
-                               [=](pool2d::index n, pool2d::index c, pool2d::index oh, pool2d::index ow) {
-                                 pool2d::avg_forward_at(xp, yp, g, CountIncludePad, n, c, oh, ow);
-                               });
+    exec::planes(planes, g.ho, g.wo, g.h * g.w, forward_body{x.data(), y.data(), nullptr, g, CountIncludePad});
   }
   template <class SX, class SY>
-  void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
+  void forward(const tensor<float, SX, Space>& x, tensor<float, SY, Space>& y) {
     forward(x.ref(), y.ref());
   }
 
   /// dx = dL/dx (overwritten), dx not overlapping dy; x and y are not read.
   template <class SX, class SY>
-  void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
-                tensor_ref<float, SX> dx) {
+  void backward(tensor_ref<const float, SX, Space> x, tensor_ref<const float, SY, Space> y,
+                tensor_ref<const float, SY, Space> dy, tensor_ref<float, SX, Space> dx) {
     static_assert(pool2d::check_shapes<who, planner_traits, SX, SY>());
     const std::size_t batch = x.batch();
     if (y.batch() != batch || dy.batch() != batch || dx.batch() != batch)
@@ -297,20 +280,20 @@ class avg_pool2d : public block_defaults<> {
                              {{"x", batch}, {"y", y.batch()}, {"dy", dy.batch()}, {"dx", dx.batch()}});
     constexpr pool2d::geometry g = geometry_of<SX, SY>();
     const std::size_t planes = x.size() / (SX::extents[2] * SX::extents[3]);
-    const float* dyp = dy.data();
-    float* dxp = dx.data();
     // A gather per input element: no two threads write one dx, and each sum has a fixed order.
-    pool2d::for_each_in_planes(planes, g.channels, g.h, g.w, g.h * g.w,
-                               [=](pool2d::index n, pool2d::index c, pool2d::index ih, pool2d::index iw) {
-                                 pool2d::avg_backward_at(dyp, dxp, g, CountIncludePad, n, c, ih, iw);
-                               });
+    exec::planes(planes, g.h, g.w, g.h * g.w, backward_body{dy.data(), nullptr, dx.data(), g, CountIncludePad});
   }
   template <class SX, class SY>
-  void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy, tensor<float, SX>& dx) {
+  void backward(const tensor<float, SX, Space>& x, const tensor<float, SY, Space>& y, const tensor<float, SY, Space>& dy,
+                tensor<float, SX, Space>& dx) {
     backward(x.ref(), y.ref(), dy.ref(), dx.ref());
   }
 
  private:
+  using exec = executor<backend_of_t<Space>>;
+  using forward_body = ops::pool2d::forward_planes<ops::pool2d::pool_kind::avg>;
+  using backward_body = ops::pool2d::backward_planes<ops::pool2d::pool_kind::avg>;
+
   static constexpr fixed_string who = [] {
     fixed_string s("solder::nn::avg_pool2d<");
     s.append(K).append(", ").append(Stride).append(", ").append(Pad);
@@ -329,11 +312,15 @@ class avg_pool2d : public block_defaults<> {
 /// y [batch, C, Oh, Ow] = the mean of x [batch, C, H, W] over adaptive windows: torch's
 /// nn.AdaptiveAvgPool2d((Oh, Ow)), rows [floor(i H / Oh), ceil((i + 1) H / Oh)) and likewise
 /// columns (windows overlap when Oh does not divide H). Any H, W >= 1.
-template <std::size_t Oh, std::size_t Ow = Oh>
-class adaptive_avg_pool2d : public block_defaults<> {
+template <std::size_t Oh, std::size_t Ow = Oh, class Space = host>
+class adaptive_avg_pool2d : public block_defaults<Space> {
   static_assert(Oh >= 1 && Ow >= 1, "solder::nn::adaptive_avg_pool2d: the output size Oh, Ow must be at least 1");
 
  public:
+  using space = Space;
+  /// The same layer over memory space S.
+  template <class S>
+  using in_space = adaptive_avg_pool2d<Oh, Ow, S>;
   static constexpr const char* name = "adaptive_avg_pool2d";
 
   struct planner_traits {
@@ -354,32 +341,27 @@ class adaptive_avg_pool2d : public block_defaults<> {
   };
 
   /// No parameters.
-  std::vector<optim::param> params(const std::string& /*prefix*/ = "") { return {}; }
+  std::vector<optim::basic_param<Space>> params(const std::string& /*prefix*/ = "") { return {}; }
 
   /// y = adaptive_avg_pool2d(x) for x [batch, C, H, W], y [batch, C, Oh, Ow] (not overlapping x).
   template <class SX, class SY>
-  void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+  void forward(tensor_ref<const float, SX, Space> x, tensor_ref<float, SY, Space> y) {
     static_assert(pool2d::check_shapes<who, planner_traits, SX, SY>());
     if (x.batch() != y.batch())
       detail::batches_differ("solder::nn::adaptive_avg_pool2d::forward", {{"x", x.batch()}, {"y", y.batch()}});
     constexpr pool2d::geometry g = geometry_of<SX>();
     const std::size_t planes = x.size() / (SX::extents[2] * SX::extents[3]);
-    const float* xp = x.data();
-    float* yp = y.data();
-    pool2d::for_each_in_planes(planes, g.channels, g.ho, g.wo, g.h * g.w,
-                               [=](pool2d::index n, pool2d::index c, pool2d::index oh, pool2d::index ow) {
-                                 pool2d::adaptive_avg_forward_at(xp, yp, g, n, c, oh, ow);
-                               });
+    exec::planes(planes, g.ho, g.wo, g.h * g.w, forward_body{x.data(), y.data(), nullptr, g, false});
   }
   template <class SX, class SY>
-  void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
+  void forward(const tensor<float, SX, Space>& x, tensor<float, SY, Space>& y) {
     forward(x.ref(), y.ref());
   }
 
   /// dx = dL/dx (overwritten), dx not overlapping dy; x and y are not read.
   template <class SX, class SY>
-  void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
-                tensor_ref<float, SX> dx) {
+  void backward(tensor_ref<const float, SX, Space> x, tensor_ref<const float, SY, Space> y,
+                tensor_ref<const float, SY, Space> dy, tensor_ref<float, SX, Space> dx) {
     static_assert(pool2d::check_shapes<who, planner_traits, SX, SY>());
     const std::size_t batch = x.batch();
     if (y.batch() != batch || dy.batch() != batch || dx.batch() != batch)
@@ -387,20 +369,20 @@ class adaptive_avg_pool2d : public block_defaults<> {
                              {{"x", batch}, {"y", y.batch()}, {"dy", dy.batch()}, {"dx", dx.batch()}});
     constexpr pool2d::geometry g = geometry_of<SX>();
     const std::size_t planes = x.size() / (SX::extents[2] * SX::extents[3]);
-    const float* dyp = dy.data();
-    float* dxp = dx.data();
     // A gather per input element: no two threads write one dx, and each sum has a fixed order.
-    pool2d::for_each_in_planes(planes, g.channels, g.h, g.w, g.h * g.w,
-                               [=](pool2d::index n, pool2d::index c, pool2d::index ih, pool2d::index iw) {
-                                 pool2d::adaptive_avg_backward_at(dyp, dxp, g, n, c, ih, iw);
-                               });
+    exec::planes(planes, g.h, g.w, g.h * g.w, backward_body{dy.data(), nullptr, dx.data(), g, false});
   }
   template <class SX, class SY>
-  void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy, tensor<float, SX>& dx) {
+  void backward(const tensor<float, SX, Space>& x, const tensor<float, SY, Space>& y, const tensor<float, SY, Space>& dy,
+                tensor<float, SX, Space>& dx) {
     backward(x.ref(), y.ref(), dy.ref(), dx.ref());
   }
 
  private:
+  using exec = executor<backend_of_t<Space>>;
+  using forward_body = ops::pool2d::forward_planes<ops::pool2d::pool_kind::adaptive_avg>;
+  using backward_body = ops::pool2d::backward_planes<ops::pool2d::pool_kind::adaptive_avg>;
+
   static constexpr fixed_string who = [] {
     fixed_string s("solder::nn::adaptive_avg_pool2d<");
     s.append(Oh).append(", ").append(Ow).append(">");

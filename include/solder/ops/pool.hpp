@@ -167,4 +167,46 @@ SOLDER_HD SOLDER_INLINE void adaptive_avg_backward_at(const float* dy, float* dx
   dx[g.in_offset(n, c) + ih * g.w + iw] = sum;
 }
 
+enum class pool_kind { max, avg, adaptive_avg };
+
+/// Pooling forward as a body of the executor's planes verb: body(p, oh, ow) for output (oh, ow)
+/// of plane p = n C + c (max: its argmax too).
+template <pool_kind Kind>
+struct forward_planes {
+  const float* x;
+  float* y;
+  std::int32_t* argmax;  // max only
+  geometry g;
+  bool count_include_pad;  // avg only
+  SOLDER_HD SOLDER_INLINE void operator()(std::size_t p, std::size_t i, std::size_t j) const {
+    const index n = index(p) / g.channels, c = index(p) % g.channels, oh = index(i), ow = index(j);
+    if constexpr (Kind == pool_kind::max)
+      max_forward_at(x, y, argmax, g, n, c, oh, ow);
+    else if constexpr (Kind == pool_kind::avg)
+      avg_forward_at(x, y, g, count_include_pad, n, c, oh, ow);
+    else
+      adaptive_avg_forward_at(x, y, g, n, c, oh, ow);
+  }
+};
+
+/// Pooling backward as a body of the planes verb: body(p, ih, iw) gathers dx at input (ih, iw)
+/// of plane p from the windows that hold it, in row-major output order.
+template <pool_kind Kind>
+struct backward_planes {
+  const float* dy;
+  const std::int32_t* argmax;  // max only
+  float* dx;
+  geometry g;
+  bool count_include_pad;  // avg only
+  SOLDER_HD SOLDER_INLINE void operator()(std::size_t p, std::size_t i, std::size_t j) const {
+    const index n = index(p) / g.channels, c = index(p) % g.channels, ih = index(i), iw = index(j);
+    if constexpr (Kind == pool_kind::max)
+      max_backward_at(dy, argmax, dx, g, n, c, ih, iw);
+    else if constexpr (Kind == pool_kind::avg)
+      avg_backward_at(dy, dx, g, count_include_pad, n, c, ih, iw);
+    else
+      adaptive_avg_backward_at(dy, dx, g, n, c, ih, iw);
+  }
+};
+
 }  // namespace solder::ops::pool2d

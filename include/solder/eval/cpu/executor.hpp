@@ -108,6 +108,15 @@ struct executor<cpu> {
     if constexpr (N == dyn) n = body.n;
     for_chunks(parts, n, [&](std::size_t c) { one_row<N>(body, c); });
   }
+  /// body(p, i, j) for every element of every plane, the planes over the threads (work: the
+  /// elements a plane reads, which decides whether threads pay).
+  template <class Body>
+  static void planes(std::size_t count, std::size_t rows, std::size_t cols, std::size_t work, const Body& body) {
+    for_rows(count, work, [&](std::size_t p) {
+      for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t j = 0; j < cols; ++j) body(p, i, j);
+    });
+  }
   /// body.template operator()<V>(i): V = vec at every whole vector of [0, n), float after.
   template <class Body>
   static void elements(std::size_t n, const Body& body) {

@@ -11,6 +11,7 @@
 
 #include "solder/backend.hpp"
 #include "solder/eval/cuda/assign.hpp"
+#include "solder/eval/cuda/pool.hpp"
 #include "solder/eval/cuda/row.hpp"
 #include "solder/eval/cuda/row_kernels.hpp"
 #include "solder/eval/cuda/stream.hpp"
@@ -67,6 +68,12 @@ struct executor<cuda> {
   static void chunks(const chunking& parts, const Body& body) {
     eval::cuda::detail::launch_rows(eval::cuda::warp_rows<N, Body>{body}, parts.count, current_stream(),
                                     "solder::executor<cuda>::chunks");
+  }
+  /// body(p, i, j) for every element of every plane: one thread per element.
+  template <class Body>
+  static void planes(std::size_t count, std::size_t rows, std::size_t cols, std::size_t, const Body& body) {
+    eval::cuda::detail::launch_elements(eval::cuda::plane_elements<Body>{body, rows, cols}, count * rows * cols,
+                                        current_stream(), "solder::executor<cuda>::planes");
   }
   /// body.template operator()<float>(i) for every i of [0, n): one thread per element.
   template <class Body>

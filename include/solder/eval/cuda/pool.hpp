@@ -25,9 +25,10 @@ struct plane_index {
   }
 };
 
-enum class pool_kind { max, avg, adaptive_avg };
+using pool_kind = ops::pool2d::pool_kind;
 
-/// Pooling forward, element k of y [batch, C, Ho, Wo] (max: its argmax too).
+/// Pooling forward, element k of y [batch, C, Ho, Wo] (max: its argmax too): the plane body of
+/// ops/pool.hpp at k's plane and coordinates.
 template <pool_kind Kind>
 struct pool_forward_body {
   const float* x;
@@ -37,12 +38,8 @@ struct pool_forward_body {
   bool count_include_pad;  // avg only
   SOLDER_HD void operator()(std::size_t k) const {
     const plane_index p(k, g.channels, g.ho, g.wo);
-    if constexpr (Kind == pool_kind::max)
-      ops::pool2d::max_forward_at(x, y, argmax, g, p.n, p.c, p.i, p.j);
-    else if constexpr (Kind == pool_kind::avg)
-      ops::pool2d::avg_forward_at(x, y, g, count_include_pad, p.n, p.c, p.i, p.j);
-    else
-      ops::pool2d::adaptive_avg_forward_at(x, y, g, p.n, p.c, p.i, p.j);
+    ops::pool2d::forward_planes<Kind>{x, y, argmax, g, count_include_pad}(std::size_t(p.n * g.channels + p.c),
+                                                                           std::size_t(p.i), std::size_t(p.j));
   }
 };
 
@@ -57,12 +54,20 @@ struct pool_backward_body {
   bool count_include_pad;  // avg only
   SOLDER_HD void operator()(std::size_t k) const {
     const plane_index p(k, g.channels, g.h, g.w);
-    if constexpr (Kind == pool_kind::max)
-      ops::pool2d::max_backward_at(dy, argmax, dx, g, p.n, p.c, p.i, p.j);
-    else if constexpr (Kind == pool_kind::avg)
-      ops::pool2d::avg_backward_at(dy, dx, g, count_include_pad, p.n, p.c, p.i, p.j);
-    else
-      ops::pool2d::adaptive_avg_backward_at(dy, dx, g, p.n, p.c, p.i, p.j);
+    ops::pool2d::backward_planes<Kind>{dy, argmax, dx, g, count_include_pad}(std::size_t(p.n * g.channels + p.c),
+                                                                             std::size_t(p.i), std::size_t(p.j));
+  }
+};
+
+/// The executor's planes verb on the device: body(p, i, j) for flat index k of [planes, rows,
+/// cols], one thread each.
+template <class Body>
+struct plane_elements {
+  Body body;
+  std::size_t rows, cols;
+  SOLDER_EXEC_CHECK_OFF
+  SOLDER_HD void operator()(std::size_t k) const {
+    body(k / (rows * cols), (k / cols) % rows, k % cols);
   }
 };
 
