@@ -2,6 +2,7 @@
 // CPU's rows<N> and elements, and the CUDA backend's adapters of the same bodies (warp_rows on an
 // emulated warp, thread_elements per element), against a double reference and against each
 // other, at row lengths that leave tails and partial warps, static and dynamic.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <span>
@@ -14,6 +15,7 @@
 #include <catch2/catch.hpp>
 
 #include "solder/assign.hpp"
+#include "solder/eval/cuda/pool.hpp"
 #include "solder/eval/cuda/row.hpp"
 #include "solder/executor.hpp"
 #include "solder/nn/softmax.hpp"
@@ -158,4 +160,84 @@ TEST_CASE("executor: elements covers every index below n once, whole vectors fir
     if (dev[i] != 1.0f || dev_wide[i] != 1.0f) ++wrong_width;
   }
   CHECK(wrong_width == 0);
+}
+
+namespace {
+
+/// A row body whose value is the row's index plus its length: row_sums must add every row's.
+struct row_index_value {
+  std::size_t n;
+  template <class R>
+  SOLDER_HD double operator()(const R&, std::size_t r) const {
+    return double(r) + double(n);
+  }
+};
+
+/// Counts the calls at every (p, i, j) of planes [count, rows, cols].
+struct plane_count_body {
+  int* hits;
+  std::size_t rows, cols;
+  SOLDER_HD void operator()(std::size_t p, std::size_t i, std::size_t j) const { ++hits[(p * rows + i) * cols + j]; }
+};
+
+/// Writes, for chunk c, c + 1 at each of its rows (a chunk body that sees its rows).
+template <class Chunks>
+struct chunk_mark_body {
+  int* owner;
+  Chunks parts;
+  std::size_t n = 4;
+  template <class R>
+  void operator()(const R&, std::size_t c) const {
+    for (std::size_t r = parts.begin(c); r < parts.end(c); ++r) owner[r] += int(c) + 1;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("executor: row_sums adds every row's value once, the CPU's and the device adapter's", "[executor]") {
+  const std::size_t rows = GENERATE(1, 5, 100, 1000);
+  INFO("rows = " << rows);
+  const double want = double(rows) * double(rows - 1) / 2.0 + double(rows) * 7.0;
+  CHECK(exec::row_sums<dyn>(rows, row_index_value{7}) == want);
+  // The device form stores each row's value (ops::row_value_into) before its fixed-order total.
+  std::vector<double> values(rows, -1.0);
+  solder::test::run_warp(rows, solder::eval::cuda::warp_rows<dyn, ops::row_value_into<row_index_value>>{
+                                   {row_index_value{7}, values.data()}});
+  double sum = 0;
+  for (std::size_t r = 0; r < rows; ++r) {
+    CHECK(values[r] == double(r) + 7.0);
+    sum += values[r];
+  }
+  CHECK(sum == want);
+}
+
+TEST_CASE("executor: planes calls every element of every plane once, on the CPU and per device thread",
+          "[executor]") {
+  const std::size_t count = GENERATE(1, 3, 64), rows = GENERATE(1, 5), cols = GENERATE(1, 7);
+  INFO("planes " << count << " of " << rows << " x " << cols);
+  std::vector<int> cpu(count * rows * cols, 0), dev(cpu.size(), 0);
+  exec::planes(count, rows, cols, rows * cols, plane_count_body{cpu.data(), rows, cols});
+  const solder::eval::cuda::plane_elements<plane_count_body> per_thread{{dev.data(), rows, cols}, rows, cols};
+  for (std::size_t k = 0; k < dev.size(); ++k) per_thread(k);
+  CHECK(std::count(cpu.begin(), cpu.end(), 1) == std::ptrdiff_t(cpu.size()));
+  CHECK(std::count(dev.begin(), dev.end(), 1) == std::ptrdiff_t(dev.size()));
+}
+
+TEST_CASE("executor: chunks runs every chunk of chunks_of once, and the chunks cover the rows in order",
+          "[executor]") {
+  const std::size_t rows = GENERATE(1, 31, 5000, 100000);
+  INFO("rows = " << rows);
+  const exec::chunking parts = exec::chunks_of(rows, 4);
+  std::vector<int> owner(rows, 0);
+  exec::chunks<4>(parts, chunk_mark_body<exec::chunking>{owner.data(), parts});
+  std::size_t bad = 0;
+  for (std::size_t c = 0; c < parts.count; ++c)
+    for (std::size_t r = parts.begin(c); r < parts.end(c); ++r) bad += owner[r] != int(c) + 1;
+  CHECK(parts.end(parts.count - 1) == rows);
+  CHECK(bad == 0);
+  // The device's chunking: the same cover, by at most 256 chunks.
+  const solder::eval::cuda::row_chunks dev(rows);
+  CHECK(dev.count <= 256);
+  CHECK(dev.end(dev.count - 1) == rows);
+  for (std::size_t c = 1; c < dev.count; ++c) CHECK(dev.begin(c) == dev.end(c - 1));
 }
