@@ -205,8 +205,8 @@ class basic_chain {
     pack_weights();
   }
   mode current_mode() const { return current; }
-  /// Whether forward, backward and train_step flush denormals to zero (default: yes; see
-  /// eval::cpu::flush_denormals for why; the CUDA kernels keep denormals either way). Off: IEEE
+  /// Whether forward, backward and train_step flush denormals to zero (default: yes; the CPU
+  /// backend's flush_denormals says why; the CUDA kernels keep denormals either way). Off: IEEE
   /// gradual underflow, slower late in training.
   void set_flush_denormals(bool on) { flush = on; }
   /// Whether forward keeps the images between two convolution blocks channels-last when both
