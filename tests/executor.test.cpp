@@ -15,7 +15,6 @@
 #include <catch2/catch.hpp>
 
 #include "solder/assign.hpp"
-#include "solder/eval/cuda/pool.hpp"
 #include "solder/eval/cuda/row.hpp"
 #include "solder/executor.hpp"
 #include "solder/nn/softmax.hpp"

@@ -9,14 +9,13 @@
 #pragma once
 
 #include <cstddef>
-#include <cstring>
 #include <memory>
 #include <type_traits>
 #include <vector>
 
 #include "grid.hpp"
+#include "solder/assign.hpp"
 #include "solder/backend.hpp"
-#include "solder/eval/cuda/pool.hpp"
 #include "solder/eval/cuda/product.hpp"
 #include "solder/eval/cuda/row.hpp"
 #include "solder/executor.hpp"
@@ -81,17 +80,18 @@ struct executor<cuda> {
     for (std::size_t b = 0; b < count; ++b) values[b] = body(b);
     return total(values);
   }
+  // Emulated device memory is host memory: the CPU backend's copies.
   template <class T>
   static void copy(T* dst, const T* src, std::size_t n) {
-    if (n && dst != src) std::memmove(dst, src, n * sizeof(T));
+    executor<cpu>::copy(dst, src, n);
   }
   template <class T>
   static void copy_from_host(T* dst, const T* src, std::size_t n) {
-    if (n) std::memcpy(dst, src, n * sizeof(T));
+    executor<cpu>::copy(dst, src, n);
   }
   template <class T>
   static void copy_to_host(T* dst, const T* src, std::size_t n) {
-    if (n) std::memcpy(dst, src, n * sizeof(T));
+    executor<cpu>::copy(dst, src, n);
   }
 
  private:

@@ -141,20 +141,13 @@ struct sketched_linear {
   void reset_parameters(std::uint64_t seed) {
     sketch_seed = random::derive_seed(seed, 2);
     const float bound = float(1.0 / std::sqrt(double(In)));
+    using exec = executor<backend_of_t<Space>>;
     auto w = std::make_unique<tensor<float, shape<In, Out>>>(uninitialized);
     detail::fill_uniform_philox(w->data(), w->size(), bound, seed, 0);
-    if constexpr (std::is_same_v<Space, host>) {
-      s1 = matmul(*w, transpose(u1()));
-      s2 = matmul(transpose(u2()), *w);
-    } else {
-      using exec = executor<backend_of_t<Space>>;
-      auto h1 = std::make_unique<tensor<float, shape<In, lk>>>(uninitialized);
-      auto h2 = std::make_unique<tensor<float, shape<lk, Out>>>(uninitialized);
-      *h1 = matmul(*w, transpose(u1()));
-      *h2 = matmul(transpose(u2()), *w);
-      exec::copy_from_host(s1.data(), h1->data(), h1->size());
-      exec::copy_from_host(s2.data(), h2->data(), h2->size());
-    }
+    const tensor<float, shape<In, lk>> h1 = matmul(*w, transpose(u1()));
+    const tensor<float, shape<lk, Out>> h2 = matmul(transpose(u2()), *w);
+    exec::copy_from_host(s1.data(), h1.data(), h1.size());
+    exec::copy_from_host(s2.data(), h2.data(), h2.size());
     if constexpr (Bias) detail::fill_uniform_philox(bias, bound, seed, 1);
   }
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 
 #include "solder/config.hpp"
+#include "solder/ops/rows.hpp"
 #include "solder/simd.hpp"
 
 // xsimd's exp and log1p inline AVX-512 intrinsics into these bodies on the CPU (see config.hpp).
@@ -98,15 +99,6 @@ struct layer_norm {
   }
 };
 
-/// The width of a walker's step: its `n` columns (a CPU vector step), or one (a warp lane's).
-template <class Step>
-SOLDER_HD SOLDER_INLINE std::size_t step_columns(const Step& at) {
-  if constexpr (requires { at.n; })
-    return at.n;
-  else
-    return 1;
-}
-
 /// layer_norm forward on row r of x, y [rows, n], as a body of the executor's rows<N>: y, and
 /// the row's mean and rstd at mean[r * stride] and rstd[r * stride].
 template <std::size_t N>
@@ -157,7 +149,7 @@ struct layer_norm_backward_chunks {
     float* p = partial + c * 2 * n;
     double* t = total + c * 2 * n;
     walker.each([&](auto at) SOLDER_INLINE_LAMBDA {
-      for (std::size_t j = at.j; j < at.j + step_columns(at); ++j) {
+      for (std::size_t j = at.j; j < at.j + n_or(at, 1); ++j) {
         p[j] = p[n + j] = 0.0f;
         t[j] = t[n + j] = 0.0;
       }
@@ -167,7 +159,7 @@ struct layer_norm_backward_chunks {
       layer_norm{}.backward(walker, x + r * n, dy + r * n, w, {mean[r * stride], rstd[r * stride]}, dx + r * n, p, p + n);
       if ((r - begin + 1) % flush_rows == 0 || r + 1 == end) {
         walker.each([&](auto at) SOLDER_INLINE_LAMBDA {
-          for (std::size_t j = at.j; j < at.j + step_columns(at); ++j) {
+          for (std::size_t j = at.j; j < at.j + n_or(at, 1); ++j) {
             t[j] += double(p[j]);
             t[n + j] += double(p[n + j]);
             p[j] = p[n + j] = 0.0f;

@@ -38,13 +38,14 @@ struct rows_backward_from_output {
   }
 };
 
-/// The run-time row length of a body (body.n), 0 for a body that has none (a constant N).
-template <class Body>
-SOLDER_HD constexpr std::size_t row_length(const Body& body) {
-  if constexpr (requires { body.n; })
-    return body.n;
+/// x.n where x has one, else `otherwise`: a body's run-time row length (none for a constant
+/// N), or the columns of a walker's step (a CPU vector step's n, one for a warp lane's).
+template <class X>
+SOLDER_HD SOLDER_INLINE constexpr std::size_t n_or(const X& x, std::size_t otherwise) {
+  if constexpr (requires { x.n; })
+    return x.n;
   else
-    return 0;
+    return otherwise;
 }
 
 /// A row body whose row gives a value (body(walker, r) returns a double), storing it at
@@ -53,7 +54,7 @@ template <class Body>
 struct row_value_into {
   Body body;
   double* out;
-  std::size_t n = row_length(body);
+  std::size_t n = n_or(body, 0);
   SOLDER_EXEC_CHECK_OFF
   template <class R>
   SOLDER_HD SOLDER_INLINE void operator()(const R& walker, std::size_t r) const {

@@ -2,8 +2,8 @@
 // they share with softmax cross-entropy (the row max, the sum of exp(x - max)); written once
 // over a row walker, so the CPU's vector walk and a CUDA walker run the same body.
 //
-// A row walker R (docs/ops.md, "Row ops"; on the CPU executor<cpu>::row<N>, the CPU backend's
-// row walk) provides:
+// A row walker R (docs/ops.md, "Row ops"; the one the backend's rows<N> verb hands a body: the
+// CPU's vector walk, a CUDA warp) provides:
 //   R::scalar, R::value, R::accum   the row's element type, what one step computes on (a
 //                                   vector, or one element), and the type of row sums
 //   r.size()                        the row's length

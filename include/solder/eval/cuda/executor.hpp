@@ -11,7 +11,6 @@
 
 #include "solder/backend.hpp"
 #include "solder/eval/cuda/assign.hpp"
-#include "solder/eval/cuda/pool.hpp"
 #include "solder/eval/cuda/row.hpp"
 #include "solder/eval/cuda/row_kernels.hpp"
 #include "solder/eval/cuda/stream.hpp"

@@ -59,16 +59,4 @@ struct pool_backward_body {
   }
 };
 
-/// The executor's planes verb on the device: body(p, i, j) for flat index k of [planes, rows,
-/// cols], one thread each.
-template <class Body>
-struct plane_elements {
-  Body body;
-  std::size_t rows, cols;
-  SOLDER_EXEC_CHECK_OFF
-  SOLDER_HD void operator()(std::size_t k) const {
-    body(k / (rows * cols), (k / cols) % rows, k % cols);
-  }
-};
-
 }  // namespace solder::eval::cuda

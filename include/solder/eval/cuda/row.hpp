@@ -184,6 +184,18 @@ struct thread_elements {
   SOLDER_HD void operator()(std::size_t i) const { body.template operator()<float>(i); }
 };
 
+/// A plane body (executor's planes: body(p, i, j)) one element per thread: flat index k of
+/// [planes, rows, cols].
+template <class Body>
+struct plane_elements {
+  Body body;
+  std::size_t rows, cols;
+  SOLDER_EXEC_CHECK_OFF
+  SOLDER_HD void operator()(std::size_t k) const {
+    body(k / (rows * cols), (k / cols) % rows, k % cols);
+  }
+};
+
 // The row bodies: what one warp does for one row (or chunk), a function of the row index and
 // the team, so the kernels of row_kernels.hpp and the host tests run the same code. Pointers
 // are the whole arrays; `n` is the row length (used when N is dyn, else equal to N).
