@@ -123,3 +123,63 @@ TEST_CASE("device memory, emulated: a chain over images (pooling, flatten, layer
                            nn::layer_norm<32>, nn::linear<32, 10>, nn::log_softmax<10>>,
               sgd_in>({.lr = 0.05f, .momentum = 0.9f}, false);
 }
+
+namespace {
+
+/// batch_norm<C, device> against the host layer on the same x and dy: a training forward and
+/// backward (twice, so the running statistics move twice), then evaluation's. Sample shape
+/// Extents... ([C] or [C, H, W]).
+template <std::size_t C, std::size_t... Extents>
+void check_batch_norm(std::size_t n) {
+  using S = shape<dyn, C, Extents...>;
+  const std::size_t count = S::elements(n);
+  std::vector<float> x(count), dy(count);
+  test::fill_uniform(x, -1.0, 3.0, 5);  // a mean far from 0, as the shifted sums are for
+  test::fill_uniform(dy, -1.0, 1.0, 6);
+  const auto to_vector = [](const float* p, std::size_t size) { return std::vector<float>(p, p + size); };
+  const auto from_device = [](const float* p, std::size_t size) {
+    std::vector<float> out(size);
+    executor<cuda>::copy_to_host(out.data(), p, size);
+    return out;
+  };
+
+  nn::batch_norm<C> h;
+  nn::batch_norm<C, device> d;
+  tensor<float, S> xh(n), yh(n), dyh(n), dxh(n);
+  tensor<float, S, device> xd(n), yd(n), dyd(n), dxd(n);
+  std::memcpy(xh.data(), x.data(), count * sizeof(float));
+  std::memcpy(dyh.data(), dy.data(), count * sizeof(float));
+  executor<cuda>::copy_from_host(xd.data(), x.data(), count);
+  executor<cuda>::copy_from_host(dyd.data(), dy.data(), count);
+  for (int mode = 0; mode < 3; ++mode) {
+    INFO((mode < 2 ? "training, pass " : "evaluation, pass ") << mode);
+    if (mode == 2) {
+      h.eval();
+      d.eval();
+    }
+    h.forward(xh, yh);
+    d.forward(xd, yd);
+    CHECK(far(from_device(yd.data(), count), to_vector(yh.data(), count), 1e-5) == 0);
+    CHECK(far(from_device(d.running_mean.data(), C), to_vector(h.running_mean.data(), C), 1e-6) == 0);
+    CHECK(far(from_device(d.running_var.data(), C), to_vector(h.running_var.data(), C), 1e-6) == 0);
+    CHECK(d.num_batches_tracked == h.num_batches_tracked);
+    h.backward(xh, yh, dyh, dxh);
+    d.backward(xd, yd, dyd, dxd);
+    CHECK(far(from_device(dxd.data(), count), to_vector(dxh.data(), count), 1e-4) == 0);
+    CHECK(far(from_device(d.weight_grad.data(), C), to_vector(h.weight_grad.data(), C), 1e-4) == 0);
+    CHECK(far(from_device(d.bias_grad.data(), C), to_vector(h.bias_grad.data(), C), 1e-4) == 0);
+  }
+  // Its mistakes are the host layer's: backward on another batch than the forward's.
+  tensor<float, S, device> x2(n + 1), dx2(n + 1);
+  CHECK_THROWS_WITH(d.backward(x2, x2, x2, dx2), Catch::Contains("run forward on this batch first"));
+}
+
+}  // namespace
+
+TEST_CASE("device memory, emulated: batch_norm over images and features matches the host layer (training, evaluation)",
+          "[device][batch_norm]") {
+  check_batch_norm<6, 5, 7>(3);   // planes of 35 values: a warp's row with a tail
+  check_batch_norm<3, 8, 8>(1);   // one sample
+  check_batch_norm<40>(37);       // 1-d: chunks of samples flushed every 16
+  check_batch_norm<5>(2);
+}

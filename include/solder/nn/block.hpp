@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "solder/nn/buffer.hpp"
+#include "solder/ops/rows.hpp"
 #include "solder/optim/optimizer.hpp"
 #include "solder/tensor.hpp"
 
@@ -50,7 +51,7 @@ struct block_defaults {
   void weights_changed() {}
   void pack_weights() {}
   std::vector<optim::basic_param<Space>> params_from(std::size_t /*first*/) { return {}; }
-  std::vector<buffer> buffers_from(std::size_t /*first*/) { return {}; }
+  std::vector<basic_buffer<Space>> buffers_from(std::size_t /*first*/) { return {}; }
   template <class F>
   void for_each_dropout(F&& /*f*/) {}
 };
@@ -69,6 +70,21 @@ auto named_params(const std::string& prefix, L& layer) {
   }(std::make_index_sequence<std::tuple_size_v<decltype(ps)>>{});
   return out;
 }
+
+namespace detail {
+/// The producer epilogue of executor E (a row_epilogue a walk calls on the rows it has
+/// written, so writes that follow run while those rows are in cache), or ops::no_row_epilogue
+/// where the backend has none.
+template <class E>
+struct row_epilogue_of {
+  using type = ops::no_row_epilogue;
+};
+template <class E>
+  requires requires { typename E::row_epilogue; }
+struct row_epilogue_of<E> {
+  using type = typename E::row_epilogue;
+};
+}  // namespace detail
 
 namespace detail {
 /// A visitor of the shape for_each_dropout takes: for the concept's check only.
@@ -93,7 +109,7 @@ concept Block = requires(B& b, std::uint64_t seed, std::size_t first, tensor_ref
   b.weights_changed();
   b.pack_weights();
   { b.params_from(first) } -> std::same_as<std::vector<optim::basic_param<Space>>>;
-  { b.buffers_from(first) } -> std::same_as<std::vector<buffer>>;
+  { b.buffers_from(first) } -> std::same_as<std::vector<basic_buffer<Space>>>;
   b.for_each_dropout(detail::dropout_visitor_probe{});
 } && (!B::input_grad_optional || requires(B& b, tensor_ref<const float, SX, Space> x,
                                            tensor_ref<const float, SY, Space> y) {

@@ -378,8 +378,8 @@ class basic_chain {
 
   /// The state besides parameters (batch_norm's running statistics), named as torch's
   /// state_dict names them ("1.running_mean", ...); nn::save and nn::load include them.
-  std::vector<buffer> buffers() {
-    std::vector<buffer> out;
+  std::vector<basic_buffer<space>> buffers() {
+    std::vector<basic_buffer<space>> out;
     for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
       for (auto& t : b.buffers_from(G::first)) out.push_back(t);
     });

@@ -146,7 +146,7 @@ class elementwise_block {
     }(std::index_sequence_for<Layers...>{});
     return out;
   }
-  std::vector<buffer> buffers_from(std::size_t /*first*/) { return {}; }
+  std::vector<basic_buffer<space>> buffers_from(std::size_t /*first*/) { return {}; }
   /// f(k, d) for every dropout d of the run, k its index in the block.
   template <class F>
   void for_each_dropout(F&& f) {

@@ -169,7 +169,7 @@ class linear_block
     return out;
   }
   /// A batch_norm's running statistics, named as torch's state_dict names them.
-  std::vector<buffer> buffers_from(std::size_t first) {
+  std::vector<basic_buffer<space>> buffers_from(std::size_t first) {
     if constexpr (has_norm)
       return norm.buffers(std::to_string(first + 1) + ".");
     else

@@ -240,7 +240,7 @@ class sketched_block : public product_tail<typename Layer::space, Layer::out_fea
   std::vector<optim::basic_param<space>> params_from(std::size_t first) {
     return named_params(std::to_string(first) + ".", sketched);
   }
-  std::vector<buffer> buffers_from(std::size_t /*first*/) { return {}; }
+  std::vector<basic_buffer<space>> buffers_from(std::size_t /*first*/) { return {}; }
   /// f(k, d) for every dropout d of the tail, k its index in the block (the sketched layer is 0).
   template <class F>
   void for_each_dropout(F&& f) {

@@ -9,6 +9,7 @@
 #include <cstddef>
 
 #include "solder/config.hpp"
+#include "solder/ops/rows.hpp"
 #include "solder/simd.hpp"
 
 // The walker's masked tail loads inline AVX-512 intrinsics into these bodies (see config.hpp).
@@ -158,6 +159,214 @@ struct batch_norm {
                                                   typename R::scalar* b) {
     r.store(at, a, r.load(at, a) + t[0]);
     r.store(at, b, r.load(at, b) + t[1]);
+  }
+};
+
+// ---- The layer's passes as executor bodies (executor.hpp), the same on every backend ----------
+// A pass over x [batch, C, HW] walks each sample's plane of a channel (HW > 1: rows<HW> over the
+// batch C planes, q = sample C + channel) or (HW = 1, x [batch, C]) each sample's row across the
+// channels (rows<C> over the samples). A channel's sums over the batch are added in an order
+// fixed by the sizes: planes' double sums in sample order, or (HW = 1) chunks of samples whose
+// float columns flush to double every 16 samples, the chunks' totals in chunk order.
+
+/// Plane q's two sums, stored at sums[2 q] and sums[2 q + 1]: the statistics' {x - shift,
+/// (x - shift)^2} (shift: the channel's first value), or with Grads {dy, dy xhat}.
+template <std::size_t HW, bool Grads>
+struct batch_norm_plane_sums {
+  const float* x;
+  const float* dy;    // Grads
+  const float* mean;  // Grads: per channel
+  const float* rstd;  // Grads: per channel
+  double* sums;
+  std::size_t channels;
+  SOLDER_EXEC_CHECK_OFF
+  template <class R>
+  SOLDER_HD SOLDER_INLINE void operator()(const R& walker, std::size_t q) const {
+    const std::size_t c = q % channels;
+    const auto s = [&]() SOLDER_INLINE_LAMBDA {
+      if constexpr (Grads)
+        return batch_norm{}.grad_sums(walker, x + q * HW, dy + q * HW, mean[c], rstd[c]);
+      else
+        return batch_norm{}.statistics_sums(walker, x + q * HW, x[c * HW]);
+    }();
+    walker.once([&]() SOLDER_INLINE_LAMBDA {
+      sums[2 * q] = s[0];
+      sums[2 * q + 1] = s[1];
+    });
+  }
+};
+
+/// Chunk k's two sums per channel (x [batch, C]), the same terms as batch_norm_plane_sums
+/// (shift: sample 0's row): float columns partial[k] [2, C] flushed every flush_rows samples
+/// into total[k] [2, C].
+template <std::size_t C, class Chunks, bool Grads>
+struct batch_norm_chunk_sums {
+  /// Samples added in float before a flush: 16 terms, so a column errs by about 20 u of its
+  /// terms' magnitudes.
+  static constexpr std::size_t flush_rows = 16;
+  const float* x;
+  const float* dy;    // Grads
+  const float* mean;  // Grads: [C]
+  const float* rstd;  // Grads: [C]
+  float* partial;
+  double* total;
+  Chunks chunks;
+  SOLDER_EXEC_CHECK_OFF
+  template <class R>
+  SOLDER_HD SOLDER_INLINE void operator()(const R& walker, std::size_t k) const {
+    float* p = partial + k * 2 * C;
+    double* t = total + k * 2 * C;
+    walker.each([&](auto at) SOLDER_INLINE_LAMBDA {
+      for (std::size_t j = at.j; j < at.j + n_or(at, 1); ++j) {
+        p[j] = p[C + j] = 0.0f;
+        t[j] = t[C + j] = 0.0;
+      }
+    });
+    const std::size_t begin = chunks.begin(k), end = chunks.end(k);
+    for (std::size_t r = begin; r < end; ++r) {
+      if constexpr (Grads)
+        batch_norm{}.add_grads(walker, x + r * C, dy + r * C, mean, rstd, p, p + C);
+      else
+        batch_norm{}.add_statistics(walker, x + r * C, x, p, p + C);
+      if ((r - begin + 1) % flush_rows == 0 || r + 1 == end) {
+        walker.each([&](auto at) SOLDER_INLINE_LAMBDA {
+          for (std::size_t j = at.j; j < at.j + n_or(at, 1); ++j) {
+            t[j] += double(p[j]);
+            t[C + j] += double(p[C + j]);
+            p[j] = p[C + j] = 0.0f;
+          }
+        });
+      }
+    }
+  }
+};
+
+/// Where the pieces' sums of a pass lie, and a channel's total of one term: the pieces (planes
+/// of a sample, or chunks) added in order. Piece i's term t of channel c is at
+/// base[i piece_stride + t term_stride + c channel_stride].
+struct batch_norm_sums {
+  const double* base;
+  std::size_t pieces;
+  std::size_t piece_stride, term_stride, channel_stride;
+  SOLDER_HD SOLDER_INLINE double total(std::size_t term, std::size_t c) const {
+    double s = 0;
+    for (std::size_t i = 0; i < pieces; ++i) s += base[i * piece_stride + term * term_stride + c * channel_stride];
+    return s;
+  }
+};
+
+/// What a pass leaves per channel for the walks, as an element body over the C channels. Forward
+/// in training: the batch's mean and rstd saved, k = weight rstd, the running statistics moved.
+/// Forward in evaluation (no sums): the running mean and rstd saved, k. Backward: the parameter
+/// gradients, k, and (training) dweight / n and dbias / n.
+struct batch_norm_channels {
+  enum class pass { train_forward, eval_forward, backward };
+  pass what;
+  batch_norm_sums sums;
+  const float* x;     // train_forward: the channel's shift is x[c plane]
+  std::size_t plane;  // values per sample and channel
+  double count;       // values per channel: batch plane
+  double eps, momentum;
+  bool training;  // backward: of a training forward
+  const float* weight;
+  float* running_mean;
+  float* running_var;
+  float* saved_mean;
+  float* saved_rstd;
+  float* scale;
+  float* weight_grad;   // backward
+  float* bias_grad;     // backward
+  float* dweight_mean;  // backward, training
+  float* dbias_mean;    // backward, training
+
+  SOLDER_HD SOLDER_INLINE void channel(std::size_t c) const {
+    using op = batch_norm;
+    if (what == pass::train_forward) {
+      const auto m = op::moments(count, double(x[c * plane]), sums.total(0, c), sums.total(1, c));
+      const double rstd = op::rstd(m.var, eps);
+      saved_mean[c] = float(m.mean);
+      saved_rstd[c] = float(rstd);
+      scale[c] = float(double(weight[c]) * rstd);
+      running_mean[c] = float(op::running(double(running_mean[c]), m.mean, momentum));
+      running_var[c] = float(op::running(double(running_var[c]), m.var_unbiased, momentum));
+    } else if (what == pass::eval_forward) {
+      const double rstd = op::rstd(double(running_var[c]), eps);
+      saved_mean[c] = running_mean[c];
+      saved_rstd[c] = float(rstd);
+      scale[c] = float(double(weight[c]) * rstd);
+    } else {
+      const double sdy = sums.total(0, c), sdyx = sums.total(1, c);
+      weight_grad[c] = float(sdyx);
+      bias_grad[c] = float(sdy);
+      scale[c] = float(double(weight[c]) * double(saved_rstd[c]));
+      if (training) {
+        dweight_mean[c] = float(sdyx / count);
+        dbias_mean[c] = float(sdy / count);
+      }
+    }
+  }
+  SOLDER_EXEC_CHECK_OFF
+  template <class V>
+  SOLDER_HD SOLDER_INLINE void operator()(std::size_t i) const {
+    for (std::size_t k = 0; k < simd::lanes<V>; ++k) channel(i + k);
+  }
+};
+
+/// The walks of a pass over x [batch, C, HW] (or [batch, C]): walk w is plane w (sample w / C,
+/// channel w % C) or (HW = 1) sample w's row, a per-channel array then read as a number or by
+/// column. Forward: y = (x - mean) k + b, then after.rows(...) over the walk's rows of y (rows
+/// of row_len values; a producer's epilogue, ops::no_row_epilogue for none). Backward (training):
+/// dx = k (dy - xhat gw - gb); (evaluation) dx = k dy.
+template <std::size_t C, std::size_t HW, class After>
+struct batch_norm_forward_walks {
+  static constexpr std::size_t walk = HW == 1 ? C : HW;
+  const float* x;
+  float* y;
+  const float* mean;
+  const float* k;
+  const float* b;
+  After after;
+  std::size_t row_len;
+  SOLDER_EXEC_CHECK_OFF
+  template <class R>
+  SOLDER_HD SOLDER_INLINE void operator()(const R& walker, std::size_t w) const {
+    const std::size_t at = w * walk;
+    if constexpr (HW == 1) {
+      batch_norm{}.forward(walker, x + at, y + at, mean, k, b);
+    } else {
+      const std::size_t c = w % C;
+      batch_norm{}.forward(walker, x + at, y + at, mean[c], k[c], b[c]);
+    }
+    after.rows(at / row_len, walk / row_len, 1);
+  }
+};
+
+template <std::size_t C, std::size_t HW, bool Training>
+struct batch_norm_backward_walks {
+  static constexpr std::size_t walk = HW == 1 ? C : HW;
+  const float* x;
+  const float* dy;
+  float* dx;
+  const float* mean;
+  const float* rstd;
+  const float* k;
+  const float* gw;
+  const float* gb;
+  SOLDER_EXEC_CHECK_OFF
+  template <class R>
+  SOLDER_HD SOLDER_INLINE void operator()(const R& walker, std::size_t w) const {
+    const std::size_t at = w * walk;
+    const auto per_channel = [&](const float* p) SOLDER_INLINE_LAMBDA {
+      if constexpr (HW == 1)
+        return p;
+      else
+        return p[w % C];
+    };
+    if constexpr (Training)
+      batch_norm{}.backward(walker, x + at, dy + at, dx + at, per_channel(mean), per_channel(rstd), per_channel(k),
+                            per_channel(gw), per_channel(gb));
+    else
+      batch_norm{}.backward_eval(walker, dy + at, dx + at, per_channel(k));
   }
 };
 

@@ -48,6 +48,11 @@ SOLDER_HD SOLDER_INLINE constexpr std::size_t n_or(const X& x, std::size_t other
     return otherwise;
 }
 
+/// A producer's epilogue that runs nothing: what a body calls where no writes follow it.
+struct no_row_epilogue {
+  SOLDER_HD SOLDER_INLINE void rows(std::size_t, std::size_t, std::size_t) const {}
+};
+
 /// A row body whose row gives a value (body(walker, r) returns a double), storing it at
 /// out[r] once the row is done: what a backend runs for row_sums<N> before adding the values.
 template <class Body>
