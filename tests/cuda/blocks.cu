@@ -8,7 +8,7 @@
 // layer_norm, flatten and the softmax cross-entropy over device tensors against the host's
 // (CUDA's expf and logf are within 2 ulp of glibc's); pooling; whole chains in device memory
 // (nn::chain_in<device, ...>: an MLP, one with a sketched layer, one over images with pooling
-// and layer_norm) trained two steps against the same chains on the host. Exits 77 (ctest's skip code) where no CUDA device is present.
+// and layer_norm, a CNN with a batch_norm) trained two steps against the same chains on the host. Exits 77 (ctest's skip code) where no CUDA device is present.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -276,6 +276,11 @@ void check_chains() {
                                    nn::relu, nn::layer_norm<32>, nn::linear<32, 10>, nn::log_softmax<10>>;
   static_assert(blocks::chain_out == 10);
   check_chain<image_chain>("chain_in<device> image", blocks::host_image_chain(x, labels), x, labels);
+  // A convolution (products over image patches), its batch_norm (folded into it in
+  // evaluation), pooling.
+  using cnn = nn::chain_in<device, nn::input<4, 4, 4>, nn::conv2d<4, 8, 3, 3, 1, 1>, nn::batch_norm<8>, nn::relu,
+                           nn::max_pool2d<2>, nn::flatten<>, nn::linear<32, 10>>;
+  check_chain<cnn>("chain_in<device> CNN", blocks::host_cnn_chain(x, labels), x, labels);
 }
 
 /// Pooling in device memory: max pooling's values, argmax routing and gathers bit for bit (no

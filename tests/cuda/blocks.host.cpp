@@ -114,6 +114,11 @@ chain_result host_image_chain(const std::vector<float>& x, const std::vector<std
                                nn::layer_norm<32>, nn::linear<32, chain_out>, nn::log_softmax<chain_out>>>(x, labels);
 }
 
+chain_result host_cnn_chain(const std::vector<float>& x, const std::vector<std::int32_t>& labels) {
+  return train_chain<nn::chain<nn::input<4, 4, 4>, nn::conv2d<4, 8, 3, 3, 1, 1>, nn::batch_norm<8>, nn::relu,
+                               nn::max_pool2d<2>, nn::flatten<>, nn::linear<32, chain_out>>>(x, labels);
+}
+
 pool_result host_pool(const std::vector<float>& x, const std::vector<float>& dy_max, const std::vector<float>& dy_avg) {
   using X = tensor<float, shape<dyn, 4, 8, 8>>;
   X xt(batch), dx(batch), y_avg(batch), dy_a(batch);

@@ -64,6 +64,9 @@ chain_result host_sketched_chain(const std::vector<float>& x, const std::vector<
 /// The same for nn::chain<input<4, 4, 4>, max_pool2d<2>, flatten<>, linear<16, 32>, relu,
 /// layer_norm<32>, linear<32, 10>, log_softmax<10>> (64 inputs).
 chain_result host_image_chain(const std::vector<float>& x, const std::vector<std::int32_t>& labels);
+/// The same for nn::chain<input<4, 4, 4>, conv2d<4, 8, 3, 3, 1, 1>, batch_norm<8>, relu,
+/// max_pool2d<2>, flatten<>, linear<32, 10>> (64 inputs).
+chain_result host_cnn_chain(const std::vector<float>& x, const std::vector<std::int32_t>& labels);
 
 /// Pooling on the host for x [batch, 4, 8, 8] and dy of each output: max_pool2d<2> and
 /// avg_pool2d<3, 1, 1> forward y and backward dx.

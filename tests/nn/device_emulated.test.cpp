@@ -183,3 +183,18 @@ TEST_CASE("device memory, emulated: batch_norm over images and features matches 
   check_batch_norm<40>(37);       // 1-d: chunks of samples flushed every 16
   check_batch_norm<5>(2);
 }
+
+TEST_CASE("device memory, emulated: a CNN (convolutions, batch_norm, pooling) trains as the host chain",
+          "[device][chain]") {
+  // Training runs the convolution, the batch's statistics, the normalization; evaluation the
+  // convolution with the statistics folded into it, the relu applied as it writes. SGD: a bias
+  // before a batch_norm has a gradient of rounding noise only, whose sign Adam's first step
+  // would turn into a step of lr either way.
+  check_chain<nn::chain<nn::input<2, 6, 6>, nn::conv2d<2, 4, 3, 3, 1, 1>, nn::batch_norm<4>, nn::relu,
+                        nn::conv2d<4, 6, 3, 3, 2, 0, 1, 1, false>, nn::batch_norm<6>, nn::relu, nn::flatten<>,
+                        nn::dropout<0.1f>, nn::linear<24, 10>>,
+              nn::chain_in<device, nn::input<2, 6, 6>, nn::conv2d<2, 4, 3, 3, 1, 1>, nn::batch_norm<4>, nn::relu,
+                           nn::conv2d<4, 6, 3, 3, 2, 0, 1, 1, false>, nn::batch_norm<6>, nn::relu, nn::flatten<>,
+                           nn::dropout<0.1f>, nn::linear<24, 10>>,
+              sgd_in>({.lr = 0.05f, .momentum = 0.9f}, true);
+}

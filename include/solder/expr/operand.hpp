@@ -1,7 +1,8 @@
 // expr/operand.hpp: what a matrix product may multiply. An operand is anything a backend can
 // pack a panel [k0, k1) x [n0, n1) of: a stored matrix, a block of its columns, either read
 // transposed, a pre-packed weight (the backend's), a generated matrix of random signs (a
-// sketch: regenerated from Philox while packing, never stored), and two operands side by side or
+// sketch: regenerated from Philox while packing, never stored), an image's columns or a batch's
+// patches (a convolution's operand, read from the images), and two operands side by side or
 // one above the other. Transposing any of them is a view: transposes move to the leaves.
 #pragma once
 
@@ -97,6 +98,27 @@ im2col<G, C, Space> image_columns(tensor_ref<T, S, Space> x, std::size_t n, std:
   return {x.data() + (n * S::extents[1] + c0) * G::in_plane};
 }
 
+/// A batch of images x [batch, C, H, W] in memory of Space, read as the patch matrix [batch Ho
+/// Wo, C Kh Kw] of a convolution of geometry G with one group: row n Ho Wo + ho Wo + wo is
+/// output pixel (ho, wo) of sample n, column (c Kh + kh) Kw + kw its tap (kh, kw) of channel c
+/// (G::patch_at, 0 in the padding), torch's order of a weight [Cout, C, Kh, Kw], so
+/// matmul(patches, transpose(w)) is the convolution's output channels-last [batch Ho Wo, Cout].
+/// Its rows are the run-time batch Ho Wo. Staged from the images while a product reads it; no
+/// patch matrix is stored. A backend that stages it maps it in its product (the CUDA backend:
+/// eval/cuda/product.hpp); the CPU runs convolutions by kernels of its own and takes none.
+template <class G, std::size_t C, class Space>
+struct image_patches {
+  static_assert(C >= 1, "solder::image_patches: an image has at least one channel");
+  using geometry = G;
+  using space_type = Space;
+  static constexpr std::size_t channels = C;
+  static constexpr std::size_t cols = C * G::taps;
+  const float* images;
+  std::size_t samples;  // images in the batch
+  /// The patch matrix's rows: batch Ho Wo.
+  std::size_t batch() const { return samples * G::out_plane; }
+};
+
 /// Two operands side by side (Axis columns: [R, CA + CB]) or one above the other (rows:
 /// [RA + RB, C]).
 template <class A, class B, sketch_stack Axis>
@@ -165,6 +187,17 @@ struct operand_traits<im2col<G, C, Space>> {
   static constexpr bool trans = false;
   static constexpr operand_form form = operand_form::generated;
   static std::size_t batch(const im2col<G, C, Space>&) { return 1; }
+};
+template <class G, std::size_t C, class Space>
+struct operand_traits<image_patches<G, C, Space>> {
+  static_assert(!std::is_same_v<Space, host>,
+                "solder::image_patches: the CPU backend has no packing of a batch's image patches; on the host "
+                "a convolution runs executor<cpu>::conv2d (nn::conv2d), not a product over image_patches");
+  static constexpr std::size_t rank = 2;
+  static constexpr std::size_t rows = dyn, cols = image_patches<G, C, Space>::cols;
+  static constexpr bool trans = false;
+  static constexpr operand_form form = operand_form::generated;
+  static std::size_t batch(const image_patches<G, C, Space>& p) { return p.batch(); }
 };
 template <class A, class B, sketch_stack Axis>
 struct operand_traits<operand_concat<A, B, Axis>> {

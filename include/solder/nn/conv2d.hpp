@@ -1,8 +1,9 @@
 // nn/conv2d.hpp: PyTorch's nn.Conv2d (zero padding) over NCHW activations (or channels-last
 // ones): the layer's parameters, shapes, planner traits and checks. Its geometry and im2col
-// index maps are ops/conv2d.hpp's; the backend runs it (executor<cpu>::conv2d: register tiles
-// for one group, a GEMM over im2col columns for groups and pointwise layers, a direct loop
-// per plane for depthwise ones; docs/convolution.md).
+// index maps are ops/conv2d.hpp's; the backend of its memory space runs it: with convolution
+// kernels of its own where it has them (the CPU's: register tiles for one group, a GEMM over
+// im2col columns for groups and pointwise layers, a direct loop per plane for depthwise ones;
+// docs/convolution.md), else as matrix products over image patches (nn/conv2d_product.hpp).
 #pragma once
 
 #include <cmath>
@@ -17,6 +18,8 @@
 #include "solder/config.hpp"
 #include "solder/diagnostic.hpp"
 #include "solder/nn/batch_check.hpp"
+#include "solder/nn/block.hpp"
+#include "solder/nn/conv2d_product.hpp"
 #include "solder/nn/layer_kind.hpp"
 #include "solder/nn/linear.hpp"
 #include "solder/nn/sample_shape.hpp"
@@ -38,6 +41,20 @@ inline bool conv2d_overlaps(const float* p, std::size_t n, const float* q, std::
   return a < b + m * sizeof(float) && b < a + n * sizeof(float);
 }
 
+/// The convolution kernels of executor E for Spec in memory of Space: the backend's own
+/// (E::conv2d<Spec>) where it has them, else products over image patches.
+template <class E, class Spec, class Space>
+struct conv2d_kernels {
+  using type = conv2d_product<Spec, Space>;
+  static constexpr bool own = false;
+};
+template <class E, class Spec, class Space>
+  requires requires { typename E::template conv2d<Spec>; }
+struct conv2d_kernels<E, Spec, Space> {
+  using type = typename E::template conv2d<Spec>;
+  static constexpr bool own = true;
+};
+
 }  // namespace detail
 
 template <class Conv, class... Tail>
@@ -47,9 +64,10 @@ class conv_block;
 /// groups, bias) with zero padding: x [batch, Cin, H, W] -> y [batch, Cout, Ho, Wo],
 /// Ho = (H + 2 Pad - Dilation (Kh - 1) - 1) / Stride + 1 (Wo likewise); W [Cout, Cin/Groups,
 /// Kh, Kw] and b [Cout] as torch stores them. H and W come from x's shape type. Results do not
-/// depend on the thread count.
+/// depend on the thread count. W, b and the tensors it takes live in Space (host memory by
+/// default; `in_space<device>` is the same layer over CUDA memory, one group).
 template <std::size_t Cin, std::size_t Cout, std::size_t Kh, std::size_t Kw, std::size_t Stride = 1,
-          std::size_t Pad = 0, std::size_t Dilation = 1, std::size_t Groups = 1, bool Bias = true>
+          std::size_t Pad = 0, std::size_t Dilation = 1, std::size_t Groups = 1, bool Bias = true, class Space = host>
 class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation, Groups, Bias> {
   static_assert(Cin >= 1 && Cout >= 1, "solder::nn::conv2d: the channel counts Cin and Cout must be at least 1");
   static_assert(Kh >= 1 && Kw >= 1, "solder::nn::conv2d: the kernel size Kh x Kw must be at least 1 x 1");
@@ -69,6 +87,10 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
   using base_spec::in_channels, base_spec::out_channels, base_spec::kernel_height, base_spec::kernel_width,
       base_spec::stride, base_spec::padding, base_spec::dilation, base_spec::groups, base_spec::has_bias,
       base_spec::group_in, base_spec::group_out, base_spec::fan_in, base_spec::depthwise;
+  using space = Space;
+  /// The same layer with its parameters in memory space S.
+  template <class S>
+  using in_space = conv2d<Cin, Cout, Kh, Kw, Stride, Pad, Dilation, Groups, Bias, S>;
   static constexpr const char* name = "conv2d";
   /// Parameter names in params() order, as PyTorch's state_dict names them.
   static constexpr const char* param_names[] = {"weight", "bias"};
@@ -83,6 +105,10 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
   /// The block the planner runs this layer as, with the batch_norm and elementwise layers after it.
   template <class... Tail>
   using block = conv_block<conv2d, Tail...>;
+  /// Whether the backend of Space runs it with convolution kernels of its own (the CPU's: they
+  /// also take channels-last images), rather than as products over image patches.
+  static constexpr bool own_kernels =
+      detail::conv2d_kernels<executor<backend_of_t<Space>>, base_spec, Space>::own;
 
   struct planner_traits {
     // A product: the elementwise layers after it join its block, and a batch_norm right after
@@ -119,10 +145,10 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
     }
   };
 
-  tensor<float, shape<Cout, group_in, Kh, Kw>> weight;       // W
-  tensor<float, shape<Cout, group_in, Kh, Kw>> weight_grad;  // dL/dW, written by backward
-  [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Cout>>, std::tuple<>> bias{};
-  [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Cout>>, std::tuple<>> bias_grad{};
+  tensor<float, shape<Cout, group_in, Kh, Kw>, Space> weight;       // W
+  tensor<float, shape<Cout, group_in, Kh, Kw>, Space> weight_grad;  // dL/dW, written by backward
+  [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Cout>, Space>, std::tuple<>> bias{};
+  [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Cout>, Space>, std::tuple<>> bias_grad{};
 
   explicit conv2d(std::uint64_t seed = 0) { reset_parameters(seed); }
 
@@ -132,26 +158,26 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
   void reset_parameters(std::uint64_t seed) {
     kernels.weights_changed();
     const float bound = float(1.0 / std::sqrt(double(fan_in)));
-    detail::fill_uniform_philox(weight.data(), weight.size(), bound, seed, 0);
-    if constexpr (Bias) detail::fill_uniform_philox(bias.data(), bias.size(), bound, seed, 1);
+    detail::fill_uniform_philox(weight, bound, seed, 0);
+    if constexpr (Bias) detail::fill_uniform_philox(bias, bound, seed, 1);
   }
 
   /// {prefix + "weight", prefix + "bias"}, as torch's state_dict names them.
-  std::vector<optim::param> params(const std::string& prefix = "") {
-    std::vector<optim::param> p{optim::make_param(prefix + "weight", weight, weight_grad)};
+  std::vector<optim::basic_param<Space>> params(const std::string& prefix = "") {
+    std::vector<optim::basic_param<Space>> p{optim::make_param(prefix + "weight", weight, weight_grad)};
     if constexpr (Bias) p.push_back(optim::make_param(prefix + "bias", bias, bias_grad));
     return p;
   }
 
   /// y = conv2d(x) + b for x [batch, Cin, H, W], y [batch, Cout, Ho, Wo]; y may not overlap x.
   template <class SX, class SY>
-  void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+  void forward(tensor_ref<const float, SX, Space> x, tensor_ref<float, SY, Space> y) {
     forward_activated(x, y, detail::conv2d_identity{});
   }
   /// y = op(conv2d(x) + b), the activation op (ops/activations.hpp) applied as each value is
   /// stored: one pass for a convolution and the activation after it.
   template <class SX, class SY, class Op>
-  void forward_activated(tensor_ref<const float, SX> x, tensor_ref<float, SY> y, const Op& op) {
+  void forward_activated(tensor_ref<const float, SX, Space> x, tensor_ref<float, SY, Space> y, const Op& op) {
     if constexpr (check_shapes<SX, SY>()) {
       check_pair("solder::nn::conv2d::forward", x, y);
       kernels.template forward<geometry_of<SX>>(weight.data(), bias_data(), x.data(), y.data(), samples(x), op);
@@ -166,7 +192,7 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
   ///
   ///   conv.forward_with(x, y, write(y, relu(y + shortcut)));
   template <class SX, class SY, class W0, class... Ws>
-  void forward_with(tensor_ref<const float, SX> x, tensor_ref<float, SY> z, const W0& w0, const Ws&... ws) {
+  void forward_with(tensor_ref<const float, SX, Space> x, tensor_ref<float, SY, Space> z, const W0& w0, const Ws&... ws) {
     if constexpr (check_shapes<SX, SY>()) {
       check_pair("solder::nn::conv2d::forward_with", x, z);
       auto check_out = [&](const auto& w) {
@@ -176,9 +202,14 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
       };
       check_out(w0);
       (check_out(ws), ...);
-      const auto writes = exec::template row_writes<SY>(z.batch(), w0, ws...);
-      kernels.template forward<geometry_of<SX>>(weight.data(), bias_data(), x.data(), z.data(), samples(x),
-                                                detail::conv2d_identity{}, writes.epilogue());
+      if constexpr (std::is_same_v<typename detail::row_epilogue_of<exec>::type, ops::no_row_epilogue>) {
+        kernels.template forward<geometry_of<SX>>(weight.data(), bias_data(), x.data(), z.data(), samples(x));
+        exec::run(w0, ws...);
+      } else {
+        const auto writes = exec::template row_writes<SY>(z.batch(), w0, ws...);
+        kernels.template forward<geometry_of<SX>>(weight.data(), bias_data(), x.data(), z.data(), samples(x),
+                                                  detail::conv2d_identity{}, writes.epilogue());
+      }
     }
   }
 
@@ -186,9 +217,12 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
   /// Cout] (NHWC), the layout the convolution runs in, so nothing is transposed. The same
   /// values, bit for bit, as forward_activated on the NCHW tensors. One group only.
   template <class SX, class SY, class Op = detail::conv2d_identity>
-  void forward_channels_last(tensor_ref<const float, SX> x, tensor_ref<float, SY> y, const Op& op = {}) {
+  void forward_channels_last(tensor_ref<const float, SX, Space> x, tensor_ref<float, SY, Space> y, const Op& op = {}) {
     if constexpr (Groups != 1)
       static_assert(Groups == 1, "solder::nn::conv2d::forward_channels_last: runs convolutions with one group");
+    else if constexpr (!own_kernels)
+      static_assert(own_kernels, "solder::nn::conv2d::forward_channels_last: channels-last images need the convolution kernels "
+                                 "of the CPU backend (host memory)");
     else if constexpr (check_shapes<SX, SY, true>()) {
       check_pair("solder::nn::conv2d::forward_channels_last", x, y);
       using G = typename spec::template geometry<SX::extents[1], SX::extents[2]>;
@@ -201,10 +235,13 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
   /// or channels-last (NHWC) as x_last and y_last say: how a chain runs the convolutions
   /// between which it keeps its images channels-last. One group only.
   template <class SX, class SY, class Op = detail::conv2d_identity>
-  void forward_layouts(tensor_ref<const float, SX> x, tensor_ref<float, SY> y, bool x_last, bool y_last,
+  void forward_layouts(tensor_ref<const float, SX, Space> x, tensor_ref<float, SY, Space> y, bool x_last, bool y_last,
                        const Op& op = {}) {
     if constexpr (Groups != 1)
       static_assert(Groups == 1, "solder::nn::conv2d::forward_layouts: runs convolutions with one group");
+    else if constexpr (!own_kernels)
+      static_assert(own_kernels, "solder::nn::conv2d::forward_layouts: channels-last images need the convolution kernels "
+                                 "of the CPU backend (host memory)");
     else if constexpr (check_shapes<SX, SY>()) {
       check_pair("solder::nn::conv2d::forward", x, y);
       kernels.template forward_layouts<geometry_of<SX>>(weight.data(), bias_data(), x.data(), y.data(), samples(x), x_last,
@@ -218,15 +255,15 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
   void pack_weights() { kernels.pack_weights(weight.data()); }
   void weights_changed() { kernels.weights_changed(); }
   template <class SX, class SY>
-  void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
+  void forward(const tensor<float, SX, Space>& x, tensor<float, SY, Space>& y) {
     forward(x.ref(), y.ref());
   }
 
   /// dx = dL/dx, and weight_grad, bias_grad (overwritten) for x [batch, Cin, H, W] and dy
   /// [batch, Cout, Ho, Wo]; y (the forward's output) is not read. dx may not overlap x or dy.
   template <class SX, class SY>
-  void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
-                tensor_ref<float, SX> dx) {
+  void backward(tensor_ref<const float, SX, Space> x, tensor_ref<const float, SY, Space> y, tensor_ref<const float, SY, Space> dy,
+                tensor_ref<float, SX, Space> dx) {
     if constexpr (check_shapes<SX, SY>()) {
       const std::size_t batch = x.batch();
       if (y.batch() != batch || dy.batch() != batch || dx.batch() != batch)
@@ -240,14 +277,14 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
     }
   }
   template <class SX, class SY>
-  void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy,
-                tensor<float, SX>& dx) {
+  void backward(const tensor<float, SX, Space>& x, const tensor<float, SY, Space>& y, const tensor<float, SY, Space>& dy,
+                tensor<float, SX, Space>& dx) {
     backward(x.ref(), y.ref(), dy.ref(), dx.ref());
   }
 
   /// backward without dx (the first layer of a network: its input needs no gradient).
   template <class SX, class SY>
-  void backward_params(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy) {
+  void backward_params(tensor_ref<const float, SX, Space> x, tensor_ref<const float, SY, Space> y, tensor_ref<const float, SY, Space> dy) {
     if constexpr (check_shapes<SX, SY>()) {
       const std::size_t batch = x.batch();
       if (y.batch() != batch || dy.batch() != batch)
@@ -259,11 +296,11 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
   }
 
  private:
-  using exec = executor<cpu>;
+  using exec = executor<backend_of_t<Space>>;
   /// The layer as its backend sees it, and the backend's work for it (which keeps the weights
   /// packed for a frozen model).
   using spec = base_spec;
-  typename exec::template conv2d<spec> kernels;
+  typename detail::conv2d_kernels<exec, spec, Space>::type kernels;
 
   static constexpr std::size_t span_height = Dilation * (Kh - 1) + 1;
   static constexpr std::size_t span_width = Dilation * (Kw - 1) + 1;
@@ -271,7 +308,7 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
   static constexpr std::size_t min_width = span_width > 2 * Pad ? span_width - 2 * Pad : 1;
   /// Samples in x: its batch, or a static shape's leading extent.
   template <class SX>
-  static std::size_t samples(tensor_ref<const float, SX> x) {
+  static std::size_t samples(tensor_ref<const float, SX, Space> x) {
     return x.size() / SX::inner_size;
   }
   template <class SX>

@@ -36,9 +36,9 @@ namespace detail {
 template <class Conv>
 struct with_bias;
 template <std::size_t Cin, std::size_t Cout, std::size_t Kh, std::size_t Kw, std::size_t S, std::size_t P,
-          std::size_t D, std::size_t G, bool B>
-struct with_bias<conv2d<Cin, Cout, Kh, Kw, S, P, D, G, B>> {
-  using type = conv2d<Cin, Cout, Kh, Kw, S, P, D, G, true>;
+          std::size_t D, std::size_t G, bool B, class Space>
+struct with_bias<conv2d<Cin, Cout, Kh, Kw, S, P, D, G, B, Space>> {
+  using type = conv2d<Cin, Cout, Kh, Kw, S, P, D, G, true, Space>;
 };
 }  // namespace detail
 
@@ -47,6 +47,8 @@ class conv_block {
   using split = detail::leading_norm<elementwise_block, Tail...>;
 
  public:
+  /// Where the parameters, the buffers and the tensors it takes live: the convolution's space.
+  using space = typename Conv::space;
   static constexpr bool has_norm = split::has_norm;
   using norm_type = typename split::norm;
   using tail_type = typename split::rest;
@@ -135,14 +137,14 @@ class conv_block {
 
   /// The convolution's and the batch_norm's parameters, named from the index `first` of the
   /// convolution in the chain ("0.weight", "0.bias", "1.weight", "1.bias").
-  std::vector<optim::param> params_from(std::size_t first) {
-    std::vector<optim::param> out = conv.params(std::to_string(first) + ".");
+  std::vector<optim::basic_param<space>> params_from(std::size_t first) {
+    std::vector<optim::basic_param<space>> out = conv.params(std::to_string(first) + ".");
     if constexpr (has_norm)
       for (auto& p : norm.params(std::to_string(first + 1) + ".")) out.push_back(p);
     return out;
   }
   /// The batch_norm's running statistics, named as torch's state_dict names them.
-  std::vector<buffer> buffers_from(std::size_t first) {
+  std::vector<basic_buffer<space>> buffers_from(std::size_t first) {
     if constexpr (has_norm)
       return norm.buffers(std::to_string(first + 1) + ".");
     else
@@ -161,7 +163,7 @@ class conv_block {
 
   /// y = tail(norm(conv(x))) for x [batch, Cin, H, W], y [batch, Cout, Ho, Wo].
   template <class SX, class SY>
-  void forward(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+  void forward(tensor_ref<const float, SX, space> x, tensor_ref<float, SY, space> y) {
     const std::size_t batch = x.batch();
     u_kept = true;    // in u_buf, or made there again by backward
     saved_batch = 0;  // until this forward has finished
@@ -243,7 +245,7 @@ class conv_block {
     saved_batch = batch;
   }
   template <class SX, class SY>
-  void forward(const tensor<float, SX>& x, tensor<float, SY>& y) {
+  void forward(const tensor<float, SX, space>& x, tensor<float, SY, space>& y) {
     forward(x.ref(), y.ref());
   }
 
@@ -253,7 +255,7 @@ class conv_block {
   /// activation, with the same bits as forward on the NCHW tensors. For blocks whose tail is
   /// at most one activation; not for backward (training runs forward).
   template <class SX, class SY>
-  void forward_channels_last(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+  void forward_channels_last(tensor_ref<const float, SX, space> x, tensor_ref<float, SY, space> y) {
     check_channels_last("forward_channels_last");
     run_folded([&](auto& conv_used, const auto&... op) { conv_used.forward_channels_last(x, y, op...); });
   }
@@ -264,7 +266,7 @@ class conv_block {
   /// forward with x [batch, Cin, H, W] and y [batch, Cout, Ho, Wo] each stored NCHW or
   /// channels-last (NHWC) as x_last and y_last say (channels_last_ready; a chain's choice).
   template <class SX, class SY>
-  void forward_layouts(tensor_ref<const float, SX> x, tensor_ref<float, SY> y, bool x_last, bool y_last) {
+  void forward_layouts(tensor_ref<const float, SX, space> x, tensor_ref<float, SY, space> y, bool x_last, bool y_last) {
     if (!x_last && !y_last) return forward(x, y);
     check_channels_last("forward_layouts");
     run_folded([&](auto& conv_used, const auto&... op) { conv_used.forward_layouts(x, y, x_last, y_last, op...); });
@@ -273,18 +275,18 @@ class conv_block {
   /// Gradients of the last forward (the convolution's and the batch_norm's, overwritten) and
   /// dx. x and y are that forward's input and output.
   template <class SX, class SY>
-  void backward(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy,
-                tensor_ref<float, SX> dx) {
+  void backward(tensor_ref<const float, SX, space> x, tensor_ref<const float, SY, space> y, tensor_ref<const float, SY, space> dy,
+                tensor_ref<float, SX, space> dx) {
     const auto [z, gz] = gradients_to_conv(x, y, dy);
     conv.backward(x, z, gz, dx);
   }
   template <class SX, class SY>
-  void backward(const tensor<float, SX>& x, const tensor<float, SY>& y, const tensor<float, SY>& dy, tensor<float, SX>& dx) {
+  void backward(const tensor<float, SX, space>& x, const tensor<float, SY, space>& y, const tensor<float, SY, space>& dy, tensor<float, SX, space>& dx) {
     backward(x.ref(), y.ref(), dy.ref(), dx.ref());
   }
   /// backward without dx (the first block of a network).
   template <class SX, class SY>
-  void backward_params(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y, tensor_ref<const float, SY> dy) {
+  void backward_params(tensor_ref<const float, SX, space> x, tensor_ref<const float, SY, space> y, tensor_ref<const float, SY, space> dy) {
     const auto [z, gz] = gradients_to_conv(x, y, dy);
     conv.backward_params(x, z, gz);
   }
@@ -309,13 +311,14 @@ class conv_block {
  public:
   /// Whether the block can read or write channels-last images: one group and a tail of at most
   /// one activation.
-  static constexpr bool channels_last_capable = Conv::groups == 1 && !Conv::depthwise && (tail_size == 0 || activation_tail);
+  static constexpr bool channels_last_capable =
+      Conv::own_kernels && Conv::groups == 1 && !Conv::depthwise && (tail_size == 0 || activation_tail);
 
  private:
   std::size_t saved_batch = 0;
   // Rows of one output sample each, grown to the largest batch: the convolution's output (z),
   // the tail's input (u), and their gradients.
-  tensor<float, shape<dyn, 1>> z_buf{1}, u_buf{1}, gz_buf{1}, gu_buf{1};
+  tensor<float, shape<dyn, 1>, space> z_buf{1}, u_buf{1}, gz_buf{1}, gu_buf{1};
 
   bool folded_in_use() const { return current == mode::eval && fold_in_eval && folded_current; }
 
@@ -351,21 +354,21 @@ class conv_block {
   }
 
   template <class S>
-  static tensor_ref<float, S> view(tensor<float, shape<dyn, 1>>& t, std::size_t batch) {
+  static tensor_ref<float, S, space> view(tensor<float, shape<dyn, 1>, space>& t, std::size_t batch) {
     const std::size_t n = S::elements(batch);
-    if (t.batch() < n) t = tensor<float, shape<dyn, 1>>(n);
-    return tensor_ref<float, S>(t.data(), batch);
+    if (t.batch() < n) t = tensor<float, shape<dyn, 1>, space>(n);
+    return tensor_ref<float, S, space>(t.data(), batch);
   }
   template <class S>
-  static tensor_ref<const float, S> cview(tensor_ref<float, S> t) {
-    return tensor_ref<const float, S>(t.data(), t.batch());
+  static tensor_ref<const float, S, space> cview(tensor_ref<float, S, space> t) {
+    return tensor_ref<const float, S, space>(t.data(), t.batch());
   }
 
   /// The tail's and the normalization's backward: the convolution's output z and dL/dz.
   template <class SX, class SY>
-  std::pair<tensor_ref<const float, SY>, tensor_ref<const float, SY>> gradients_to_conv(tensor_ref<const float, SX> x,
-                                                                                       tensor_ref<const float, SY> y,
-                                                                                       tensor_ref<const float, SY> dy) {
+  std::pair<tensor_ref<const float, SY, space>, tensor_ref<const float, SY, space>> gradients_to_conv(tensor_ref<const float, SX, space> x,
+                                                                                       tensor_ref<const float, SY, space> y,
+                                                                                       tensor_ref<const float, SY, space> dy) {
     const std::size_t batch = dy.batch();
     if (x.batch() != batch || y.batch() != batch)
       detail::batches_differ("solder::nn::conv_block::backward", {{"x", x.batch()}, {"y", y.batch()}, {"dy", batch}});
@@ -409,19 +412,13 @@ class conv_block {
   /// W' and b' from the convolution, the normalization's parameters and its running statistics:
   /// ops::batch_norm_fold per output channel.
   void fold() {
-    constexpr std::size_t per_channel = Conv::fan_in;  // W [Cout, Cin/Groups, Kh, Kw]
-    for (std::size_t c = 0; c < Conv::out_channels; ++c) {
-      const ops::batch_norm_fold f(norm.weight[c], norm.bias[c], norm.running_mean[c], norm.running_var[c], norm.eps);
-      for (std::size_t i = 0; i < per_channel; ++i)
-        folded.weight.data()[c * per_channel + i] = f.weight(conv.weight.data()[c * per_channel + i]);
-      folded.bias[c] = f.bias(Conv::has_bias ? double(bias_of(c)) : 0.0);
-    }
-  }
-  float bias_of(std::size_t c) const {
-    if constexpr (Conv::has_bias)
-      return conv.bias[c];
-    else
-      return 0.0f;
+    const float* b = nullptr;
+    if constexpr (Conv::has_bias) b = conv.bias.data();
+    executor<backend_of_t<space>>::elements(
+        Conv::out_channels * Conv::fan_in,  // W [Cout, Cin/Groups, Kh, Kw]
+        ops::batch_norm_fold_elements{conv.weight.data(), b, norm.weight.data(), norm.bias.data(),
+                                      norm.running_mean.data(), norm.running_var.data(), folded.weight.data(),
+                                      folded.bias.data(), Conv::fan_in, norm.eps});
   }
 };
 

@@ -386,19 +386,18 @@ class linear_block
   /// statistics: ops::batch_norm_fold per output feature.
   void fold() {
     std::vector<float> w(out_features * in_features);  // W' [Out, In], until packed
-    for (std::size_t j = 0; j < out_features; ++j) {
-      const ops::batch_norm_fold f(norm.weight[j], norm.bias[j], norm.running_mean[j], norm.running_var[j], norm.eps);
-      for (std::size_t i = 0; i < in_features; ++i)
-        w[j * in_features + i] = f.weight(linear.weight.data()[j * in_features + i]);
-      folded_bias[j] = f.bias(bias_of(j));
-    }
+    executor<backend_of_t<space>>::elements(out_features * in_features,
+                            ops::batch_norm_fold_elements{linear.weight.data(), bias_data(), norm.weight.data(),
+                                                          norm.bias.data(), norm.running_mean.data(),
+                                                          norm.running_var.data(), w.data(), folded_bias.data(),
+                                                          in_features, norm.eps});
     packed->pack(w.data(), in_features);
   }
-  double bias_of(std::size_t j) const {
+  const float* bias_data() const {
     if constexpr (Linear::has_bias)
-      return double(linear.bias[j]);
+      return linear.bias.data();
     else
-      return 0.0;
+      return nullptr;
   }
 };
 

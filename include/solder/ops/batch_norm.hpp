@@ -392,6 +392,34 @@ struct batch_norm_fold {
   SOLDER_HD SOLDER_INLINE float bias(double b) const { return float(simd::fma(b - mean, scale, beta)); }
 };
 
+/// The fold of a batch_norm into the product before it, as an element body over the product's
+/// weight W [channels, per_channel] (element i of channel i / per_channel): W'[i] and, at each
+/// channel's first element, b'[c] from the product's bias b (null: none), by batch_norm_fold.
+struct batch_norm_fold_elements {
+  const float* product_weight;
+  const float* product_bias;
+  const float* weight;
+  const float* bias;
+  const float* running_mean;
+  const float* running_var;
+  float* folded_weight;
+  float* folded_bias;
+  std::size_t per_channel;
+  double eps;
+
+  SOLDER_HD SOLDER_INLINE void element(std::size_t i) const {
+    const std::size_t c = i / per_channel;
+    const batch_norm_fold fold(weight[c], bias[c], running_mean[c], running_var[c], eps);
+    folded_weight[i] = fold.weight(product_weight[i]);
+    if (i % per_channel == 0) folded_bias[c] = fold.bias(product_bias ? double(product_bias[c]) : 0.0);
+  }
+  SOLDER_EXEC_CHECK_OFF
+  template <class V>
+  SOLDER_HD SOLDER_INLINE void operator()(std::size_t i) const {
+    for (std::size_t k = 0; k < simd::lanes<V>; ++k) element(i + k);
+  }
+};
+
 }  // namespace solder::ops
 
 SOLDER_INTRINSIC_WARNINGS_ON

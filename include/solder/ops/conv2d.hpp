@@ -1,13 +1,18 @@
 // ops/conv2d.hpp: the geometry of a 2-D convolution (zero padding, stride, dilation) and its
 // im2col / col2im index maps: which input element an entry (channel, kh, kw, ho, wo) of a
-// sample's column matrix [C Kh Kw, Ho Wo] reads (0 in the padding), and which entries read a
-// given input element. Backend-free SOLDER_HD code: the CPU's packers and loops and the CUDA
-// kernels run the same bodies.
+// sample's column matrix [C Kh Kw, Ho Wo], or of a batch's patch matrix [batch Ho Wo, C Kh Kw],
+// reads (0 in the padding), and which entries read a given input element; and the executor
+// bodies of a convolution run as products over the patches (nn/conv2d_product.hpp): the
+// reorders between NCHW and the products' channels-last layout, the per-channel sums, the
+// gather of dx. Backend-free SOLDER_HD code: the CPU's packers and loops, every backend's
+// verbs and the CUDA kernels run the same bodies.
 #pragma once
 
 #include <cstddef>
 
 #include "solder/config.hpp"
+#include "solder/ops/rows.hpp"
+#include "solder/simd.hpp"
 
 namespace solder::ops {
 
@@ -58,6 +63,19 @@ struct conv2d_geometry {
                                    std::size_t wo) {
     const std::size_t hi = in_row(ho, kh), wi = in_col(wo, kw);
     return hi < H && wi < W ? x[(ci * H + hi) * W + wi] : 0.0f;
+  }
+
+  /// Element (r, c) of a batch's patch matrix [batch Ho Wo, C Kh Kw]: row r = n Ho Wo + ho Wo
+  /// + wo is output pixel (ho, wo) of sample n, column c = (ci Kh + kh) Kw + kw its tap (kh, kw)
+  /// of channel ci (torch's order of a weight [Cout, C, Kh, Kw]); x [batch, C, H, W], or
+  /// [batch, H, W, C] when ChannelsLast; 0 in the padding.
+  template <std::size_t C, bool ChannelsLast = false>
+  SOLDER_HD static float patch_at(const float* x, std::size_t r, std::size_t c) {
+    const std::size_t n = r / out_plane, p = r % out_plane;
+    const std::size_t ci = c / taps, t = c % taps;
+    const std::size_t hi = in_row(p / out_width, t / Kw), wi = in_col(p % out_width, t % Kw);
+    if (!(hi < H && wi < W)) return 0.0f;
+    return ChannelsLast ? x[((n * H + hi) * W + wi) * C + ci] : x[((n * C + ci) * H + hi) * W + wi];
   }
 
   /// The output columns [first, last) whose tap kw reads inside the input (first == last: none).
@@ -153,6 +171,107 @@ struct conv2d_geometry {
         acc += w[j * taps + kh * Kw + kw] * dy[j * out_plane + ho * out_width + wo];
       });
     return acc;
+  }
+};
+
+// ---- A convolution as products over a batch's patches: the passes around the products --------
+// The product c = patches(x) W^T leaves the output channels-last, [batch Ho Wo, Cout]; its
+// backward takes the output gradient in that layout. These bodies move images between the
+// layouts, sum a gradient per channel and gather dx, each shaped for an executor verb
+// (executor.hpp), so every backend runs the same index maps (eval/cuda/layout.hpp and
+// col2im.hpp hand them to their kernels).
+
+/// y [batch, C, HW] (NCHW) = op(x [batch, HW, C] (NHWC) + bias[c]), the add skipped where bias
+/// is null: a convolution's output leaving the product's layout with its bias and activation (op
+/// as eval::cpu::conv2d takes it: conv2d_identity or an activation of ops/activations.hpp). A
+/// plane body of planes(batch, C, HW): body(n, c, p) writes y[(n C + c) HW + p], so y is
+/// written in order. Without bias and op the bits are copied (NaN payloads included); with a
+/// bias, x + bias[c] is IEEE addition.
+template <std::size_t C, std::size_t HW, class Op = conv2d_identity>
+struct conv2d_nhwc_to_nchw {
+  const float* x;
+  float* y;
+  const float* bias = nullptr;
+  Op op{};
+  SOLDER_EXEC_CHECK_OFF
+  SOLDER_HD SOLDER_INLINE void operator()(std::size_t n, std::size_t c, std::size_t p) const {
+    const float v = x[(n * HW + p) * C + c];
+    y[(n * C + c) * HW + p] = op.forward(bias ? v + bias[c] : v);
+  }
+};
+
+/// y [batch, HW, C] (NHWC) = x [batch, C, HW] (NCHW): an output gradient put into the layout
+/// the backward products read. A plane body of planes(batch, HW, C): body(n, p, c) writes
+/// y[(n HW + p) C + c]. Copies bits.
+template <std::size_t C, std::size_t HW>
+struct conv2d_nchw_to_nhwc {
+  const float* x;
+  float* y;
+  SOLDER_HD SOLDER_INLINE void operator()(std::size_t n, std::size_t p, std::size_t c) const {
+    y[(n * HW + p) * C + c] = x[(n * C + c) * HW + p];
+  }
+};
+
+/// sums[c] = the sum of g over the batch and the plane of channel c (a convolution's db), g
+/// [batch HW, C] when ChannelsLast, else [batch, C, HW]. A row body of rows<dyn> over the C
+/// channels: row c is the channel's n = batch HW values in the order j = sample HW + p whatever
+/// the layout, added by the walker's sum (an order fixed by n), so both layouts give the same
+/// bits on a backend. A walker step of several lanes gathers them (they lie HW or C apart). NaN
+/// in a channel makes its sum NaN; n = 0 gives zeros. Overwrites sums.
+template <std::size_t C, std::size_t HW, bool ChannelsLast>
+struct conv2d_channel_sums {
+  const float* g;
+  float* sums;
+  std::size_t n;  // values per channel: batch HW (the row length rows<dyn> reads)
+
+  /// Channel c's value at walk position j.
+  SOLDER_HD SOLDER_INLINE float at(std::size_t c, std::size_t j) const {
+    if constexpr (ChannelsLast)
+      return g[j * C + c];
+    else
+      return g[((j / HW) * C + c) * HW + j % HW];
+  }
+  /// The step's values of channel c as V (lanes past the row's end hold 0).
+  SOLDER_EXEC_CHECK_OFF
+  template <class V, class Step>
+  SOLDER_HD SOLDER_INLINE V step_values(std::size_t c, const Step& step) const {
+    constexpr std::size_t lanes = simd::lanes<V>;
+    if constexpr (lanes == 1) {
+      return V(at(c, step.j));
+    } else {
+      float lane[lanes];
+      const std::size_t valid = n_or(step, lanes);
+      for (std::size_t k = 0; k < lanes; ++k) lane[k] = k < valid ? at(c, step.j + k) : 0.0f;
+      return simd::load<V>(lane);
+    }
+  }
+  SOLDER_EXEC_CHECK_OFF
+  template <class R>
+  SOLDER_HD SOLDER_INLINE void operator()(const R& walker, std::size_t c) const {
+    const double s = walker.sum([&](auto step) SOLDER_INLINE_LAMBDA {
+      return step_values<typename R::value>(c, step);
+    });
+    walker.once([&]() SOLDER_INLINE_LAMBDA { sums[c] = n ? float(s) : 0.0f; });
+  }
+};
+
+/// dx [batch, C, H, W] (NCHW) from dcol [batch Ho Wo, C Kh Kw] (a row per output pixel, its
+/// columns in the patches' order): dx at an input element is the sum of the dcol entries of the
+/// windows that read it, taps kh then kw ascending (G::for_each_reader): col2im as a gather,
+/// without atomics, so every run gives the same bits. A plane body of planes(batch C, H, W):
+/// body(q, hi, wi) writes dx[(q H + hi) W + wi], q = sample C + channel. G: the geometry.
+template <class G, std::size_t C>
+struct conv2d_col2im {
+  static constexpr std::size_t columns = C * G::taps;
+  const float* dcol;
+  float* dx;
+  SOLDER_HD SOLDER_INLINE void operator()(std::size_t q, std::size_t hi, std::size_t wi) const {
+    const float* rows = dcol + (q / C) * G::out_plane * columns + (q % C) * G::taps;
+    float sum = 0.0f;
+    G::for_each_reader(hi, wi, [&](std::size_t kh, std::size_t kw, std::size_t ho, std::size_t wo) {
+      sum += rows[(ho * G::out_width + wo) * columns + kh * G::kernel_width + kw];
+    });
+    dx[(q * G::height + hi) * G::width + wi] = sum;
   }
 };
 

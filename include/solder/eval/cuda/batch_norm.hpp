@@ -126,10 +126,9 @@ struct batch_norm_fold_body {
 
   SOLDER_HD std::size_t elements() const { return channels * PerChannel; }
   SOLDER_HD SOLDER_INLINE void operator()(std::size_t i) const {
-    const std::size_t c = i / PerChannel;
-    const ops::batch_norm_fold fold(weight[c], bias[c], running_mean[c], running_var[c], eps);
-    folded_weight[i] = fold.weight(conv_weight[i]);
-    if (i % PerChannel == 0) folded_bias[c] = fold.bias(conv_bias ? double(conv_bias[c]) : 0.0);
+    ops::batch_norm_fold_elements{conv_weight, conv_bias, weight, bias, running_mean, running_var, folded_weight,
+                                  folded_bias, PerChannel, eps}
+        .element(i);
   }
 };
 

@@ -1,13 +1,15 @@
 // eval/cuda/col2im.hpp: the input gradient of a convolution on the CUDA backend, gathered: the
 // product dcol = g W gives each window's gradient per tap, and dx at an input element is the
 // sum of the entries of the windows that read it, in a fixed order (taps kh then kw ascending),
-// with no atomics: each run gives the same bits. A host+device body of the element's index;
+// with no atomics: each run gives the same bits. A host+device body of the element's index
+// (ops/conv2d.hpp's conv2d_col2im, the gather every backend's planes verb runs);
 // eval/cuda/image_kernels.hpp runs it on the GPU, the tests over every element on the host.
 #pragma once
 
 #include <cstddef>
 
 #include "solder/config.hpp"
+#include "solder/ops/conv2d.hpp"
 
 namespace solder::eval::cuda {
 
@@ -16,6 +18,8 @@ namespace solder::eval::cuda {
 /// convolution's geometry (ops::conv2d_geometry).
 template <class G, std::size_t Cin, std::size_t Kh, std::size_t Kw>
 struct col2im_pass {
+  static_assert(Kh == G::kernel_height && Kw == G::kernel_width,
+                "solder::eval::cuda::col2im_pass: Kh and Kw must be the geometry's kernel");
   static constexpr std::size_t taps = Cin * Kh * Kw;
   const float* dcol;
   float* dx;
@@ -26,13 +30,7 @@ struct col2im_pass {
   /// dx[i], i = ((n Cin + ci) H + hi) W + wi.
   SOLDER_HD SOLDER_INLINE void element(std::size_t i) const {
     const std::size_t wi = i % G::width, hi = (i / G::width) % G::height;
-    const std::size_t ci = (i / G::in_plane) % Cin, n = i / (G::in_plane * Cin);
-    const float* rows = dcol + n * G::out_plane * taps + ci * Kh * Kw;
-    float sum = 0.0f;
-    G::for_each_reader(hi, wi, [&](std::size_t kh, std::size_t kw, std::size_t ho, std::size_t wo) {
-      sum += rows[(ho * G::out_width + wo) * taps + kh * Kw + kw];
-    });
-    dx[i] = sum;
+    ops::conv2d_col2im<G, Cin>{dcol, dx}(i / G::in_plane, hi, wi);
   }
   SOLDER_HD SOLDER_INLINE void operator()(std::size_t i) const { element(i); }
 };

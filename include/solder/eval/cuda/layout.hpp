@@ -4,7 +4,8 @@
 // norm, pooling and flatten), and the per-channel sums of such a batch (a convolution's bias
 // gradient) in a fixed order. Host+device bodies without CUDA headers: the host suite runs them
 // over every index and tile (an emulated warp per channel); eval/cuda/layout_kernels.hpp
-// launches them.
+// launches them. The index maps are ops/conv2d.hpp's executor bodies, which these bodies
+// hand each element or channel to.
 //
 // Use (C, H, W static; batch at run time; x and y never the same array):
 //   nhwc_to_nchw_body<C, H, W>{x, y, batch}        y[n, c, h, w] = x[n, h, w, c]
@@ -21,6 +22,7 @@
 
 #include "solder/config.hpp"
 #include "solder/eval/cuda/row.hpp"
+#include "solder/ops/conv2d.hpp"
 #include "solder/shape.hpp"
 
 namespace solder::eval::cuda {
@@ -83,8 +85,7 @@ struct nhwc_to_nchw_body {
   /// y[i], i = (n C + c) HW + p, from x[(n HW + p) C + c].
   SOLDER_HD SOLDER_INLINE void operator()(std::size_t i) const {
     const std::size_t p = i % plane, c = (i / plane) % C, n = i / (plane * C);
-    const float v = x[(n * plane + p) * C + c];
-    y[i] = bias ? v + bias[c] : v;
+    ops::conv2d_nhwc_to_nchw<C, plane>{x, y, bias}(n, c, p);
   }
   /// The same reorder as a transpose of each sample's [HW, C] (the launcher's choice).
   SOLDER_HD batched_transpose<plane, C> tiles() const { return {x, y, batch, bias}; }
@@ -105,7 +106,7 @@ struct nchw_to_nhwc_body {
   /// y[i], i = (n HW + p) C + c, from x[(n C + c) HW + p].
   SOLDER_HD SOLDER_INLINE void operator()(std::size_t i) const {
     const std::size_t c = i % C, p = (i / C) % plane, n = i / (C * plane);
-    y[i] = x[(n * C + c) * plane + p];
+    ops::conv2d_nchw_to_nhwc<C, plane>{x, y}(n, p, c);
   }
   /// The same reorder as a transpose of each sample's [C, HW] (the launcher's choice).
   SOLDER_HD batched_transpose<C, plane> tiles() const { return {x, y, batch}; }
@@ -127,21 +128,16 @@ struct channel_sums_body {
   float* sums;
   std::size_t batch;
 
+  /// The backend-free body: rows<dyn> over the channels, a row the channel's batch HW values.
+  SOLDER_HD ops::conv2d_channel_sums<C, plane, ChannelsLast> channel_rows() const { return {g, sums, batch * plane}; }
   /// The channel's value at walk position j = n HW + p.
-  SOLDER_HD SOLDER_INLINE float at(std::size_t c, std::size_t j) const {
-    if constexpr (ChannelsLast)
-      return g[j * C + c];
-    else
-      return g[((j / plane) * C + c) * plane + j % plane];
-  }
+  SOLDER_HD SOLDER_INLINE float at(std::size_t c, std::size_t j) const { return channel_rows().at(c, j); }
 
   SOLDER_EXEC_CHECK_OFF
   template <class Team>
   SOLDER_HD void operator()(std::size_t c, const Team& team) const {
-    const std::size_t count = batch * plane;
-    const auto walk = make_warp_row<dyn>(count, team);
-    const double s = walk.sum([&](warp_step step) SOLDER_INLINE_LAMBDA { return at(c, step.j); });
-    walk.once([&]() SOLDER_INLINE_LAMBDA { sums[c] = count ? float(s) : 0.0f; });
+    const auto body = channel_rows();
+    body(make_warp_row<dyn>(body.n, team), c);
   }
 };
 

@@ -426,21 +426,20 @@ struct concat_operand {
 /// pixel (n, ho, wo), column c = (ci Kh + kh) Kw + kw, PyTorch's order of a weight [Cout, Cin,
 /// Kh, Kw], so B' = W^T is matrix_operand<true>{w, Cin Kh Kw} and C [batch Ho Wo, Cout] is the
 /// output channels-last (NHWC). Element (r, c) is the input value tap (kh, kw) of window (ho, wo)
-/// reads in channel ci, 0 in the padding; the input is NCHW, or NHWC when ChannelsLast. G: the
-/// convolution's geometry (H, W, strides, padding, dilation: nn::detail::conv2d_geometry).
+/// reads in channel ci, 0 in the padding (ops::conv2d_geometry::patch_at); the input is NCHW, or
+/// NHWC when ChannelsLast. G: the convolution's geometry (H, W, strides, padding, dilation:
+/// ops::conv2d_geometry).
 template <class G, std::size_t Cin, std::size_t Kh, std::size_t Kw, bool ChannelsLast>
 struct im2col_operand {
+  static_assert(Kh == G::kernel_height && Kw == G::kernel_width,
+                "solder::eval::cuda::im2col_operand: Kh and Kw must be the geometry's kernel");
   static constexpr bool transposed = false;
   /// Staged along rows: neighbouring output pixels read neighbouring inputs (stride apart).
   static constexpr bool cols_contiguous = false;
   static constexpr std::size_t cols = Cin * Kh * Kw;
   const float* x;
   SOLDER_HD SOLDER_INLINE float at(std::size_t r, std::size_t c) const {
-    const std::size_t n = r / G::out_plane, p = r % G::out_plane;
-    const std::size_t ci = c / (Kh * Kw), t = c % (Kh * Kw);
-    const std::size_t hi = G::in_row(p / G::out_width, t / Kw), wi = G::in_col(p % G::out_width, t % Kw);
-    if (!(hi < G::height && wi < G::width)) return 0.0f;
-    return ChannelsLast ? x[((n * G::height + hi) * G::width + wi) * Cin + ci] : x[((n * Cin + ci) * G::height + hi) * G::width + wi];
+    return G::template patch_at<Cin, ChannelsLast>(x, r, c);
   }
 };
 
@@ -713,6 +712,13 @@ struct device_operand<sign_sketch<TR, TC, Terms, Stack, Trans>> {
   using type = sketch_operand<TR, TC, Terms, Stack, Trans>;
   static type of(const sign_sketch<TR, TC, Terms, Stack, Trans>& u) { return {u.seed, u.scale}; }
 };
+/// A batch's image patches (expr/operand.hpp): a convolution's A', or the B' of its dW = g^T A',
+/// staged from the NCHW images.
+template <class G, std::size_t C>
+struct device_operand<image_patches<G, C, device>> {
+  using type = im2col_operand<G, C, G::kernel_height, G::kernel_width, false>;
+  static type of(const image_patches<G, C, device>& p) { return {p.images}; }
+};
 /// hcat and vcat of two operands the backend stages: the sketched layer's factors.
 template <class A, class B, sketch_stack Axis>
   requires(!std::is_void_v<typename device_operand<A>::type> && !std::is_void_v<typename device_operand<B>::type>)
@@ -746,7 +752,7 @@ constexpr bool check_product_write() {
     return diagnostic<"solder::assign (CUDA): an expression may hold one matrix product; assign the others to device tensors first", E>::reported;
   } else if constexpr (std::is_void_v<typename device_operand<typename C::a_type>::type> ||
                        std::is_void_v<typename device_operand<typename C::b_type>::type>) {
-    return diagnostic<"solder::assign (CUDA): a product's operands must be device matrices, their transposes, sign sketches or hcat/vcat of them",
+    return diagnostic<"solder::assign (CUDA): a product's operands must be device matrices, their transposes, sign sketches, hcat/vcat of them or image patches",
                       typename C::a_type, typename C::b_type>::reported;
   } else if constexpr (!std::is_same_v<typename C::shape_type, S>) {
     return diagnostic<"solder::assign (CUDA): an output holding a matrix product must have the product's shape", typename C::shape_type,
