@@ -3,9 +3,9 @@
 #   solder_add_cuda_chains(<target> HEADER <header> CHAINS <name>...
 #                          [ARCHITECTURES <arch>...] [OUTPUT_DIR <dir>])
 #
-# HEADER declares the chains as types (nn::chain, nn::elementwise_block, or one nn::layer_norm,
-# nn::softmax, nn::log_softmax) and must compile with the host C++ compiler; CHAINS names them as
-# C++ sees them after including it ("bias_relu_dropout", "models::mlp"). For each name, solder-gen
+# HEADER declares the chains as types (nn::chain in host memory; the generated code runs each one's
+# device form) and must compile with the host C++ compiler and nvcc; CHAINS names them as C++ sees
+# them after including it ("bias_relu_dropout", "models::mlp"). For each name, solder-gen
 # writes <stem>.cu and <stem>.h into OUTPUT_DIR (default: <current binary dir>/solder_gen/<target>),
 # "::" becoming "_" in <stem>; the .cu are compiled by nvcc into <target>, for ARCHITECTURES (its
 # CUDA_ARCHITECTURES property; default 80 90), and OUTPUT_DIR is a PUBLIC include directory of
@@ -102,6 +102,7 @@ function(solder_add_cuda_chains target)
     OUTPUT ${sources} ${headers}
     COMMAND ${gen} "${out}"
     DEPENDS ${gen} "${header}" "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/solder_gen.hpp"
+      "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/describe.hpp" "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/c_interface.hpp"
     COMMENT "solder-gen: CUDA kernels of ${names} for ${target}"
     VERBATIM)
   target_sources(${target} PRIVATE ${sources} ${headers})

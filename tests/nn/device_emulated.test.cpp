@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "solder/interop/c_chain.hpp"
 #include "solder/solder.hpp"
 #include "support/data.hpp"
 
@@ -197,4 +198,48 @@ TEST_CASE("device memory, emulated: a CNN (convolutions, batch_norm, pooling) tr
                            nn::conv2d<4, 6, 3, 3, 2, 0, 1, 1, false>, nn::batch_norm<6>, nn::relu, nn::flatten<>,
                            nn::dropout<0.1f>, nn::linear<24, 10>>,
               sgd_in>({.lr = 0.05f, .momentum = 0.9f}, true);
+}
+
+TEST_CASE("device memory, emulated: the C interface's object (interop::c_chain) trains a device chain as a host one",
+          "[device][interop]") {
+  using host_cnn = nn::chain<nn::input<2, 6, 6>, nn::conv2d<2, 4, 3, 3, 1, 1>, nn::batch_norm<4>, nn::relu, nn::flatten<>,
+                             nn::dropout<0.1f>, nn::linear<144, 10>>;
+  interop::c_chain<host_cnn> h(9);
+  interop::c_chain<host_cnn::in_space<device>> d(9);
+  REQUIRE(d.param_floats() == h.param_floats());
+  std::vector<float> x(batch * 72), ph(h.param_floats()), pd(d.param_floats());
+  std::vector<std::int32_t> labels(batch);
+  test::fill_uniform(x, -1.0, 1.0, 17);
+  for (std::size_t r = 0; r < batch; ++r) labels[r] = std::int32_t((r * 7) % 10);
+  tensor<float, shape<dyn, 72>, device> xd(batch);
+  tensor<std::int32_t, shape<dyn>, device> ld(batch);
+  executor<cuda>::copy_from_host(xd.data(), x.data(), x.size());
+  executor<cuda>::copy_from_host(ld.data(), labels.data(), batch);
+  h.read_params(ph.data());
+  d.read_params(pd.data());
+  CHECK(ph == pd);
+  interop::optimizer_settings s;
+  s.kind = interop::optimizer_settings::sgd;
+  s.lr = 0.05f;
+  s.momentum = 0.9f;
+  for (int step = 1; step <= 2; ++step) {
+    const auto rh = h.train_step(x.data(), labels.data(), batch, s, 0.0f);
+    const auto rd = d.train_step(xd.data(), ld.data(), batch, s, 0.0f);
+    CHECK(std::abs(rh.loss - rd.loss) <= 1e-5f * rh.loss);
+    CHECK(rd.steps == step);
+  }
+  h.read_params(ph.data());
+  d.read_params(pd.data());
+  CHECK(far(pd, ph, 1e-4) == 0);
+  std::vector<float> bh(h.buffer_floats()), bd(d.buffer_floats());
+  h.read_buffers(bh.data());
+  d.read_buffers(bd.data());
+  CHECK(far(bd, bh, 1e-5) == 0);
+  // A bad label in device memory is read back and refused before the forward runs.
+  labels[3] = 10;
+  executor<cuda>::copy_from_host(ld.data(), labels.data(), batch);
+  CHECK_THROWS_WITH(d.train_step(xd.data(), ld.data(), batch, s, 0.0f), Catch::Contains("label 10 of row 3"));
+  std::vector<float> after(d.buffer_floats());
+  d.read_buffers(after.data());
+  CHECK(after == bd);
 }

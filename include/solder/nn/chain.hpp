@@ -155,6 +155,9 @@ class basic_chain {
   using input_tensor = tensor<float, typename widths::input_batch, space>;
   using output_tensor = tensor<float, typename widths::output_batch, space>;
   using param_type = optim::basic_param<space>;
+  /// The same chain over memory space S: each layer's form there (its in_space<S>).
+  template <class S>
+  using in_space = basic_chain<chain_config<Config::fused, typename Config::input, S>, layer_in_space_t<Layers, S>...>;
 
   blocks_type blocks;
 

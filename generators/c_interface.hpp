@@ -1,0 +1,311 @@
+// generators/c_interface.hpp: the text of a chain's C interface: the header C and C++ callers
+// include (an opaque handle, the layout of its flat arrays as macros, the functions), and the
+// CUDA translation unit that defines the functions, each one line around interop::c_chain over
+// the chain's device form. The text depends on the description alone, so every run writes the
+// same bytes.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "describe.hpp"
+
+namespace solder::gen {
+
+namespace detail {
+
+/// `text` as comment lines starting with `lead` ("// ", "/// "), words wrapped before `limit`.
+inline std::string comment(const std::string& lead, const std::string& text, std::size_t limit = 100) {
+  std::string out, line;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const std::size_t end = std::min(text.find(' ', i), text.size());
+    const std::string word = text.substr(i, end - i);
+    if (!line.empty() && lead.size() + line.size() + 1 + word.size() > limit) {
+      out += lead + line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+    i = end + 1;
+  }
+  return out + lead + line + "\n";
+}
+
+inline std::string upper(std::string s) {
+  for (char& ch : s) {
+    if (ch >= 'a' && ch <= 'z')
+      ch = char(ch - 'a' + 'A');
+    else if (!((ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')))
+      ch = '_';
+  }
+  return s;
+}
+
+inline std::string dims_text(const std::vector<std::size_t>& dims) {
+  std::string out = "[";
+  for (std::size_t d = 0; d < dims.size(); ++d) out += (d ? ", " : "") + std::to_string(dims[d]);
+  return out + "]";
+}
+
+/// "#define PREFIX_<NAME> offset  /* [dims] */" for each tensor, in order.
+inline std::string layout_macros(const std::string& prefix, const std::vector<tensor_desc>& tensors) {
+  std::string out;
+  std::size_t at = 0;
+  for (const auto& t : tensors) {
+    out += "#define " + prefix + upper(t.name) + " " + std::to_string(at) + "  /* " + dims_text(t.dims) + " */\n";
+    at += t.floats;
+  }
+  return out;
+}
+
+inline std::size_t total_floats(const std::vector<tensor_desc>& tensors) {
+  std::size_t n = 0;
+  for (const auto& t : tensors) n += t.floats;
+  return n;
+}
+
+/// The chain's layers as comment lines.
+inline std::string layers_comment(const chain_desc& c) {
+  std::string out = "// chain " + c.name + " on " + c.input_shape + " samples, " + std::to_string(c.kernels) +
+                    (c.kernels == 1 ? " kernel group" : " kernel groups") + " in the planner's plan:\n";
+  for (const auto& l : c.layers) out += "//   " + l + "\n";
+  return out;
+}
+
+}  // namespace detail
+
+/// The types every generated header declares once (guarded: several headers may be included).
+inline std::string common_declarations() {
+  return R"(#ifndef SOLDER_GEN_COMMON
+#define SOLDER_GEN_COMMON
+/// The optimizers of a training step: torch.optim.SGD, Adam and AdamW, with the math of
+/// solder's optim::sgd, optim::adam and optim::adamw.
+typedef enum solder_optimizer_kind { solder_sgd = 0, solder_adam = 1, solder_adamw = 2 } solder_optimizer_kind;
+/// An optimizer's settings, with PyTorch's names and defaults (SGD: momentum, dampening,
+/// weight_decay 0, nesterov off; Adam: beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0; AdamW:
+/// weight_decay 1e-2), and the steps taken with the model's optimizer state, which a step
+/// writes. The caller may change lr (or any setting) between steps; a change of kind, or of
+/// SGD's momentum from or to 0, starts the state afresh.
+typedef struct solder_optimizer {
+  int kind;            /* a solder_optimizer_kind */
+  float lr;
+  float weight_decay;  /* SGD, Adam: L2 through the gradient; AdamW: decoupled, w *= 1 - lr weight_decay */
+  float momentum;      /* SGD */
+  float dampening;     /* SGD */
+  int nesterov;        /* SGD: nonzero for Nesterov momentum */
+  float beta1;         /* Adam, AdamW */
+  float beta2;         /* Adam, AdamW */
+  float eps;           /* Adam, AdamW */
+  int64_t steps;       /* written: steps taken with the current state (torch's state['step']) */
+} solder_optimizer;
+/// One parameter tensor of a model: its state_dict name, its values and gradient (device
+/// memory, owned by the model) and its float count.
+typedef struct solder_param_tensor {
+  const char* name;
+  float* value;
+  float* grad;
+  size_t floats;
+} solder_param_tensor;
+#endif  /* SOLDER_GEN_COMMON */
+)";
+}
+
+/// The C header of a chain's interface.
+inline std::string header_text(const chain_desc& c, const std::string& header) {
+  const std::string p = "solder_" + c.stem, P = "SOLDER_" + detail::upper(c.stem), guard = "SOLDER_GEN_" + detail::upper(c.stem) + "_H";
+  const std::size_t param_floats = detail::total_floats(c.params), buffer_floats = detail::total_floats(c.buffers);
+  std::string s = "// " + c.stem + ".h: the C interface of the chain " + c.name + " (" + header +
+                  ") in CUDA device memory; generated by solder-gen, do not edit.\n//\n";
+  s += detail::layers_comment(c) + "//\n";
+  s += detail::comment("// ",
+                       "A model is the chain's device form (nn::chain_in<device, ...>: its parameters, optimizer state "
+                       "and activations in device memory), held by an opaque handle; every function runs what that "
+                       "chain's own member of the same name runs. Inputs, outputs, labels and gradients passed as "
+                       "pointers are device memory, parameter and buffer arrays host memory, batch counts samples "
+                       "(at least 1). A function queues its work on `stream` (0: the default stream) and returns 0 "
+                       "(cudaSuccess), or a cudaError_t value when it could not: cudaErrorInvalidValue for what "
+                       "solder refuses (a null pointer, an empty batch, a label out of range, a bad setting; the "
+                       "model is then left as it was), cudaErrorNoDevice or the error of the CUDA call that failed; " +
+                           p + "_last_error() then says why. Functions never throw. A model is used by one thread "
+                               "at a time.");
+  s += "#ifndef " + guard + "\n#define " + guard + "\n\n#include <stddef.h>\n#include <stdint.h>\n\n";
+  s += "typedef struct CUstream_st* cudaStream_t;\n\n#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n";
+  s += common_declarations() + "\n";
+  s += "/// The model: " + c.name + " in device memory.\ntypedef struct " + p + " " + p + ";\n\n";
+  s += "/// Floats of one input sample " + c.input_shape + " and of one output row " + c.output_shape + ".\n";
+  s += "#define " + P + "_IN_FLOATS " + std::to_string(c.in_floats) + "\n";
+  s += "#define " + P + "_OUT_FLOATS " + std::to_string(c.out_floats) + "\n";
+  s += detail::comment("/// ",
+                       "The parameter tensors, in torch's named_parameters() order: their count, their floats, "
+                       "and where each starts in a flat parameter array (read_params, write_params, read_grads), "
+                       "named by its state_dict key.");
+  s += "#define " + P + "_PARAMS " + std::to_string(c.params.size()) + "\n";
+  s += "#define " + P + "_PARAM_FLOATS " + std::to_string(param_floats) + "\n";
+  s += detail::layout_macros(P + "_", c.params);
+  s += detail::comment("/// ", "The buffers (batch_norm's running statistics) as a flat array (read_buffers, "
+                               "write_buffers): their floats and where each starts.");
+  s += "#define " + P + "_BUFFER_FLOATS " + std::to_string(buffer_floats) + "\n";
+  s += detail::layout_macros(P + "_", c.buffers);
+  s += "/// The chain's dropout layers.\n#define " + P + "_DROPOUTS " + std::to_string(c.dropouts) + "\n\n";
+
+  const auto fn = [&](const std::string& doc, const std::string& decl) {
+    s += detail::comment("/// ", doc) + decl + "\n";
+  };
+  fn("A new model, its parameters drawn as nn::chain(seed) draws them on the host (bit for bit), in training "
+     "mode; *model is the handle, or null on failure.",
+     "int " + p + "_create(uint64_t seed, " + p + "** model);");
+  fn("Frees the model (null: nothing), after the work queued on its streams.", "void " + p + "_destroy(" + p +
+                                                                                   "* model);");
+  fn("Training mode (dropout drops, batch_norm uses and moves the batch's statistics) or evaluation mode (no "
+     "dropout, batch_norm's running statistics folded into the convolution or linear layer before it).",
+     "int " + p + "_train(" + p + "* model);\nint " + p + "_eval(" + p + "* model);");
+  fn("The dropouts' streams as nn::chain(seed) sets them (chain::reseed).",
+     "int " + p + "_reseed(" + p + "* model, uint64_t seed);");
+  fn("The batches that follow are samples [first_sample, first_sample + batch) of a larger batch: every dropout "
+     "draws what that batch's samples draw (a data-parallel shard; 0: a batch of its own).",
+     "int " + p + "_set_first_sample(" + p + "* model, uint64_t first_sample);");
+  fn("y [batch, " + P + "_OUT_FLOATS] = the model on x [batch, " + P +
+         "_IN_FLOATS], in its mode. backward reads x: keep it unchanged until then.",
+     "int " + p + "_forward(" + p + "* model, const float* x, float* y, size_t batch, cudaStream_t stream);");
+  fn("Every parameter's gradient (overwritten) for dL/dy = dy [batch, " + P +
+         "_OUT_FLOATS], after the forward of that batch.",
+     "int " + p + "_backward(" + p + "* model, const float* dy, size_t batch, cudaStream_t stream);");
+  if (c.flat_output) {
+    fn("The forward of x in the model's mode, torch's CrossEntropyLoss with label_smoothing (the mean over the batch) "
+       "against labels [batch] (device int32 in [0, " +
+           std::to_string(c.out_floats) +
+           ")), and the backward: every gradient overwritten, the mean loss to *loss (host). Waits for the stream "
+           "(the loss and the labels' check are read back). A caller training data-parallel reduces the gradients "
+           "(params) across its ranks, then calls optimizer_step. (Chains with a flat output only.)",
+       "int " + p + "_loss_and_backward(" + p +
+           "* model, const float* x, const int32_t* labels, size_t batch,\n"
+           "    float label_smoothing, float* loss, cudaStream_t stream);");
+    fn("One training step, as the chain's train_step: loss_and_backward, then optimizer_step (a label out of range "
+       "or a bad setting leaves the model as it was).",
+       "int " + p + "_train_step(" + p +
+           "* model, const float* x, const int32_t* labels, size_t batch,\n"
+           "    solder_optimizer* optimizer, float label_smoothing, float* loss, cudaStream_t stream);");
+  }
+  fn("One step of *optimizer on every parameter from its gradient; optimizer->steps is set to the steps taken "
+     "with the model's optimizer state.",
+     "int " + p + "_optimizer_step(" + p + "* model, solder_optimizer* optimizer, cudaStream_t stream);");
+  fn("Forgets the optimizer state: the next step starts it afresh, as a new torch optimizer.",
+     "int " + p + "_reset_optimizer(" + p + "* model);");
+  fn("The parameter tensors, " + P + "_PARAMS of them, into tensors[]: their device memory, for a caller that "
+     "reduces gradients or reads values in place.",
+     "int " + p + "_params(" + p + "* model, solder_param_tensor* tensors);");
+  fn("The parameters or gradients to host memory (" + P + "_PARAM_FLOATS floats laid out as above), or the "
+     "parameters from it; finished on return.",
+     "int " + p + "_read_params(" + p + "* model, float* params, cudaStream_t stream);\nint " + p +
+         "_write_params(" + p + "* model, const float* params, cudaStream_t stream);\nint " + p + "_read_grads(" +
+         p + "* model, float* grads, cudaStream_t stream);");
+  fn("The buffers to or from host memory (" + P + "_BUFFER_FLOATS floats); finished on return.",
+     "int " + p + "_read_buffers(" + p + "* model, float* buffers, cudaStream_t stream);\nint " + p +
+         "_write_buffers(" + p + "* model, const float* buffers, cudaStream_t stream);");
+  fn("The message of this thread's last call above; \"\" when it succeeded.",
+     "const char* " + p + "_last_error(void);");
+  s += "\n#ifdef __cplusplus\n}  // extern \"C\"\n#endif\n\n#endif  // " + guard + "\n";
+  return s;
+}
+
+/// The CUDA translation unit defining a chain's interface.
+inline std::string source_text(const chain_desc& c, const std::string& header) {
+  const std::string p = "solder_" + c.stem, P = "SOLDER_" + detail::upper(c.stem);
+  std::string s = "// " + c.stem + ".cu: the C interface of the chain " + c.name + " (" + header +
+                  ") over its device form; generated by solder-gen, do not edit.\n//\n";
+  s += detail::layers_comment(c) + "//\n";
+  s += detail::comment("// ", "Each function runs interop::c_chain's member of its name on the current stream "
+                              "(stream_guard), every exception turned into a status and last_error's message; "
+                              "docs/cuda.md describes the files.");
+  s += "\n#include \"" + c.stem + ".h\"\n\n#include <cuda_runtime.h>\n\n#include <cstdint>\n#include <initializer_list>\n"
+       "#include <memory>\n#include <string>\n#include <utility>\n\n";
+  s += "#include \"" + header + "\"\n#include \"solder/cuda.hpp\"\n#include \"solder/eval/cuda/launcher.hpp\"\n";
+  s += "#include \"solder/interop/c_chain.hpp\"\n\n";
+  s += "/// The model: the chain's device form behind the handle.\nstruct " + p + " {\n";
+  s += "  solder::interop::c_chain<" + c.name + "::in_space<solder::device>> chain;\n};\n\n";
+  s += "namespace {\n\n";
+  s += "using model_type = decltype(" + p + "::chain)::model_type;\n";
+  s += "static_assert(model_type::in_features == " + P + "_IN_FLOATS && model_type::out_features == " + P +
+       "_OUT_FLOATS,\n              \"solder::gen: " + c.name + " in " + header + " has changed since " + c.stem +
+       ".cu was generated; regenerate it\");\n\n";
+  s += "thread_local std::string last_error;\n\n";
+  s += "/// body(model's c_chain) on `stream`, every exception a status and a message in last_error.\n";
+  s += "template <class Body>\nint guarded(const char* what, " + p +
+       "* model, cudaStream_t stream, Body&& body) noexcept {\n";
+  s += "  return solder::eval::cuda::guarded(last_error, what, [&] {\n";
+  s += "    if (model == nullptr) throw solder::error(\"model is a null pointer\");\n";
+  s += "    const solder::stream_guard on(stream);\n    body(model->chain);\n  });\n}\n\n";
+  s += "/// The pointers a function is given, checked before anything runs.\n";
+  s += "void check(std::initializer_list<std::pair<const char*, const void*>> pointers) {\n";
+  s += "  for (const auto& [name, pointer] : pointers)\n";
+  s += "    if (pointer == nullptr) throw solder::error(std::string(name) + \" is a null pointer\");\n}\n\n";
+  s += "solder::interop::optimizer_settings settings_of(const solder_optimizer& o) {\n";
+  s += "  return {o.kind, o.lr, o.weight_decay, o.momentum, o.dampening, o.nesterov != 0, o.beta1, o.beta2, o.eps};\n}\n\n";
+  s += "}  // namespace\n\nextern \"C\" {\n\n";
+
+  s += "int " + p + "_create(uint64_t seed, " + p + "** model) {\n";
+  s += "  if (model != nullptr) *model = nullptr;\n";
+  s += "  return solder::eval::cuda::guarded(last_error, \"" + p + "_create\", [&] {\n";
+  s += "    check({{\"model\", model}});\n    solder::eval::cuda::require_device_once();\n";
+  s += "    std::unique_ptr<" + p + "> made(new " + p + "{decltype(" + p + "::chain)(seed)});\n";
+  s += "    if (made->chain.param_floats() != " + P + "_PARAM_FLOATS || made->chain.buffer_floats() != " + P +
+       "_BUFFER_FLOATS)\n";
+  s += "      throw solder::error(\"" + c.name + "'s parameters differ from " + c.stem +
+       ".h's layout; regenerate it\");\n";
+  s += "    *model = made.release();\n  });\n}\n\n";
+  s += "void " + p + "_destroy(" + p + "* model) { delete model; }\n\n";
+
+  const auto def = [&](const std::string& sig, const std::string& stream, const std::string& body) {
+    const std::string name = sig.substr(0, sig.find('('));
+    s += "int " + sig + " {\n  return guarded(\"" + name + "\", model, " + stream + ", [&](auto& chain) {\n" + body +
+         "  });\n}\n\n";
+  };
+  const std::string m = p + "* model";
+  def(p + "_train(" + m + ")", "nullptr", "    chain.model.train();\n");
+  def(p + "_eval(" + m + ")", "nullptr", "    chain.model.eval();\n");
+  def(p + "_reseed(" + m + ", uint64_t seed)", "nullptr", "    chain.model.reseed(seed);\n");
+  def(p + "_set_first_sample(" + m + ", uint64_t first_sample)", "nullptr",
+      "    chain.model.set_first_sample(first_sample);\n");
+  def(p + "_forward(" + m + ", const float* x, float* y, size_t batch, cudaStream_t stream)", "stream",
+      "    check({{\"x\", x}, {\"y\", y}});\n    chain.forward(x, y, batch);\n");
+  def(p + "_backward(" + m + ", const float* dy, size_t batch, cudaStream_t stream)", "stream",
+      "    check({{\"dy\", dy}});\n    chain.backward(dy, batch);\n");
+  if (c.flat_output) {
+    def(p + "_loss_and_backward(" + m +
+            ", const float* x, const int32_t* labels, size_t batch, float label_smoothing,\n"
+            "    float* loss, cudaStream_t stream)",
+        "stream",
+        "    check({{\"x\", x}, {\"labels\", labels}, {\"loss\", loss}});\n"
+        "    *loss = chain.loss_and_backward(x, labels, batch, label_smoothing);\n");
+    def(p + "_train_step(" + m +
+            ", const float* x, const int32_t* labels, size_t batch, solder_optimizer* optimizer,\n"
+            "    float label_smoothing, float* loss, cudaStream_t stream)",
+        "stream",
+        "    check({{\"x\", x}, {\"labels\", labels}, {\"optimizer\", optimizer}, {\"loss\", loss}});\n"
+        "    const auto step = chain.train_step(x, labels, batch, settings_of(*optimizer), label_smoothing);\n"
+        "    *loss = step.loss;\n    optimizer->steps = step.steps;\n");
+  }
+  def(p + "_optimizer_step(" + m + ", solder_optimizer* optimizer, cudaStream_t stream)", "stream",
+      "    check({{\"optimizer\", optimizer}});\n"
+      "    optimizer->steps = chain.optimizer_step(settings_of(*optimizer));\n");
+  def(p + "_reset_optimizer(" + m + ")", "nullptr", "    chain.reset_optimizer();\n");
+  def(p + "_params(" + m + ", solder_param_tensor* tensors)", "nullptr",
+      "    check({{\"tensors\", tensors}});\n"
+      "    for (const auto& t : chain.tensors()) *tensors++ = {t.name, t.value, t.grad, t.floats};\n");
+  def(p + "_read_params(" + m + ", float* params, cudaStream_t stream)", "stream",
+      "    check({{\"params\", params}});\n    chain.read_params(params);\n");
+  def(p + "_write_params(" + m + ", const float* params, cudaStream_t stream)", "stream",
+      "    check({{\"params\", params}});\n    chain.write_params(params);\n");
+  def(p + "_read_grads(" + m + ", float* grads, cudaStream_t stream)", "stream",
+      "    check({{\"grads\", grads}});\n    chain.read_grads(grads);\n");
+  def(p + "_read_buffers(" + m + ", float* buffers, cudaStream_t stream)", "stream",
+      "    check({{\"buffers\", buffers}});\n    chain.read_buffers(buffers);\n");
+  def(p + "_write_buffers(" + m + ", const float* buffers, cudaStream_t stream)", "stream",
+      "    check({{\"buffers\", buffers}});\n    chain.write_buffers(buffers);\n");
+  s += "const char* " + p + "_last_error(void) { return last_error.c_str(); }\n\n}  // extern \"C\"\n";
+  return s;
+}
+
+}  // namespace solder::gen
