@@ -7,13 +7,14 @@
 //              y [batch, Cout, Ho, Wo] = op(c + b), reordered      (planes)
 //   backward   g [batch Ho Wo, Cout] = dy reordered                (planes)
 //              db = dy summed per channel                          (rows<dyn>, a fixed order)
-//              dW [Cout, Cin Kh Kw] = g^T patches(x)               (a product)
-//              dcol [batch Ho Wo, Cin Kh Kw] = g W                 (a product)
+//              dW [Cout, Cin Kh Kw] = g^T patches(x)               (the product's rule)
+//              dcol [batch Ho Wo, Cin Kh Kw] = g W                 (the product's rule)
 //              dx = col2im(dcol), gathered per element             (planes, no atomics)
 #pragma once
 
 #include <cstddef>
 
+#include "solder/autodiff/product.hpp"
 #include "solder/backend.hpp"
 #include "solder/executor.hpp"
 #include "solder/expr/contract.hpp"
@@ -64,7 +65,7 @@ class conv2d_product {
     if (rows == 0) return;
     grow(pixel_rows, rows);
     const tensor_ref<float, pixels, Space> c(pixel_rows.data(), rows);
-    exec::run(write(c, matmul(patches<G>(x, batch), transpose(weight_view(weight)))));
+    exec::run(write(c, product<G>(x, weight, batch)));
     exec::planes(batch, Cout, G::out_plane, Cout * G::out_plane,
                  ops::conv2d_nhwc_to_nchw<Cout, G::out_plane, Op>{c.data(), y, bias, op});
   }
@@ -87,11 +88,13 @@ class conv2d_product {
     const tensor_ref<const float, pixels, Space> g(pixel_rows.data(), rows);
     exec::planes(batch, G::out_plane, Cout, Cout * G::out_plane,
                  ops::conv2d_nchw_to_nhwc<Cout, G::out_plane>{dy, pixel_rows.data()});
-    exec::run(write(tensor_ref<float, weights, Space>(weight_grad), matmul(transpose(g), patches<G>(x, batch))));
+    // dW = g^T patches(x) and dcol = g W: the product's rules, as a linear layer's.
+    exec::run(write(tensor_ref<float, weights, Space>(weight_grad),
+                    std::get<0>(autodiff::right_grads(product<G>(x, weight, batch), g))));
     if (dx == nullptr) return;
     grow(column_rows, rows);
     const tensor_ref<float, columns, Space> dcol(column_rows.data(), rows);
-    exec::run(write(dcol, matmul(g, weight_view(weight))));
+    exec::run(write(dcol, autodiff::left_grad(product<G>(x, weight, batch), g)));
     exec::planes(batch * Cin, G::height, G::width, G::in_plane, ops::conv2d_col2im<G, Cin>{dcol.data(), dx});
   }
 
@@ -106,9 +109,10 @@ class conv2d_product {
   static tensor_ref<const float, weights, Space> weight_view(const float* weight) {
     return tensor_ref<const float, weights, Space>(weight);
   }
+  /// The convolution as a product: patches(x) W^T, [batch Ho Wo, Cout].
   template <class G>
-  static image_patches<G, Cin, Space> patches(const float* x, std::size_t batch) {
-    return {x, batch};
+  static auto product(const float* x, const float* weight, std::size_t batch) {
+    return matmul(image_patches<G, Cin, Space>{x, batch}, transpose(weight_view(weight)));
   }
   /// G must be where the layer's windows fall on some H x W image.
   template <class G>
