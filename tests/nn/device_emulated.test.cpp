@@ -243,3 +243,11 @@ TEST_CASE("device memory, emulated: the C interface's object (interop::c_chain) 
   d.read_buffers(after.data());
   CHECK(after == bd);
 }
+
+TEST_CASE("device memory, emulated: a linear layer with a batch_norm after it trains as the host chain (folded in "
+          "evaluation)",
+          "[device][chain]") {
+  check_chain<nn::chain<nn::linear<64, 32>, nn::batch_norm<32>, nn::relu, nn::linear<32, 10>>,
+              nn::chain_in<device, nn::linear<64, 32>, nn::batch_norm<32>, nn::relu, nn::linear<32, 10>>, sgd_in>(
+      {.lr = 0.05f, .momentum = 0.9f}, false);
+}

@@ -90,8 +90,6 @@ class linear_block
   /// How many: with a batch_norm, z and (with a tail) the normalization's output; else z when kept.
   static constexpr std::size_t kept_outputs =
       has_norm ? 1 + (tail_size > 0 ? 1 : 0) : (base::keeps_preactivation ? 1 : 0);
-  static_assert(!has_norm || std::is_same_v<space, host>,
-                "solder::nn::linear_block: a batch_norm after a linear layer runs in host memory only so far");
   static_assert(!has_norm || split::channels == out_features,
                 "solder::nn::linear_block: the batch_norm after a linear layer must have the layer's output features "
                 "as its channels; use batch_norm<Out> for a linear<In, Out>");
@@ -134,7 +132,8 @@ class linear_block
   /// optimizer step); weights_changed() returns to packing per call. With a batch_norm it packs
   /// the folded W' instead (and makes b'), from the running statistics as they are now (the
   /// model is frozen), which eval-mode forwards then read.
-  /// In device memory nothing is packed: the backend's product stages its own panels.
+  /// In device memory nothing is packed (the backend's product stages its own panels); W' is
+  /// kept as a tensor there.
   void pack_weights() {
     if constexpr (std::is_same_v<space, host>) {
       if (!packed) packed = std::make_unique<packed_matrix<out_features, in_features, true>>();
@@ -142,6 +141,9 @@ class linear_block
         fold();
       else
         packed->pack(linear.weight.data(), in_features);
+      packed_current = true;
+    } else if constexpr (has_norm) {
+      fold();
       packed_current = true;
     }
   }
@@ -252,9 +254,13 @@ class linear_block
   // With a batch_norm: the folded bias b' (W' is packed), whether the last forward ran the
   // folded GEMM, its batch, and rows of Out floats grown to the largest batch: the product's
   // output z, the tail's input u (the normalization's output), and their gradients.
-  using vector_type = tensor<float, shape<out_features>>;
-  using rows_type = tensor<float, shape<dyn, out_features>>;
+  using vector_type = tensor<float, shape<out_features>, space>;
+  using rows_type = tensor<float, shape<dyn, out_features>, space>;
+  using weight_type = tensor<float, shape<out_features, in_features>, space>;
   [[no_unique_address]] std::conditional_t<has_norm, vector_type, std::tuple<>> folded_bias{};
+  /// W' in device memory (the host packs it instead).
+  [[no_unique_address]] std::conditional_t<has_norm && !std::is_same_v<space, host>, weight_type, std::tuple<>>
+      folded_weight{};
   bool folded_last = false;
   std::size_t saved_batch = 0;
   using rows_or_none = std::conditional_t<has_norm, rows_type, std::tuple<>>;
@@ -329,7 +335,7 @@ class linear_block
 
   /// The forward with a batch_norm: folded (evaluation mode, frozen), or as written.
   template <class SX, class SY>
-  void forward_normalized(tensor_ref<const float, SX> x, tensor_ref<float, SY> y) {
+  void forward_normalized(tensor_ref<const float, SX, space> x, tensor_ref<float, SY, space> y) {
     const std::size_t batch = x.batch();
     if (y.batch() != batch)
       detail::batches_differ("solder::nn::linear_block::forward", {{"x", batch}, {"y", y.batch()}});
@@ -337,7 +343,10 @@ class linear_block
     folded_last = this->current == mode::eval && fold_in_eval && packed_current;
     if (folded_last) {
       // One GEMM with W' and b', the tail in its epilogue.
-      this->template store<mode::eval>(y, matmul(x, *packed) + folded_bias);
+      if constexpr (std::is_same_v<space, host>)
+        this->template store<mode::eval>(y, matmul(x, *packed) + folded_bias);
+      else
+        this->template store<mode::eval>(y, matmul(x, transpose(folded_weight)) + folded_bias);
       return;
     }
     const auto z = this->template workspace<SY>(z_buf, batch);
@@ -349,8 +358,9 @@ class linear_block
 
   /// The tail's and the normalization's backward, then db and dW from g = dL/dz; returns g.
   template <class SX, class SY>
-  tensor_ref<const float, SY> gradients_normalized(tensor_ref<const float, SX> x, tensor_ref<const float, SY> y,
-                                                   tensor_ref<const float, SY> dy) {
+  tensor_ref<const float, SY, space> gradients_normalized(tensor_ref<const float, SX, space> x,
+                                                          tensor_ref<const float, SY, space> y,
+                                                          tensor_ref<const float, SY, space> dy) {
     const std::size_t batch = dy.batch();
     if (saved_batch != batch)
       solder::detail::fail("solder::nn::linear_block::backward: the last forward had " + std::to_string(saved_batch) +
@@ -385,13 +395,21 @@ class linear_block
   /// W' (packed) and b' from the linear layer, the normalization's parameters and its running
   /// statistics: ops::batch_norm_fold per output feature.
   void fold() {
-    std::vector<float> w(out_features * in_features);  // W' [Out, In], until packed
+    std::vector<float> host_w;  // W' [Out, In] until packed, on the host
+    float* w = nullptr;
+    if constexpr (std::is_same_v<space, host>) {
+      host_w.resize(out_features * in_features);
+      w = host_w.data();
+    } else {
+      w = folded_weight.data();
+    }
     executor<backend_of_t<space>>::elements(out_features * in_features,
-                            ops::batch_norm_fold_elements{linear.weight.data(), bias_data(), norm.weight.data(),
-                                                          norm.bias.data(), norm.running_mean.data(),
-                                                          norm.running_var.data(), w.data(), folded_bias.data(),
-                                                          in_features, norm.eps});
-    packed->pack(w.data(), in_features);
+                                            ops::batch_norm_fold_elements{linear.weight.data(), bias_data(),
+                                                                          norm.weight.data(), norm.bias.data(),
+                                                                          norm.running_mean.data(),
+                                                                          norm.running_var.data(), w, folded_bias.data(),
+                                                                          in_features, norm.eps});
+    if constexpr (std::is_same_v<space, host>) packed->pack(w, in_features);
   }
   const float* bias_data() const {
     if constexpr (Linear::has_bias)
