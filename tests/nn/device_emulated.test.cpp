@@ -251,3 +251,33 @@ TEST_CASE("device memory, emulated: a linear layer with a batch_norm after it tr
               nn::chain_in<device, nn::linear<64, 32>, nn::batch_norm<32>, nn::relu, nn::linear<32, 10>>, sgd_in>(
       {.lr = 0.05f, .momentum = 0.9f}, false);
 }
+
+TEST_CASE("device memory, emulated: mse and bce_with_logits match the host's, their gradients too", "[device][loss]") {
+  for (const std::size_t rows : {std::size_t(1), std::size_t(37), std::size_t(400)}) {
+    INFO(rows << " rows of 13");
+    const std::size_t n = rows * 13;
+    std::vector<float> x(n), t(n), gh(n), gd(n);
+    test::fill_uniform(x, -3.0, 3.0, 21);
+    test::fill_uniform(t, 0.0, 1.0, 22);
+    tensor<float, shape<dyn, 13>> xh(rows), th(rows), dh(rows);
+    tensor<float, shape<dyn, 13>, device> xd(rows), td(rows), dd(rows);
+    std::memcpy(xh.data(), x.data(), n * sizeof(float));
+    std::memcpy(th.data(), t.data(), n * sizeof(float));
+    executor<cuda>::copy_from_host(xd.data(), x.data(), n);
+    executor<cuda>::copy_from_host(td.data(), t.data(), n);
+    const auto host_grad = [&] { return std::vector<float>(dh.data(), dh.data() + n); };
+    const auto device_grad = [&] {
+      executor<cuda>::copy_to_host(gd.data(), dd.data(), n);
+      return gd;
+    };
+    // The chunks' sums are added in another order on the device: within rounding.
+    const float mh = nn::mse(xh, th, dh), md = nn::mse(xd, td, dd);
+    CHECK(std::abs(mh - md) <= 1e-6f * mh);
+    CHECK(device_grad() == host_grad());  // elementwise: the same bits
+    CHECK(std::abs(nn::mse(xd, td) - mh) <= 1e-6f * mh);
+    const float bh = nn::bce_with_logits(xh, th, dh), bd = nn::bce_with_logits(xd, td, dd);
+    CHECK(std::abs(bh - bd) <= 1e-6f * bh);
+    CHECK(far(device_grad(), host_grad(), 1e-6) == 0);
+    CHECK(std::abs(nn::bce_with_logits(xd, td) - bh) <= 1e-6f * bh);
+  }
+}

@@ -1,9 +1,8 @@
 // nn/loss.hpp: the training losses (mse, softmax_cross_entropy, bce_with_logits) and accuracy.
 // Each loss visits a row once and returns the mean loss together with the gradient of that
 // mean, or the loss alone for evaluation. The math is ops/loss.hpp's, run on the row walk of the
-// executor of the inputs' memory space (softmax_cross_entropy in any space; mse, bce_with_logits
-// and accuracy in host memory); sums are fixed-order, so results never depend on the thread
-// count.
+// executor of the inputs' memory space (accuracy in host memory); sums are fixed-order, so
+// results never depend on the thread count.
 #pragma once
 
 #include <cmath>
@@ -94,14 +93,6 @@ inline void check_labels(const char* who, std::span<const std::int32_t> labels, 
                            " is outside [0, " + std::to_string(classes) + ")");
 }
 
-// One row of a loss, or one chunk of an elementwise loss, flattened: the op's loops with exp
-// and log1p and the walker's reductions become one body whatever else the translation unit
-// holds (left to GCC's unit-growth budget, a large unit calls exp out of line, once per vector).
-template <bool Grad, class Op>
-SOLDER_FLATTEN_KERNEL double elementwise_loss_chunk(const Op& op, const float* x, const float* t,
-                                                                            float* g, std::size_t n, float scale) {
-  return ops::elementwise_loss_sum<Grad>(op, executor<cpu>::row<dyn>(n), x, t, g, scale);
-}
 
 /// Softmax cross-entropy over the rows of logits x [B, C] of shape S in memory of Space, against
 /// labels in the same memory: the mean loss, and with Grad its gradient in g. C is a constant,
@@ -129,19 +120,17 @@ float softmax_cross_entropy(const float* x, std::size_t batch, std::span<const s
   return float(total / double(rows));
 }
 
-/// The mean of an elementwise loss Op over n elements, and with Grad its gradient in g. The
-/// elements are cut into chunks fixed by n alone (executor<cpu>::chunking), each summed by one
-/// row walk, then the chunks in order.
-template <bool Grad, class Op>
+/// The mean of an elementwise loss Op over n elements in memory of Space, and with Grad its
+/// gradient in g. The elements are cut into chunks fixed by n alone (the executor's chunking),
+/// each summed by one row walk (ops::elementwise_loss_chunks), then the chunks in order.
+template <bool Grad, class Space, class Op>
 float elementwise_mean_loss(const Op& op, const float* x, const float* t, float* g, std::size_t n) {
-  using exec = executor<cpu>;
+  using exec = executor<backend_of_t<Space>>;
   const float scale = 1.0f / float(n);
-  const exec::chunking parts(n, 1);
-  const double total = exec::sum_rows(parts.count, parts.per_chunk, [=](std::size_t c) {
-    const std::size_t begin = parts.begin(c);
-    return elementwise_loss_chunk<Grad>(op, x + begin, t + begin, Grad ? g + begin : nullptr, parts.end(c) - begin,
-                                        scale);
-  });
+  const auto parts = exec::chunks_of(n, 1);
+  const double total = exec::template row_sums<dyn>(
+      parts.count, ops::elementwise_loss_chunks<Grad, Op, typename exec::chunking>{op, x, t, Grad ? g : nullptr, scale, parts,
+                                                                                 parts.end(0) - parts.begin(0)});
   return float(total / double(n));
 }
 
@@ -149,10 +138,8 @@ float elementwise_mean_loss(const Op& op, const float* x, const float* t, float*
 template <fixed_string Who, class X, class T>
 void check_target(const X& input, const T& target) {
   using S = shape_of_t<X>;
-  static_assert(std::is_same_v<memory_space_t<std::remove_cvref_t<X>>, host> &&
-                    std::is_same_v<memory_space_t<std::remove_cvref_t<T>>, host>,
-                "solder::nn::mse, bce_with_logits: the input and the target must be in host memory (in device memory, "
-                "softmax_cross_entropy is the loss a chain takes)");
+  static_assert(std::is_same_v<memory_space_t<std::remove_cvref_t<X>>, memory_space_t<std::remove_cvref_t<T>>>,
+                "solder::nn::mse, bce_with_logits: the input and the target must be in the same memory space");
   static_assert(check_same_shape<Who, S, shape_of_t<T>>());
   if constexpr (S::dynamic) check_batches(Who.text, input.batch(), target.batch(), "the target");
 }
@@ -160,6 +147,8 @@ void check_target(const X& input, const T& target) {
 template <fixed_string Who, class X, class G>
 void check_gradient(const X& input, const G& grad, const char* what) {
   using S = shape_of_t<X>;
+  static_assert(std::is_same_v<memory_space_t<std::remove_cvref_t<X>>, memory_space_t<std::remove_cvref_t<G>>>,
+                "solder::nn: a loss's gradient must be in its input's memory space");
   static_assert(check_same_shape<Who, S, shape_of_t<G>>());
   if constexpr (S::dynamic) check_batches(Who.text, input.batch(), grad.batch(), what);
 }
@@ -176,14 +165,14 @@ template <FloatInput X, FloatInput T, FloatOutput G>
 float mse(const X& input, const T& target, G&& dinput) {
   detail::check_target<"solder::nn::mse">(input, target);
   detail::check_gradient<"solder::nn::mse">(input, dinput, "the gradient");
-  return detail::elementwise_mean_loss<true>(ops::mse{}, input.data(), target.data(), dinput.data(),
+  return detail::elementwise_mean_loss<true, memory_space_t<std::remove_cvref_t<X>>>(ops::mse{}, input.data(), target.data(), dinput.data(),
                                              detail::elements(input));
 }
 /// Mean squared error without the gradient (evaluation).
 template <FloatInput X, FloatInput T>
 float mse(const X& input, const T& target) {
   detail::check_target<"solder::nn::mse">(input, target);
-  return detail::elementwise_mean_loss<false>(ops::mse{}, input.data(), target.data(), nullptr,
+  return detail::elementwise_mean_loss<false, memory_space_t<std::remove_cvref_t<X>>>(ops::mse{}, input.data(), target.data(), nullptr,
                                               detail::elements(input));
 }
 
@@ -194,14 +183,14 @@ template <FloatInput X, FloatInput T, FloatOutput G>
 float bce_with_logits(const X& input, const T& target, G&& dinput) {
   detail::check_target<"solder::nn::bce_with_logits">(input, target);
   detail::check_gradient<"solder::nn::bce_with_logits">(input, dinput, "the gradient");
-  return detail::elementwise_mean_loss<true>(ops::bce_with_logits{}, input.data(), target.data(), dinput.data(),
+  return detail::elementwise_mean_loss<true, memory_space_t<std::remove_cvref_t<X>>>(ops::bce_with_logits{}, input.data(), target.data(), dinput.data(),
                                              detail::elements(input));
 }
 /// Binary cross-entropy on logits without the gradient (evaluation).
 template <FloatInput X, FloatInput T>
 float bce_with_logits(const X& input, const T& target) {
   detail::check_target<"solder::nn::bce_with_logits">(input, target);
-  return detail::elementwise_mean_loss<false>(ops::bce_with_logits{}, input.data(), target.data(), nullptr,
+  return detail::elementwise_mean_loss<false, memory_space_t<std::remove_cvref_t<X>>>(ops::bce_with_logits{}, input.data(), target.data(), nullptr,
                                               detail::elements(input));
 }
 

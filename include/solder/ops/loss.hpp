@@ -66,6 +66,28 @@ SOLDER_HD SOLDER_INLINE typename R::accum elementwise_loss_sum(const Op& op, con
   });
 }
 
+/// An elementwise loss Op over chunk c of n elements, as a body of the executor's row_sums<dyn>
+/// (Chunks: the backend's chunking of the elements, items of one element each): the chunk's sum,
+/// and with Grad its gradient, by one walk resized to the chunk (the last may be shorter). n:
+/// the longest chunk's length, which the walker is made for.
+template <bool Grad, class Op, class Chunks>
+struct elementwise_loss_chunks {
+  Op op;
+  const float* x;
+  const float* t;
+  float* g;
+  float scale;
+  Chunks chunks;
+  std::size_t n;
+  SOLDER_EXEC_CHECK_OFF
+  template <class R>
+  SOLDER_HD SOLDER_INLINE double operator()(const R& walker, std::size_t c) const {
+    const std::size_t b = chunks.begin(c);
+    return elementwise_loss_sum<Grad>(op, walker.with_length(chunks.end(c) - b), x + b, t + b, Grad ? g + b : nullptr,
+                                      scale);
+  }
+};
+
 /// Softmax cross-entropy of one row of C logits against the label y, with torch's label
 /// smoothing eps (the target is (1 - eps) onehot(y) + eps / C):
 ///   loss = logsumexp(x) - keep x_y - spread sum_j x_j,  keep = 1 - eps, spread = eps / C,

@@ -69,6 +69,12 @@ struct row {
   explicit constexpr row(std::size_t n)
     requires(N == dyn)
       : length{n} {}
+  /// The walk of another run-time length (a shorter last chunk).
+  constexpr row with_length(std::size_t n) const
+    requires(N == dyn)
+  {
+    return row(n);
+  }
 
   /// The row's length; columns [0, full()) are whole vectors, the last rest() a tail.
   constexpr std::size_t size() const { return length.size(); }

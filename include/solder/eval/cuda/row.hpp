@@ -144,6 +144,12 @@ class warp_row {
   }
 
   SOLDER_HD const Team& team() const { return team_; }
+  /// The walk of another run-time length by the same lanes (a shorter last chunk).
+  SOLDER_HD warp_row with_length(std::size_t n) const
+    requires(N == dyn)
+  {
+    return warp_row(n, team_);
+  }
 
  private:
   [[no_unique_address]] detail::warp_row_length<N> length_;
