@@ -283,6 +283,35 @@ void check_chains() {
   check_chain<cnn>("chain_in<device> CNN", blocks::host_cnn_chain(x, labels), x, labels);
 }
 
+/// mse and bce_with_logits over device tensors against a double loop of torch's definitions:
+/// the mean losses within 1e-6, mse's gradient 2 (x - t) / n within a rounding.
+void check_elementwise_losses() {
+  constexpr std::size_t rows = 37, n = rows * 13;
+  std::vector<float> x(n), t(n);
+  solder::test::fill_uniform(x, -3.0, 3.0, 71u);
+  solder::test::fill_uniform(t, 0.0, 1.0, 72u);
+  tensor<float, shape<dyn, 13>, device> xd(rows), td(rows), gd(rows);
+  executor<cuda>::copy_from_host(xd.data(), x.data(), n);
+  executor<cuda>::copy_from_host(td.data(), t.data(), n);
+  double mse = 0, bce = 0;
+  std::vector<float> want_g(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double d = double(x[i]) - double(t[i]);
+    mse += d * d;
+    want_g[i] = float(2.0 * d / double(n));
+    bce += std::max(double(x[i]), 0.0) - double(x[i]) * double(t[i]) + std::log1p(std::exp(-std::fabs(double(x[i]))));
+  }
+  mse /= double(n);
+  bce /= double(n);
+  const float got_mse = nn::mse(xd, td, gd);
+  expect(std::fabs(got_mse - mse) <= 1e-6 * mse, "mse over device tensors: the mean");
+  std::vector<double> mag(n);
+  for (std::size_t i = 0; i < n; ++i) mag[i] = std::fabs(want_g[i]) + 1e-12;
+  expect(off("mse gradient", host_copy(gd), want_g, mag) == 0, "mse over device tensors: the gradient");
+  const float got_bce = nn::bce_with_logits(xd, td);
+  expect(std::fabs(got_bce - bce) <= 1e-6 * bce, "bce_with_logits over device tensors: the mean");
+}
+
 /// Pooling in device memory: max pooling's values, argmax routing and gathers bit for bit (no
 /// arithmetic but the gather's adds, in the same order), average pooling's within a rounding.
 void check_pool() {
@@ -321,6 +350,7 @@ int main() {
     check_block<nn::linear_block<nn::linear<64, 32, true, device>, nn::relu, nn::dropout<0.1f>>>(1, "linear+relu+dropout");
     check_rows();
     check_pool();
+    check_elementwise_losses();
     check_chains();
   });
 }

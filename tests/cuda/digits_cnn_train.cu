@@ -1,12 +1,17 @@
-// tests/cuda/digits_cnn_train.cu: the generated launchers of kernels/chains.hpp's digits_cnn
-// (kernels/digits_cnn.cu) against the CPU chain (digits_cnn_train.host.cpp): the second
-// convolution group's own launchers (training forward, backward, the folded evaluation) against
-// nn::conv_block; the chain-level launchers from the same initial weights on the same batches of
-// the digits data, every step's z, block outputs, pooled and dropped features (the mask bit for
-// bit) and logits, the losses, the first step's gradients, the running statistics and the weights
-// after 6 steps of AdamW and of SGD with momentum, within stated tolerances; then the example's 20
-// epochs on the GPU and on the CPU from the same start, the held-out accuracies compared. Exits
-// 77 (ctest's skip code) where no CUDA device is present.
+// tests/cuda/digits_cnn_train.cu: kernels/chains.hpp's digits_cnn as a device model behind its
+// generated C interface (kernels/digits_cnn.h) against the CPU chain (digits_cnn_train.host.cpp):
+// create draws the CPU chain's parameters and running statistics bit for bit, params() names them
+// and lays them out as the header's macros and points at them, write_params, write_buffers and
+// their reads round-trip, reseed draws what a fresh chain draws; a training forward (batch
+// statistics, the running statistics moved, the dropout's mask the CPU's) and its backward for a
+// given dy, also as a data-parallel shard (set_first_sample on both sides), and the evaluation
+// forward (batch_norm folded, also after write_buffers) within rounding of the CPU chain's;
+// train_step from the same weights on the same batches (losses, running statistics, first-step
+// gradients, weights after 6 steps) with AdamW and SGD with momentum; refused labels and
+// arguments (cudaErrorInvalidValue, a message naming them, the model as it was, its running
+// statistics included); and the example's 20 epochs on the GPU and on the CPU from the same start,
+// the held-out accuracies (the GPU's from the model's own evaluation forward) compared. Exits 77
+// (ctest's skip code) where no CUDA device is present.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,6 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -27,23 +33,38 @@ namespace {
 
 namespace ref = solder::test::digits_cnn_train;
 using ref::batch;
+using ref::buffer_floats;
+using ref::classes;
 using ref::features;
 using ref::param_floats;
 using solder::test::gpu::device_vector;
 using solder::test::gpu::expect;
 
-static_assert(SOLDER_DIGITS_CNN_PARAM_FLOATS == param_floats && SOLDER_DIGITS_CNN_HIDDEN_FLOATS == ref::hidden_floats &&
-              SOLDER_DIGITS_CNN_BUFFER_FLOATS == ref::buffer_floats && SOLDER_DIGITS_CNN_DROPOUTS == 1 &&
-              SOLDER_DIGITS_CNN_4_SAVED_MEAN == 128 && SOLDER_DIGITS_CNN_1_SAVED_MEAN == ref::running_floats);
+static_assert(SOLDER_DIGITS_CNN_PARAM_FLOATS == param_floats && SOLDER_DIGITS_CNN_BUFFER_FLOATS == buffer_floats &&
+              SOLDER_DIGITS_CNN_IN_FLOATS == features && SOLDER_DIGITS_CNN_OUT_FLOATS == classes &&
+              SOLDER_DIGITS_CNN_PARAMS == 10 && SOLDER_DIGITS_CNN_DROPOUTS == 1);
+// The buffers: each batch_norm's running mean, then its running variance, in layer order.
+static_assert(SOLDER_DIGITS_CNN_1_RUNNING_MEAN == 0 && SOLDER_DIGITS_CNN_1_RUNNING_VAR == 16 &&
+              SOLDER_DIGITS_CNN_4_RUNNING_MEAN == 32 && SOLDER_DIGITS_CNN_4_RUNNING_VAR == 64 && buffer_floats == 96);
+
+/// The header's flat layout, in params() order: each tensor's name and start, then the end.
+constexpr std::size_t tensors = SOLDER_DIGITS_CNN_PARAMS;
+constexpr const char* layout_names[tensors] = {"0.weight", "0.bias", "1.weight", "1.bias", "3.weight",
+                                               "3.bias",   "4.weight", "4.bias", "9.weight", "9.bias"};
+constexpr std::size_t layout_starts[tensors + 1] = {
+    SOLDER_DIGITS_CNN_0_WEIGHT, SOLDER_DIGITS_CNN_0_BIAS, SOLDER_DIGITS_CNN_1_WEIGHT, SOLDER_DIGITS_CNN_1_BIAS,
+    SOLDER_DIGITS_CNN_3_WEIGHT, SOLDER_DIGITS_CNN_3_BIAS, SOLDER_DIGITS_CNN_4_WEIGHT, SOLDER_DIGITS_CNN_4_BIAS,
+    SOLDER_DIGITS_CNN_9_WEIGHT, SOLDER_DIGITS_CNN_9_BIAS, param_floats};
+/// The convolutions' biases (tensors 1 and 5) and the bias of the batch_norm after each (3, 7).
+constexpr std::size_t conv_biases[2] = {1, 5}, norm_biases[2] = {3, 7};
 
 /// Both sides sum the products in another order (the CPU's convolution and GEMM block them, the
 /// GPU runs one fma chain per element), so a convolution's output differs by float roundings of
-/// sums of 9 to 144 terms: 1e-5 of the tensor's largest element. A batch norm divides by the
-/// batch's deviation and the layers after it compound the differences: 5e-5 of the largest for
-/// everything after the first batch_norm (outputs, pooled features, logits, gradients), and for
-/// the running statistics relative to each value. The loss, a mean of 32 log-sum-exps: 1e-5
-/// relative.
-constexpr double conv_tolerance = 1e-5, deep_tolerance = 5e-5, loss_tolerance = 1e-5;
+/// sums of 9 to 144 terms. A batch norm divides by the batch's deviation and the layers after it
+/// compound the differences: 5e-5 of the tensor's largest element for the logits and gradients,
+/// and for the running statistics relative to each value. The loss, a mean of 32 log-sum-exps:
+/// 1e-5 relative.
+constexpr double deep_tolerance = 5e-5, loss_tolerance = 1e-5;
 /// A convolution's bias gradient before a batch_norm is 0 up to rounding (the normalization
 /// removes any per-channel shift): both sides hold rounding noise, required below 1e-4 of the
 /// batch_norm bias gradient's largest element instead of compared.
@@ -66,9 +87,64 @@ void expect_ok(int status, const char* what) {
   }
 }
 
+/// A device model, destroyed with its scope.
+class model {
+ public:
+  explicit model(std::uint64_t seed) {
+    expect_ok(solder_digits_cnn_create(seed, &p_), "create");
+    if (p_ == nullptr) throw std::runtime_error("solder_digits_cnn_create made no model");
+  }
+  ~model() { solder_digits_cnn_destroy(p_); }
+  model(const model&) = delete;
+  model& operator=(const model&) = delete;
+  solder_digits_cnn* get() const { return p_; }
+
+  std::vector<float> params() const {
+    std::vector<float> v(param_floats);
+    expect_ok(solder_digits_cnn_read_params(p_, v.data(), nullptr), "read_params");
+    return v;
+  }
+  std::vector<float> grads() const {
+    std::vector<float> v(param_floats);
+    expect_ok(solder_digits_cnn_read_grads(p_, v.data(), nullptr), "read_grads");
+    return v;
+  }
+  std::vector<float> buffers() const {
+    std::vector<float> v(buffer_floats);
+    expect_ok(solder_digits_cnn_read_buffers(p_, v.data(), nullptr), "read_buffers");
+    return v;
+  }
+  /// The logits of x [rows, 64] (device memory) in the model's mode.
+  std::vector<float> forward(const float* x, std::size_t rows) const {
+    const device_vector<float> y(rows * classes);
+    expect_ok(solder_digits_cnn_forward(p_, x, y.get(), rows, nullptr), "forward");
+    return y.read();
+  }
+
+ private:
+  solder_digits_cnn* p_ = nullptr;
+};
+
+solder_optimizer optimizer_of(const ref::optimizer_settings& s) {
+  solder_optimizer o{};
+  o.kind = s.kind == ref::optimizer_settings::sgd    ? solder_sgd
+           : s.kind == ref::optimizer_settings::adam ? solder_adam
+                                                     : solder_adamw;
+  o.lr = s.lr;
+  o.weight_decay = s.weight_decay;
+  o.momentum = s.momentum;
+  o.beta1 = 0.9f;
+  o.beta2 = 0.999f;
+  o.eps = 1e-8f;
+  return o;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
 double largest(const std::vector<float>& v, std::size_t begin, std::size_t end) {
   double m = 0;
-  for (std::size_t i = begin; i < end; ++i) m = std::max(m, std::fabs(double(v[i])));
+  for (std::size_t i = begin; i < std::min(end, v.size()); ++i) m = std::max(m, std::fabs(double(v[i])));
   return m;
 }
 /// Elements of got[begin, end) off want by more than tol * (the largest |want| there).
@@ -90,142 +166,172 @@ std::size_t off_relative(const std::vector<float>& want, const std::vector<float
     n += !(std::fabs(double(want[i]) - double(got[i])) <= tol * std::fabs(double(want[i])) + 1e-12);
   return n;
 }
+bool conv_bias(std::size_t k) { return k == conv_biases[0] || k == conv_biases[1]; }
 
-/// The second convolution group's launchers against nn::conv_block (5 samples).
-void group_launchers() {
-  constexpr std::size_t rows = 5, in = 16 * 64, out = 32 * 64;
-  std::vector<float> x(rows * in), dy(rows * out), bn_weight(32), bn_bias(32);
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(0.37 * double(i)));
-  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = float(std::cos(0.11 * double(i)));
-  for (std::size_t c = 0; c < 32; ++c) bn_weight[c] = 0.5f + 0.03f * float(c), bn_bias[c] = 0.1f * float(c % 5) - 0.2f;
-  const ref::block_result want = ref::second_block(x, dy, rows, bn_weight, bn_bias);
-  const device_vector<float> xd(x), dyd(dy), w(want.w), b(want.b), gamma(bn_weight), beta(bn_bias), y_cpu(want.y);
-  device_vector<float> running_mean(std::vector<float>(32, 0.0f)), running_var(std::vector<float>(32, 1.0f));
-  device_vector<float> z(rows * out), saved_mean(32), saved_rstd(32), y(rows * out), dx(rows * in), dw(want.dw.size()),
-      db(32), dgamma(32), dbeta(32), y_eval(rows * out);
-  expect_ok(solder_conv2d_batch_norm_relu_f32_16x8x8_32k3x3s1p1_fwd(
-                xd.get(), w.get(), b.get(), gamma.get(), beta.get(), running_mean.get(), running_var.get(), z.get(),
-                saved_mean.get(), saved_rstd.get(), y.get(), rows, 1e-5, 0.1, nullptr),
-            "group 1 forward");
-  // The backward from the CPU's y: the relu's gate is then the CPU's bit for bit.
-  expect_ok(solder_conv2d_batch_norm_relu_f32_16x8x8_32k3x3s1p1_bwd(
-                xd.get(), w.get(), gamma.get(), z.get(), saved_mean.get(), saved_rstd.get(), y_cpu.get(), dyd.get(),
-                dx.get(), dw.get(), db.get(), dgamma.get(), dbeta.get(), rows, nullptr),
-            "group 1 backward");
-  expect_ok(solder_conv2d_batch_norm_relu_f32_16x8x8_32k3x3s1p1_eval(xd.get(), w.get(), b.get(), gamma.get(),
-                                                                     beta.get(), running_mean.get(),
-                                                                     running_var.get(), y_eval.get(), rows, 1e-5,
-                                                                     nullptr),
-            "group 1 evaluation");
-  expect(off(want.y, y.read(), deep_tolerance) == 0, "group 1 forward: y within 5e-5 of its largest");
-  expect(off_relative(want.running_mean, running_mean.read(), deep_tolerance) == 0 &&
-             off_relative(want.running_var, running_var.read(), deep_tolerance) == 0,
-         "group 1 forward: the running statistics moved as the CPU's");
-  expect(off(want.dx, dx.read(), deep_tolerance) == 0, "group 1 backward: dx");
-  expect(off(want.dw, dw.read(), deep_tolerance) == 0, "group 1 backward: dw");
-  expect(off(want.dbn_weight, dgamma.read(), deep_tolerance) == 0, "group 1 backward: the batch_norm's weight gradient");
-  expect(off(want.dbn_bias, dbeta.read(), deep_tolerance) == 0, "group 1 backward: the batch_norm's bias gradient");
-  const double scale = largest(want.dbn_bias, 0, 32);
-  const std::vector<float> got_db = db.read();
-  expect(largest(got_db, 0, 32) <= noise_bound * scale && largest(want.db, 0, 32) <= noise_bound * scale,
-         "group 1 backward: the convolution's bias gradient is rounding noise on both sides");
-  expect(off(want.y_eval, y_eval.read(), deep_tolerance) == 0, "group 1 evaluation (folded): y within 5e-5 of its largest");
-}
-
-/// The GPU's training state.
-struct gpu_chain {
-  device_vector<float> params, grads, state, buffers, hidden, y;
-  solder_optimizer opt{};
-  std::uint64_t seeds[1] = {}, offsets[1] = {};
-
-  gpu_chain(const std::vector<float>& p, const std::vector<float>& running, const ref::optimizer_settings& s)
-      : params(p), grads(param_floats), state(std::vector<float>(2 * param_floats, 0.0f)),
-        buffers([&] {
-          std::vector<float> b(ref::buffer_floats, 0.0f);
-          std::copy(running.begin(), running.end(), b.begin());
-          return b;
-        }()),
-        hidden(batch * ref::hidden_floats), y(batch * ref::classes) {
-    opt.kind = s.adamw ? solder_adamw : solder_sgd;
-    opt.lr = s.lr;
-    opt.weight_decay = s.weight_decay;
-    opt.momentum = s.momentum;
-    opt.beta1 = 0.9f;
-    opt.beta2 = 0.999f;
-    opt.eps = 1e-8f;
-    expect_ok(solder_digits_cnn_dropout_streams(ref::model_seed, seeds, offsets), "dropout_streams");
+/// The gradients against the CPU chain's: every tensor within deep_tolerance of its largest but
+/// the convolutions' biases, which must be rounding noise on both sides.
+void check_gradients(const std::vector<float>& want, const std::vector<float>& got, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t k = 0; k < tensors; ++k)
+    if (!conv_bias(k)) n += off(want, got, layout_starts[k], layout_starts[k + 1], deep_tolerance);
+  expect(n == 0, (what + ": every gradient within 5e-5 of its tensor's largest").c_str());
+  bool noise = true;
+  for (int i = 0; i < 2; ++i) {
+    const std::size_t c = conv_biases[i], b = norm_biases[i];
+    const double scale = noise_bound * largest(want, layout_starts[b], layout_starts[b + 1]);
+    noise = noise && largest(got, layout_starts[c], layout_starts[c + 1]) <= scale &&
+            largest(want, layout_starts[c], layout_starts[c + 1]) <= scale;
   }
-  float step(const float* x, const std::int32_t* labels, float lr) {
-    opt.lr = lr;
-    float loss = -1;
-    expect_ok(solder_digits_cnn_train_step(x, labels, params.get(), grads.get(), state.get(), &opt, buffers.get(),
-                                           hidden.get(), y.get(), batch, seeds, offsets, 0, 0.0f, &loss, nullptr),
-              "digits_cnn train_step");
-    return loss;
-  }
-  std::vector<float> running() const {
-    std::vector<float> b = buffers.read();
-    b.resize(ref::running_floats);
-    return b;
-  }
-};
-
-/// The step's hidden values and logits against the CPU blocks' forward from the same parameters,
-/// running statistics and stream.
-void check_forward(const std::vector<float>& params, const std::vector<float>& running, const float* x, gpu_chain& g,
-                   const std::string& what) {
-  const ref::forward_result want = ref::forward(params, running, x, batch, g.seeds[0], g.offsets[0]);
-  const std::vector<float> got = g.hidden.read(), logits = g.y.read();
-  const auto rows = [](std::size_t at) { return batch * at; };
-  expect(off(want.hidden, got, rows(ref::z0_at), rows(ref::y0_at), conv_tolerance) == 0, (what + ": z0 within 1e-5").c_str());
-  expect(off(want.hidden, got, rows(ref::y0_at), rows(ref::z1_at), deep_tolerance) == 0, (what + ": y0 within 5e-5").c_str());
-  expect(off(want.hidden, got, rows(ref::z1_at), rows(ref::y1_at), deep_tolerance) == 0, (what + ": z1 within 5e-5").c_str());
-  expect(off(want.hidden, got, rows(ref::y1_at), rows(ref::pool_at), deep_tolerance) == 0, (what + ": y1 within 5e-5").c_str());
-  expect(off(want.hidden, got, rows(ref::pool_at), rows(ref::argmax_at), deep_tolerance) == 0,
-         (what + ": the pooled features within 5e-5").c_str());
-  // The dropout: every element the CPU's mask drops is +0 on both sides, bit for bit.
-  const auto keep = ref::dropout_mask(g.seeds[0], g.offsets[0], batch);
-  std::size_t dropped = 0, wrong = 0;
-  const float zero = 0.0f;
-  for (std::size_t i = 0; i < keep.size(); ++i)
-    if (!keep[i]) {
-      ++dropped;
-      const float v = got[rows(ref::dropout_at) + i], w = want.hidden[rows(ref::dropout_at) + i];
-      wrong += std::memcmp(&v, &zero, sizeof v) != 0 || std::memcmp(&w, &zero, sizeof w) != 0;
-    }
-  expect(dropped > 0 && wrong == 0, (what + ": the dropped features are +0 on both sides").c_str());
-  expect(off(want.hidden, got, rows(ref::dropout_at), rows(ref::hidden_floats), deep_tolerance) == 0,
-         (what + ": the dropout's output within 5e-5").c_str());
-  expect(off(want.logits, logits, deep_tolerance) == 0, (what + ": the logits within 5e-5").c_str());
-  expect(off_relative(want.running, g.running(), deep_tolerance) == 0,
-         (what + ": the running statistics moved as the CPU's").c_str());
+  expect(noise, (what + ": the convolutions' bias gradients are rounding noise on both sides").c_str());
 }
 
 bool weights_close(const std::vector<float>& want, const std::vector<float>& got, double bound, const char* what) {
   if (want.size() != got.size()) return false;
-  const std::size_t skip[][2] = {{SOLDER_DIGITS_CNN_0_BIAS, SOLDER_DIGITS_CNN_1_WEIGHT},
-                                 {SOLDER_DIGITS_CNN_3_BIAS, SOLDER_DIGITS_CNN_4_WEIGHT}};
   std::size_t far = 0, compared = 0;
   double worst = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    if ((i >= skip[0][0] && i < skip[0][1]) || (i >= skip[1][0] && i < skip[1][1])) continue;
-    ++compared;
-    const double d = std::fabs(double(want[i]) - double(got[i]));
-    far += !(d <= weight_abs + weight_rel * std::fabs(double(want[i])));
-    worst = std::max(worst, d == d ? d : 1e30);
+  for (std::size_t k = 0; k < tensors; ++k) {
+    if (conv_bias(k)) continue;
+    for (std::size_t i = layout_starts[k]; i < layout_starts[k + 1]; ++i) {
+      ++compared;
+      const double d = std::fabs(double(want[i]) - double(got[i]));
+      far += !(d <= weight_abs + weight_rel * std::fabs(double(want[i])));
+      worst = std::max(worst, d == d ? d : 1e30);
+    }
   }
   std::printf("  %s: %zu of %zu weights beyond 1e-6 + 1e-5 |w|, largest difference %.3g\n", what, far, compared, worst);
   return double(far) <= weight_outliers * double(compared) && worst <= bound;
 }
+double moved(const std::vector<float>& initial, const std::vector<float>& trained) {
+  double m = 0;
+  for (std::size_t i = 0; i < trained.size(); ++i) m = std::max(m, std::fabs(double(trained[i]) - initial[i]));
+  return m;
+}
+
+/// Rows of logits [rows, 10] whose largest logit (the first of equal ones) is the label.
+double accuracy_of(const std::vector<float>& logits, const std::vector<std::int32_t>& labels) {
+  std::size_t right = 0;
+  for (std::size_t r = 0; r < labels.size(); ++r) {
+    const float* row = logits.data() + r * classes;
+    right += std::size_t(std::max_element(row, row + classes) - row) == std::size_t(labels[r]);
+  }
+  return double(right) / double(labels.size());
+}
+
+std::vector<float> read_device(const float* p, std::size_t floats) {
+  std::vector<float> v(floats);
+  solder::eval::cuda::check(cudaMemcpy(v.data(), p, floats * sizeof(float), cudaMemcpyDeviceToHost),
+                            "cudaMemcpy of a parameter tensor");
+  return v;
+}
+
+/// A batch of `rows` held-out samples from `first` on, and a dy for it.
+struct probe {
+  std::vector<float> x, dy;
+  probe(const ref::digits& data, std::size_t first, std::size_t rows)
+      : x(data.test_x().begin() + first * features, data.test_x().begin() + (first + rows) * features),
+        dy(rows * classes) {
+    for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = float(std::cos(0.11 * double(i))) / float(rows);
+  }
+};
+
+/// create, params(), the parameters' and buffers' writes and reads, reseed.
+void parameters() {
+  const ref::cpu_chain cpu(ref::model_seed, {});
+  const std::vector<float> initial = cpu.params(), running = cpu.buffers();
+  const model m(ref::model_seed);
+  expect(same_bits(m.params(), initial), "create: the parameters nn::chain(seed) draws, bit for bit");
+  expect(same_bits(m.buffers(), running), "create: the running statistics nn::chain(seed) starts with, bit for bit");
+
+  solder_param_tensor t[tensors] = {};
+  expect_ok(solder_digits_cnn_params(m.get(), t), "params");
+  const std::vector<ref::param_info> layout = cpu.layout();
+  bool names = layout.size() == tensors, places = names, values = names, pointers = names;
+  for (std::size_t k = 0; names && k < tensors; ++k) {
+    const std::size_t at = layout_starts[k];
+    names = names && t[k].name != nullptr && layout[k].name == t[k].name && layout[k].name == layout_names[k];
+    places = places && t[k].floats == layout[k].floats && at + t[k].floats == layout_starts[k + 1];
+    pointers = pointers && t[k].value != nullptr && t[k].grad != nullptr && t[k].value != t[k].grad;
+    if (pointers && places)
+      values = values && std::memcmp(read_device(t[k].value, t[k].floats).data(), initial.data() + at,
+                                     t[k].floats * sizeof(float)) == 0;
+  }
+  expect(names, "params: the CPU chain's state_dict names, in the header's order");
+  expect(places, "params: each tensor's floats, where the header's macros place it in the flat array");
+  expect(pointers, "params: a value and a separate gradient pointer for every tensor");
+  expect(pointers && places && values, "params: the device memory of each value holds read_params' floats there");
+
+  std::vector<float> written(initial), stats(running);
+  for (std::size_t i = 0; i < written.size(); ++i) written[i] = 0.5f * written[i] + 1e-3f * float(i % 97);
+  for (std::size_t i = 0; i < stats.size(); ++i) stats[i] += 0.25f + 0.01f * float(i);
+  expect_ok(solder_digits_cnn_write_params(m.get(), written.data(), nullptr), "write_params");
+  expect_ok(solder_digits_cnn_write_buffers(m.get(), stats.data(), nullptr), "write_buffers");
+  expect(same_bits(m.params(), written), "write_params, then read_params: the same bits");
+  expect(same_bits(m.buffers(), stats), "write_buffers, then read_buffers: the same bits");
+  const ref::cpu_chain five(5, {});
+  expect_ok(solder_digits_cnn_reseed(m.get(), 5), "reseed");
+  expect(same_bits(m.params(), five.params()) && same_bits(m.buffers(), five.buffers()),
+         "reseed(5): the parameters and running statistics nn::chain(5) starts with");
+  expect_ok(solder_digits_cnn_reseed(m.get(), ref::model_seed), "reseed");
+  expect(same_bits(m.params(), initial), "reseed(seed): the parameters create(seed) drew");
+  expect(std::string(solder_digits_cnn_last_error()).empty(), "last_error: empty after a call that succeeded");
+}
+
+/// A fresh model's training forward of a batch with a tail (37 rows) and its backward for a given
+/// dy against the CPU chain's; then in evaluation mode, from the running statistics that forward
+/// left, the held-out logits, also after write_buffers.
+void forward_and_backward(const ref::digits& data) {
+  constexpr std::size_t rows = 37;
+  const probe p(data, 0, rows);
+  const device_vector<float> xd(p.x), dyd(p.dy);
+  ref::cpu_chain cpu(ref::model_seed, {});
+  const model m(ref::model_seed);
+  const std::vector<float> want = cpu.forward_backward(p.x.data(), p.dy.data(), rows);
+  expect(off(want, m.forward(xd.get(), rows), deep_tolerance) == 0,
+         "training forward: the logits within 5e-5 of the largest of the CPU chain's (the same dropout mask)");
+  expect(off_relative(cpu.buffers(), m.buffers(), deep_tolerance) == 0,
+         "training forward: the running statistics moved as the CPU chain's");
+  expect_ok(solder_digits_cnn_backward(m.get(), dyd.get(), rows, nullptr), "backward");
+  check_gradients(cpu.grads(), m.grads(), "backward");
+
+  expect_ok(solder_digits_cnn_eval(m.get()), "eval");
+  const std::vector<float>& tx = data.test_x();
+  const std::size_t n = data.test_y().size();
+  const device_vector<float> txd(tx);
+  const std::vector<float> params = m.params(), got = m.forward(txd.get(), n);
+  expect(off(ref::eval_forward(params, m.buffers(), tx.data(), n), got, deep_tolerance) == 0,
+         "eval forward (batch_norm folded): the logits within 5e-5 of the largest of the CPU chain's");
+  expect(same_bits(got, m.forward(txd.get(), n)), "eval forward: the same bits on a second call");
+  std::vector<float> stats = m.buffers();
+  for (std::size_t i = 0; i < stats.size(); ++i) stats[i] = 0.5f * stats[i] + 0.3f;
+  expect_ok(solder_digits_cnn_write_buffers(m.get(), stats.data(), nullptr), "write_buffers");
+  expect(off(ref::eval_forward(params, stats, tx.data(), n), m.forward(txd.get(), n), deep_tolerance) == 0,
+         "eval forward after write_buffers: folded with the written running statistics");
+}
+
+/// A data-parallel shard: samples [16, 32) of a batch as the second of two ranks
+/// (set_first_sample(16)), on the GPU and on the CPU chain: the dropout draws that half's mask
+/// on both sides (the batch_norms normalize over the shard, as each rank's does).
+void shard(const ref::digits& data) {
+  constexpr std::size_t first = batch / 2, rows = batch / 2;
+  const probe p(data, first, rows);
+  const device_vector<float> xd(p.x), dyd(p.dy);
+  ref::cpu_chain cpu(ref::model_seed, {});
+  const model m(ref::model_seed);
+  cpu.set_first_sample(first);
+  expect_ok(solder_digits_cnn_set_first_sample(m.get(), first), "set_first_sample");
+  const std::vector<float> want = cpu.forward_backward(p.x.data(), p.dy.data(), rows);
+  expect(off(want, m.forward(xd.get(), rows), deep_tolerance) == 0,
+         "shard: the logits within 5e-5 of the largest of the CPU chain's (the mask of samples 16 to 31)");
+  expect_ok(solder_digits_cnn_backward(m.get(), dyd.get(), rows, nullptr), "backward");
+  check_gradients(cpu.grads(), m.grads(), "shard backward");
+}
 
 void compare_training(const ref::digits& data, const ref::optimizer_settings& s, int steps, const char* what) {
   std::printf("%s, %d steps:\n", what, steps);
-  ref::cpu_chain cpu(s);
+  ref::cpu_chain cpu(ref::model_seed, s);
   const std::vector<float> initial = cpu.params();
-  gpu_chain gpu(initial, cpu.running(), s);
-  expect(std::vector<std::uint64_t>(gpu.seeds, gpu.seeds + 1) == cpu.seeds() &&
-             std::vector<std::uint64_t>(gpu.offsets, gpu.offsets + 1) == cpu.offsets(),
-         "dropout_streams: the CPU chain's stream for the same seed");
+  const model m(ref::model_seed);
+  solder_optimizer o = optimizer_of(s);
   std::vector<float> x;
   std::vector<std::int32_t> y;
   data.epoch(0, x, y);
@@ -233,54 +339,96 @@ void compare_training(const ref::digits& data, const ref::optimizer_settings& s,
   const device_vector<std::int32_t> yd(y);
   for (int t = 0; t < steps; ++t) {
     const std::size_t row = std::size_t(t) * batch;
-    const std::vector<float> before = gpu.params.read(), running_before = gpu.running();
-    const float gpu_loss = gpu.step(xd.get() + row * features, yd.get() + row, s.lr);
+    float gpu_loss = -1;
+    expect_ok(solder_digits_cnn_train_step(m.get(), xd.get() + row * features, yd.get() + row, batch, &o, 0.0f,
+                                           &gpu_loss, nullptr),
+              "train_step");
     const float cpu_loss = cpu.train_step(x.data() + row * features, y.data() + row, batch, s.lr);
     std::printf("  step %d: loss %.7f (GPU) %.7f (CPU)\n", t + 1, double(gpu_loss), double(cpu_loss));
     expect(std::fabs(double(gpu_loss) - double(cpu_loss)) <= loss_tolerance * std::fabs(double(cpu_loss)),
            "train_step: the loss within 1e-5 of the CPU's");
-    expect(std::vector<std::uint64_t>(gpu.offsets, gpu.offsets + 1) == cpu.offsets(),
-           "train_step: the dropout stream advanced as the CPU chain's");
-    check_forward(before, running_before, x.data() + row * features, gpu, what);
-    if (t == 0) {
-      const std::vector<float> want = cpu.grads(), got = gpu.grads.read();
-      const std::size_t tensors[][2] = {{SOLDER_DIGITS_CNN_0_WEIGHT, SOLDER_DIGITS_CNN_0_BIAS},
-                                        {SOLDER_DIGITS_CNN_1_WEIGHT, SOLDER_DIGITS_CNN_1_BIAS},
-                                        {SOLDER_DIGITS_CNN_1_BIAS, SOLDER_DIGITS_CNN_3_WEIGHT},
-                                        {SOLDER_DIGITS_CNN_3_WEIGHT, SOLDER_DIGITS_CNN_3_BIAS},
-                                        {SOLDER_DIGITS_CNN_4_WEIGHT, SOLDER_DIGITS_CNN_4_BIAS},
-                                        {SOLDER_DIGITS_CNN_4_BIAS, SOLDER_DIGITS_CNN_9_WEIGHT},
-                                        {SOLDER_DIGITS_CNN_9_WEIGHT, SOLDER_DIGITS_CNN_9_BIAS},
-                                        {SOLDER_DIGITS_CNN_9_BIAS, param_floats}};
-      std::size_t n = 0;
-      for (const auto& r : tensors) n += off(want, got, r[0], r[1], deep_tolerance);
-      expect(n == 0, "train_step: every gradient of the first step within 5e-5 of its tensor's largest");
-      // The convolutions' bias gradients: noise on both sides, next to their batch_norms' bias gradients.
-      const double s0 = largest(want, SOLDER_DIGITS_CNN_1_BIAS, SOLDER_DIGITS_CNN_3_WEIGHT),
-                   s1 = largest(want, SOLDER_DIGITS_CNN_4_BIAS, SOLDER_DIGITS_CNN_9_WEIGHT);
-      expect(largest(got, SOLDER_DIGITS_CNN_0_BIAS, SOLDER_DIGITS_CNN_1_WEIGHT) <= noise_bound * s0 &&
-                 largest(got, SOLDER_DIGITS_CNN_3_BIAS, SOLDER_DIGITS_CNN_4_WEIGHT) <= noise_bound * s1,
-             "train_step: the convolutions' bias gradients are rounding noise");
-    }
+    expect(o.steps == t + 1, "train_step: the optimizer's steps advanced by 1");
+    expect(off_relative(cpu.buffers(), m.buffers(), deep_tolerance) == 0,
+           "train_step: the running statistics moved as the CPU's");
+    if (t == 0) check_gradients(cpu.grads(), m.grads(), "train_step, first step");
   }
   const std::vector<float> trained = cpu.params();
-  double moved = 0;
-  for (std::size_t i = 0; i < trained.size(); ++i) moved = std::max(moved, std::fabs(double(trained[i]) - initial[i]));
-  expect(weights_close(trained, gpu.params.read(), 2 * moved, what), "train_step: the weights after the steps close to the CPU's");
-  expect(off_relative(cpu.running(), gpu.running(), deep_tolerance) == 0,
-         "train_step: the running statistics after the steps as the CPU's");
+  expect(weights_close(trained, m.params(), 2 * moved(initial, trained), what),
+         "train_step: the weights after the steps close to the CPU's");
+}
+
+/// Refused labels and arguments give cudaErrorInvalidValue and a message naming what was refused,
+/// and leave the model as it was: its parameters, gradients and running statistics, its optimizer
+/// state and its dropout stream (the next step is the CPU chain's, which never saw the refused
+/// calls).
+void refused_calls(const ref::digits& data) {
+  const ref::optimizer_settings s{};
+  ref::cpu_chain cpu(ref::model_seed, s);
+  const model m(ref::model_seed);
+  solder_optimizer o = optimizer_of(s);
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+  data.epoch(0, x, y);
+  const device_vector<float> xd(x), out(batch * classes);
+  const device_vector<std::int32_t> yd(y);
+  float loss = -1;
+  expect_ok(solder_digits_cnn_train_step(m.get(), xd.get(), yd.get(), batch, &o, 0.0f, &loss, nullptr), "train_step");
+  cpu.train_step(x.data(), y.data(), batch, s.lr);
+  const std::vector<float> params = m.params(), grads = m.grads(), running = m.buffers();
+
+  auto refused = [](int status, const char* part) {
+    return status == int(cudaErrorInvalidValue) &&
+           std::string(solder_digits_cnn_last_error()).find(part) != std::string::npos;
+  };
+  const float* x1 = xd.get() + batch * features;
+  std::vector<std::int32_t> labels(y.begin() + batch, y.begin() + 2 * batch);
+  labels[9] = 12;
+  const device_vector<std::int32_t> bad(labels);
+  expect(refused(solder_digits_cnn_train_step(m.get(), x1, bad.get(), batch, &o, 0.0f, &loss, nullptr),
+                 "label 12 of row 9"),
+         "train_step: a label outside [0, 10) is refused, its row named");
+  expect(refused(solder_digits_cnn_loss_and_backward(m.get(), x1, bad.get(), batch, 0.0f, &loss, nullptr),
+                 "label 12 of row 9"),
+         "loss_and_backward: a label outside [0, 10) is refused, its row named");
+  solder_optimizer b = o;
+  b.lr = -1.0f;
+  expect(refused(solder_digits_cnn_train_step(m.get(), x1, yd.get() + batch, batch, &b, 0.0f, &loss, nullptr),
+                 "lr must be >= 0"),
+         "train_step: a negative lr is refused");
+  expect(o.steps == 1, "refused calls: the optimizer's step count not written");
+  expect(refused(solder_digits_cnn_forward(m.get(), nullptr, out.get(), batch, nullptr), "x is a null pointer"),
+         "forward: a null x is refused, named");
+  expect(refused(solder_digits_cnn_forward(m.get(), x1, out.get(), 0, nullptr), "batch must be at least 1"),
+         "forward: an empty batch is refused");
+  expect(refused(solder_digits_cnn_read_buffers(m.get(), nullptr, nullptr), "buffers is a null pointer"),
+         "read_buffers: a null array is refused, named");
+  expect(refused(solder_digits_cnn_write_buffers(m.get(), nullptr, nullptr), "buffers is a null pointer"),
+         "write_buffers: a null array is refused, named");
+  expect(refused(solder_digits_cnn_eval(nullptr), "model is a null pointer"), "eval: a null model is refused, named");
+
+  expect(same_bits(m.params(), params), "refused calls: the parameters as they were, bit for bit");
+  expect(same_bits(m.grads(), grads), "refused calls: the gradients as they were, bit for bit");
+  expect(same_bits(m.buffers(), running), "refused calls: the running statistics as they were, bit for bit");
+  expect_ok(solder_digits_cnn_train_step(m.get(), x1, yd.get() + batch, batch, &o, 0.0f, &loss, nullptr), "train_step");
+  const float cpu_loss = cpu.train_step(x.data() + batch * features, y.data() + batch, batch, s.lr);
+  expect(std::fabs(double(loss) - double(cpu_loss)) <= loss_tolerance * std::fabs(double(cpu_loss)),
+         "train_step after refused calls: the loss of the CPU chain that never saw them (the dropout stream as it "
+         "was)");
+  expect(o.steps == 2, "train_step after refused calls: the optimizer state's second step");
 }
 
 /// The example's run: 20 epochs of AdamW (lr 3e-3, weight decay 1e-2) with warmup + cosine, on
-/// the GPU and on the CPU from the same start; the held-out accuracies (both evaluated by the CPU
-/// chain, batch_norm folded).
+/// the GPU and on the CPU from the same start; the held-out accuracies, the GPU's from the
+/// model's own evaluation forward (batch_norm folded), its logits the CPU chain's for the
+/// GPU-trained parameters and running statistics.
 void example_accuracy_reached(const ref::digits& data) {
   constexpr int epochs = 20;
   const std::size_t per_epoch = data.batches();
   const std::vector<float> lr = ref::schedule(std::int64_t(epochs * per_epoch));
-  const ref::optimizer_settings s{.adamw = true, .lr = 3e-3f, .weight_decay = 1e-2f};
-  ref::cpu_chain cpu(s);
-  gpu_chain gpu(cpu.params(), cpu.running(), s);
+  const ref::optimizer_settings s{.kind = ref::optimizer_settings::adamw, .lr = 3e-3f, .weight_decay = 1e-2f};
+  ref::cpu_chain cpu(ref::model_seed, s);
+  const model m(ref::model_seed);
+  solder_optimizer o = optimizer_of(s);
   std::vector<float> x;
   std::vector<std::int32_t> y;
   std::size_t t = 0;
@@ -291,31 +439,30 @@ void example_accuracy_reached(const ref::digits& data) {
     const device_vector<std::int32_t> yd(y);
     double sum = 0;
     for (std::size_t b = 0; b < per_epoch; ++b, ++t) {
-      sum += gpu.step(xd.get() + b * batch * features, yd.get() + b * batch, lr[t]);
+      o.lr = lr[t];
+      float loss = -1;
+      expect_ok(solder_digits_cnn_train_step(m.get(), xd.get() + b * batch * features, yd.get() + b * batch, batch, &o,
+                                             0.0f, &loss, nullptr),
+                "train_step");
+      sum += loss;
       cpu.train_step(x.data() + b * batch * features, y.data() + b * batch, batch, lr[t]);
     }
     (epoch == 0 ? first : last) = sum / double(per_epoch);
   }
-  const double gpu_acc = ref::accuracy(gpu.params.read(), gpu.running(), data.test_x(), data.test_y());
-  const double cpu_acc = ref::accuracy(cpu.params(), cpu.running(), data.test_x(), data.test_y());
+  expect_ok(solder_digits_cnn_eval(m.get()), "eval");
+  const std::vector<float>& tx = data.test_x();
+  const std::size_t n = data.test_y().size();
+  const device_vector<float> txd(tx);
+  const std::vector<float> logits = m.forward(txd.get(), n);
+  const double gpu_acc = accuracy_of(logits, data.test_y());
+  const double cpu_acc = ref::accuracy(cpu.params(), cpu.buffers(), tx, data.test_y());
   std::printf("example on the GPU: loss %.4f (epoch 1) -> %.4f (epoch %d); held-out accuracy %.4f (GPU), %.4f (CPU)\n",
               first, last, epochs, gpu_acc, cpu_acc);
   expect(last < 0.1 * first, "example: the loss falls tenfold");
-  expect(gpu_acc >= example_accuracy, "example: the GPU-trained chain reaches the example's 98% held-out accuracy");
+  expect(gpu_acc >= example_accuracy, "example: the GPU-trained model reaches the example's 98% held-out accuracy");
   expect(std::fabs(gpu_acc - cpu_acc) <= accuracy_gap, "example: the held-out accuracies within 2 points of each other");
-}
-
-/// A null buffers array is refused, named, before anything runs.
-void argument_checks() {
-  ref::cpu_chain cpu({});
-  gpu_chain gpu(cpu.params(), cpu.running(), {});
-  const device_vector<float> x(batch * features);
-  const int status = solder_digits_cnn_forward(x.get(), gpu.params.get(), nullptr, gpu.hidden.get(), gpu.y.get(), batch,
-                                               gpu.seeds, gpu.offsets, 0, nullptr);
-  expect(status == int(cudaErrorInvalidValue) &&
-             std::string(solder_digits_cnn_last_error()).find("buffers is a null pointer") != std::string::npos,
-         "forward: a null buffers is refused, named");
-  expect(gpu.offsets[0] == 0, "forward: a refused call leaves the stream");
+  expect(off(ref::eval_forward(m.params(), m.buffers(), tx.data(), n), logits, deep_tolerance) == 0,
+         "example: the trained model's held-out logits within 5e-5 of the largest of the CPU chain's");
 }
 
 }  // namespace
@@ -323,15 +470,19 @@ void argument_checks() {
 int main() {
   return solder::test::gpu::run(
       "solder_cuda_digits_cnn_train",
-      "cuda:digits_cnn_train: the generated digits_cnn launchers match the CPU chain and train to the example's accuracy",
+      "cuda:digits_cnn_train: the device digits_cnn behind its C interface matches the CPU chain and trains to the "
+      "example's accuracy",
       [] {
-        group_launchers();
         const ref::digits data;
-        compare_training(data, {.adamw = true, .lr = 3e-3f, .weight_decay = 1e-2f}, 6,
+        parameters();
+        forward_and_backward(data);
+        shard(data);
+        compare_training(data, {.kind = ref::optimizer_settings::adamw, .lr = 3e-3f, .weight_decay = 1e-2f}, 6,
                          "AdamW (lr 3e-3, weight decay 1e-2), as the example");
-        compare_training(data, {.adamw = false, .lr = 0.05f, .weight_decay = 1e-4f, .momentum = 0.9f}, 6,
-                         "SGD (lr 0.05, momentum 0.9, weight decay 1e-4)");
-        argument_checks();
+        compare_training(data,
+                         {.kind = ref::optimizer_settings::sgd, .lr = 0.05f, .weight_decay = 1e-4f, .momentum = 0.9f},
+                         6, "SGD (lr 0.05, momentum 0.9, weight decay 1e-4)");
+        refused_calls(data);
         example_accuracy_reached(data);
         cudaDeviceSynchronize();
       });

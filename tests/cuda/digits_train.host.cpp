@@ -1,5 +1,6 @@
 // tests/cuda/digits_train.host.cpp: the CPU side of digits_train.cu: kernels/chains.hpp's
-// digits_mlp trained by the CPU chain, the demo's data and schedule, compiled by the C++ compiler.
+// digits_mlp trained and run by the CPU chain, the demo's data and schedule, compiled by the C++
+// compiler.
 #include "digits_train.hpp"
 
 #include <cstring>
@@ -7,7 +8,6 @@
 #include <memory>
 #include <span>
 #include <stdexcept>
-#include <tuple>
 
 #include "chains.hpp"
 #include "solder/solder.hpp"
@@ -83,79 +83,64 @@ const std::vector<std::int32_t>& digits::test_y() const { return p_->test.y; }
 
 struct cpu_chain::impl {
   ::digits_mlp model;
-  std::unique_ptr<optim::adamw> adamw;
   std::unique_ptr<optim::sgd> sgd;
+  std::unique_ptr<optim::adam> adam;
+  std::unique_ptr<optim::adamw> adamw;
   explicit impl(std::uint64_t seed) : model(seed) {}
 };
 
 cpu_chain::cpu_chain(std::uint64_t seed, const optimizer_settings& opt) : p_(std::make_unique<impl>(seed)) {
-  if (opt.adamw)
+  if (opt.kind == optimizer_settings::adamw)
     p_->adamw = std::make_unique<optim::adamw>(p_->model.params(),
                                                optim::adamw::options{.lr = opt.lr, .weight_decay = opt.weight_decay});
+  else if (opt.kind == optimizer_settings::adam)
+    p_->adam = std::make_unique<optim::adam>(p_->model.params(),
+                                             optim::adam::options{.lr = opt.lr, .weight_decay = opt.weight_decay});
   else
-    p_->sgd = std::make_unique<optim::sgd>(
-        p_->model.params(), optim::sgd::options{.lr = opt.lr, .momentum = opt.momentum, .weight_decay = opt.weight_decay});
+    p_->sgd = std::make_unique<optim::sgd>(p_->model.params(),
+                                           optim::sgd::options{.lr = opt.lr, .momentum = opt.momentum,
+                                                               .weight_decay = opt.weight_decay, .nesterov = opt.nesterov});
 }
 cpu_chain::~cpu_chain() = default;
 
 std::vector<float> cpu_chain::params() const { return flatten(p_->model, false); }
 std::vector<float> cpu_chain::grads() const { return flatten(p_->model, true); }
-std::vector<std::uint64_t> cpu_chain::seeds() const {
-  return {p_->model.layer<2>().rng.seed, p_->model.layer<5>().rng.seed};
-}
-std::vector<std::uint64_t> cpu_chain::offsets() const {
-  return {p_->model.layer<2>().rng.offset, p_->model.layer<5>().rng.offset};
+std::vector<param_info> cpu_chain::layout() const {
+  std::vector<param_info> out;
+  for (const optim::param& p : p_->model.params()) out.push_back({p.name, p.value.size()});
+  return out;
 }
 
-float cpu_chain::train_step(const float* x, const std::int32_t* y, std::size_t rows, float lr) {
+float cpu_chain::train_step(const float* x, const std::int32_t* y, std::size_t rows, float lr, float label_smoothing) {
   const X xr(x, rows);
   const std::span<const std::int32_t> yr(y, rows);
+  const nn::cross_entropy_loss loss{label_smoothing};
   if (p_->adamw) {
     p_->adamw->set_lr(lr);
-    return p_->model.train_step(xr, yr, *p_->adamw);
+    return p_->model.train_step(xr, yr, *p_->adamw, loss);
+  }
+  if (p_->adam) {
+    p_->adam->set_lr(lr);
+    return p_->model.train_step(xr, yr, *p_->adam, loss);
   }
   p_->sgd->set_lr(lr);
-  return p_->model.train_step(xr, yr, *p_->sgd);
+  return p_->model.train_step(xr, yr, *p_->sgd, loss);
+}
+
+std::vector<float> cpu_chain::forward_backward(const float* x, const float* dy, std::size_t rows) {
+  const auto logits = p_->model.forward(X(x, rows));
+  p_->model.backward(::digits_mlp::output_ref(dy, rows));
+  return std::vector<float>(logits.data(), logits.data() + rows * classes);
 }
 
 // ---- references ----------------------------------------------------------------------------------
 
-std::vector<float> hidden(const std::vector<float>& params, const float* x, std::size_t rows,
-                          const std::vector<std::uint64_t>& seeds, const std::vector<std::uint64_t>& offsets) {
+std::vector<float> eval_forward(const std::vector<float>& params, const float* x, std::size_t rows) {
   ::digits_mlp model(0);
   load(model, params);
-  // A training forward moves each dropout's stream on before drawing: it then draws (seed, offset).
-  model.layer<2>().rng = {seeds[0], offsets[0] - 1};
-  model.layer<5>().rng = {seeds[1], offsets[1] - 1};
-  tensor<float, shape<dyn, hidden0>> h0(rows);
-  tensor<float, shape<dyn, hidden1>> h1(rows);
-  std::get<0>(model.blocks).forward(X(x, rows), h0.ref());
-  std::get<1>(model.blocks).forward(tensor_ref<const float, shape<dyn, hidden0>>(h0.data(), rows), h1.ref());
-  if (model.layer<2>().rng.offset != offsets[0] || model.layer<5>().rng.offset != offsets[1])
-    throw std::logic_error("digits_train: the CPU blocks drew other streams");
-  std::vector<float> out(h0.data(), h0.data() + rows * hidden0);
-  out.insert(out.end(), h1.data(), h1.data() + rows * hidden1);
-  return out;
-}
-
-namespace {
-template <std::size_t W>
-std::vector<unsigned char> mask_of(std::uint64_t seed, std::uint64_t offset, std::size_t rows) {
-  nn::dropout<0.1f> drop;
-  drop.rng = {seed, offset};
-  tensor<float, shape<dyn, W>> ones(rows), mask(rows);
-  for (std::size_t i = 0; i < ones.size(); ++i) ones.data()[i] = 1.0f;
-  assign(mask, drop.apply<nn::mode::train>(ones.ref()));
-  std::vector<unsigned char> keep(rows * W);
-  for (std::size_t i = 0; i < keep.size(); ++i) keep[i] = mask.data()[i] != 0.0f;
-  return keep;
-}
-}  // namespace
-
-std::vector<unsigned char> dropout_mask(std::uint64_t seed, std::uint64_t offset, std::size_t rows, std::size_t width) {
-  if (width == hidden0) return mask_of<hidden0>(seed, offset, rows);
-  if (width == hidden1) return mask_of<hidden1>(seed, offset, rows);
-  throw std::logic_error("digits_train: no dropout of that width");
+  model.eval();
+  const auto logits = model.forward(X(x, rows));
+  return std::vector<float>(logits.data(), logits.data() + rows * classes);
 }
 
 std::vector<float> demo_schedule(std::int64_t steps) {

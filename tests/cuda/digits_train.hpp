@@ -1,19 +1,21 @@
 // tests/cuda/digits_train.hpp: the CPU side of digits_train.cu, computed in digits_train.host.cpp
 // by the C++ compiler (nvcc does not instantiate the CPU loops): kernels/chains.hpp's digits_mlp
-// trained by the CPU chain, the digits data as examples/digits_mlp.cpp prepares it, and the
-// references the generated chain-level launchers are compared with. Plain std types only.
+// as the CPU chain trains and runs it, the digits data as examples/digits_mlp.cpp prepares it, and
+// the references the device model behind kernels/digits_mlp.h is compared with. Plain std types
+// only.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace solder::test::digits_train {
 
 inline constexpr std::size_t features = 64, classes = 10, batch = 32;
-/// Features per sample of the two hidden outputs, and the flat parameter array's size.
-inline constexpr std::size_t hidden0 = 256, hidden1 = 128, param_floats = 50826;
+/// The flat parameter array's size.
+inline constexpr std::size_t param_floats = 50826;
 /// The demo's seeds: the split and the shuffles, and the model's initialization.
 inline constexpr std::uint64_t data_seed = 2026, model_seed = 1;
 
@@ -36,11 +38,20 @@ class digits {
   std::unique_ptr<impl> p_;
 };
 
-/// The optimizers compared: torch.optim.SGD with momentum, and AdamW.
+/// The optimizers compared: torch.optim.SGD (with momentum, optionally Nesterov's), Adam and
+/// AdamW, with the settings the device model is given too.
 struct optimizer_settings {
-  bool adamw = true;
+  enum kind_type { sgd, adam, adamw };
+  kind_type kind = adamw;
   float lr = 2e-3f, weight_decay = 1e-2f;
   float momentum = 0.0f;  // SGD
+  bool nesterov = false;  // SGD
+};
+
+/// One parameter tensor as the CPU chain's params() names it.
+struct param_info {
+  std::string name;
+  std::size_t floats;
 };
 
 /// digits_mlp on the CPU: the chain seeded with `seed` and its optimizer.
@@ -48,28 +59,23 @@ class cpu_chain {
  public:
   cpu_chain(std::uint64_t seed, const optimizer_settings& opt);
   ~cpu_chain();
-  /// The parameters and their last gradients, flat in params() order (as the launchers lay them out).
+  /// The parameters and their last gradients, flat in params() order (the C interface's layout).
   std::vector<float> params() const;
   std::vector<float> grads() const;
-  /// The dropouts' streams (layers 2 and 5), as they stand.
-  std::vector<std::uint64_t> seeds() const;
-  std::vector<std::uint64_t> offsets() const;
-  /// train_step with the cross-entropy at learning rate lr; returns the loss.
-  float train_step(const float* x, const std::int32_t* y, std::size_t rows, float lr);
+  std::vector<param_info> layout() const;
+  /// train_step with torch's CrossEntropyLoss (label_smoothing) at learning rate lr; the loss.
+  float train_step(const float* x, const std::int32_t* y, std::size_t rows, float lr, float label_smoothing = 0.0f);
+  /// The chain's forward of x [rows, 64] in training mode (drawing its dropouts' next masks),
+  /// then its backward for dy [rows, 10]: the logits, and grads() holds the gradients.
+  std::vector<float> forward_backward(const float* x, const float* dy, std::size_t rows);
 
  private:
   struct impl;
   std::unique_ptr<impl> p_;
 };
 
-/// The two hidden outputs of the CPU chain's training forward of x [rows, 64] with parameters
-/// `params`, its dropouts drawing (seeds[i], offsets[i]): [rows, 256] then [rows, 128], as the
-/// launchers' `hidden`.
-std::vector<float> hidden(const std::vector<float>& params, const float* x, std::size_t rows,
-                          const std::vector<std::uint64_t>& seeds, const std::vector<std::uint64_t>& offsets);
-
-/// The mask nn::dropout<0.1f> draws from stream (seed, offset) over [rows, width]: 1 kept, 0 dropped.
-std::vector<unsigned char> dropout_mask(std::uint64_t seed, std::uint64_t offset, std::size_t rows, std::size_t width);
+/// The logits [rows, 10] of the chain with parameters `params` in evaluation mode.
+std::vector<float> eval_forward(const std::vector<float>& params, const float* x, std::size_t rows);
 
 /// The demo's learning rate at each of `steps` steps (warmup + cosine from 2e-3).
 std::vector<float> demo_schedule(std::int64_t steps);

@@ -1,17 +1,25 @@
-// tests/cuda/linear_chain.cu: the generated launchers of kernels/chains.hpp's
-// linear_relu_dropout (kernels/linear_relu_dropout.cu: one product with relu and dropout in its
-// epilogue forward; the gate pass with db, then dx = g W and dW = g^T x backward) against the
-// CPU chain (linear_chain.host.cpp): the dropout mask bit for bit (every dropped element the
-// same +0), values and gradients within a stated tolerance of the sums' magnitudes, the same
-// bits on a second call, and the argument checks. Exits 77 (ctest's skip code) where no CUDA
-// device is present.
+// tests/cuda/linear_chain.cu: kernels/chains.hpp's linear_relu_dropout (one product with relu and
+// dropout in its epilogue) as a device model behind its generated C interface
+// (kernels/linear_relu_dropout.h) against the CPU chain (linear_chain.host.cpp): create draws the
+// CPU chain's parameters bit for bit, params() names them and lays them out as the header's
+// macros, write_params and read_params round-trip, reseed draws what a fresh chain draws; a
+// training forward's dropout mask bit for bit (every dropped element the same +0) and its values,
+// and the backward's dW and db for a given dy, within a stated tolerance of the sums' magnitudes;
+// the same bits again after reseed restores the dropout's stream; a data-parallel shard
+// (set_first_sample) drawing the whole batch's mask for its rows; the evaluation forward (also
+// after write_params); training steps against the CPU chain's with Nesterov SGD and with AdamW and
+// label smoothing through loss_and_backward and optimizer_step; and refused labels and arguments
+// (cudaErrorInvalidValue, a message naming them, the model as it was). Exits 77 (ctest's skip
+// code) where no CUDA device is present.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -26,18 +34,31 @@ namespace {
 namespace ref = solder::test::linear_chain;
 using ref::in;
 using ref::out;
+using ref::param_floats;
 using solder::test::fill_uniform;
 using solder::test::gpu::device_vector;
 using solder::test::gpu::expect;
 
-constexpr std::uint64_t seed = 0x5eedULL, offset = 11;
+static_assert(SOLDER_LINEAR_RELU_DROPOUT_IN_FLOATS == in && SOLDER_LINEAR_RELU_DROPOUT_OUT_FLOATS == out &&
+              SOLDER_LINEAR_RELU_DROPOUT_PARAMS == 2 && SOLDER_LINEAR_RELU_DROPOUT_PARAM_FLOATS == param_floats &&
+              SOLDER_LINEAR_RELU_DROPOUT_0_WEIGHT == 0 && SOLDER_LINEAR_RELU_DROPOUT_0_BIAS == out * in &&
+              SOLDER_LINEAR_RELU_DROPOUT_BUFFER_FLOATS == 0 && SOLDER_LINEAR_RELU_DROPOUT_DROPOUTS == 1);
+
 constexpr std::size_t batch = 157;  // a tail in every tiling's rows and in the column walk's chunks
+constexpr std::size_t shard_first = 61;  // a shard's first sample, off the mask's groups of samples
+constexpr std::size_t bias_at = SOLDER_LINEAR_RELU_DROPOUT_0_BIAS;
 
 /// Both sides round each multiply-add of a sum of K terms in another order (the CPU's GEMM
 /// blocks K, the GPU runs one fma chain per element): 1e-5 of the sum of the terms' magnitudes
-/// covers a few hundred float roundings, K being 256, 512 or the batch here.
+/// covers a few hundred float roundings, K being 256 or the batch here.
 constexpr double sum_tolerance = 1e-5;
 constexpr double floor_tolerance = 1e-6;  // for sums whose terms nearly all vanish
+/// Training steps, as cuda:digits_train: the loss within 1e-5 relative, the first step's gradients
+/// within 1e-5 of their tensor's largest, the weights after the steps within 1e-6 + 1e-5 |w| but
+/// for at most 0.5% (a relu input within rounding of 0 gates on one side only), none off by more
+/// than twice the most a weight moved on the CPU.
+constexpr double loss_tolerance = 1e-5, gradient_tolerance = 1e-5;
+constexpr double weight_abs = 1e-6, weight_rel = 1e-5, weight_outliers = 0.005;
 
 void expect_ok(int status, const char* what) {
   if (status != 0) {
@@ -46,102 +67,330 @@ void expect_ok(int status, const char* what) {
   }
 }
 
-/// How many of `got` are off `want` by more than the tolerance of their magnitude sums.
-std::size_t off_by_more(const std::vector<float>& want, const std::vector<float>& got, const std::vector<double>& mag) {
-  std::size_t n = 0;
-  for (std::size_t i = 0; i < want.size(); ++i)
-    n += !(std::fabs(double(want[i]) - double(got[i])) <= sum_tolerance * mag[i] + floor_tolerance);
-  return n;
-}
+/// A device model, destroyed with its scope.
+class model {
+ public:
+  explicit model(std::uint64_t seed) {
+    expect_ok(solder_linear_relu_dropout_create(seed, &p_), "create");
+    if (p_ == nullptr) throw std::runtime_error("solder_linear_relu_dropout_create made no model");
+  }
+  ~model() { solder_linear_relu_dropout_destroy(p_); }
+  model(const model&) = delete;
+  model& operator=(const model&) = delete;
+  solder_linear_relu_dropout* get() const { return p_; }
+
+  std::vector<float> params() const {
+    std::vector<float> v(param_floats);
+    expect_ok(solder_linear_relu_dropout_read_params(p_, v.data(), nullptr), "read_params");
+    return v;
+  }
+  std::vector<float> grads() const {
+    std::vector<float> v(param_floats);
+    expect_ok(solder_linear_relu_dropout_read_grads(p_, v.data(), nullptr), "read_grads");
+    return v;
+  }
+  /// y [rows, out] for x [rows, in] (device memory) in the model's mode.
+  std::vector<float> forward(const float* x, std::size_t rows) const {
+    const device_vector<float> y(rows * out);
+    expect_ok(solder_linear_relu_dropout_forward(p_, x, y.get(), rows, nullptr), "forward");
+    return y.read();
+  }
+
+ private:
+  solder_linear_relu_dropout* p_ = nullptr;
+};
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+/// |b_j| + sum_k |x_ik w_jk|, times `scale`: the magnitude of output (i, j)'s sum, rows
+/// [first, first + rows) of x.
+std::vector<double> forward_magnitudes(const std::vector<float>& x, const std::vector<float>& params,
+                                       std::size_t first, std::size_t rows, double scale) {
+  std::vector<double> mag(rows * out);
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t j = 0; j < out; ++j) {
+      double m = std::fabs(double(params[bias_at + j]));
+      for (std::size_t k = 0; k < in; ++k) m += std::fabs(double(x[(first + i) * in + k]) * double(params[j * in + k]));
+      mag[i * out + j] = m * scale;
+    }
+  return mag;
+}
+
+/// Outputs of got off want (rows [first, first + got's rows) of want) by more than the tolerance
+/// of their magnitudes; and, where `keep` is given, dropped elements that are not +0 on both sides.
+struct forward_check {
+  std::size_t value_off = 0, dropped = 0, dropped_not_zero = 0;
+};
+forward_check compare_forward(const std::vector<float>& want, const std::vector<float>& got,
+                              const std::vector<double>& mag, std::size_t first, const std::vector<unsigned char>* keep) {
+  forward_check c;
+  const float zero = 0.0f;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const std::size_t w = first * out + i;
+    c.value_off += !(std::fabs(double(want[w]) - double(got[i])) <= sum_tolerance * mag[i] + floor_tolerance);
+    if (keep != nullptr && !(*keep)[w]) {
+      ++c.dropped;
+      c.dropped_not_zero += std::memcmp(&got[i], &zero, sizeof zero) != 0 || std::memcmp(&want[w], &zero, sizeof zero) != 0;
+    }
+  }
+  return c;
+}
+
+/// create, params(), write_params and read_params, reseed.
+void parameters() {
+  const std::vector<float> initial = ref::initial_params(ref::model_seed);
+  const model m(ref::model_seed);
+  expect(same_bits(m.params(), initial), "create: the parameters nn::chain(seed) draws, bit for bit");
+  solder_param_tensor t[2] = {};
+  expect_ok(solder_linear_relu_dropout_params(m.get(), t), "params");
+  const std::vector<ref::param_info> layout = ref::layout();
+  const std::size_t starts[3] = {SOLDER_LINEAR_RELU_DROPOUT_0_WEIGHT, SOLDER_LINEAR_RELU_DROPOUT_0_BIAS, param_floats};
+  const char* const names[2] = {"0.weight", "0.bias"};
+  bool named = layout.size() == 2, placed = named, held = named;
+  for (std::size_t k = 0; named && k < 2; ++k) {
+    named = named && t[k].name != nullptr && layout[k].name == t[k].name && layout[k].name == names[k];
+    placed = placed && t[k].floats == layout[k].floats && starts[k] + t[k].floats == starts[k + 1] &&
+             t[k].value != nullptr && t[k].grad != nullptr && t[k].value != t[k].grad;
+    if (placed) {
+      std::vector<float> v(t[k].floats);
+      solder::eval::cuda::check(cudaMemcpy(v.data(), t[k].value, v.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                                "cudaMemcpy of a parameter tensor");
+      held = held && std::memcmp(v.data(), initial.data() + starts[k], v.size() * sizeof(float)) == 0;
+    }
+  }
+  expect(named, "params: the CPU chain's state_dict names, in the header's order");
+  expect(placed, "params: each tensor's floats where the header's macros place it, a value and a gradient pointer");
+  expect(placed && held, "params: the device memory of each value holds read_params' floats there");
+  std::vector<float> written(initial);
+  for (std::size_t i = 0; i < written.size(); ++i) written[i] = -0.5f * written[i] + 1e-3f * float(i % 89);
+  expect_ok(solder_linear_relu_dropout_write_params(m.get(), written.data(), nullptr), "write_params");
+  expect(same_bits(m.params(), written), "write_params, then read_params: the same bits");
+  expect_ok(solder_linear_relu_dropout_reseed(m.get(), ref::other_seed), "reseed");
+  expect(same_bits(m.params(), ref::initial_params(ref::other_seed)), "reseed: the parameters nn::chain(seed) draws");
+  expect(std::string(solder_linear_relu_dropout_last_error()).empty(), "last_error: empty after a call that succeeded");
+}
+
+/// A fresh model's training forward and its backward for dy, against the CPU chain's; the same
+/// bits again after reseed; a shard; the evaluation forward.
 void forward_and_backward() {
   std::vector<float> x(batch * in), dy(batch * out);
   fill_uniform(x, -1, 1, 1);
   fill_uniform(dy, -1, 1, 2);
-  const ref::reference r = ref::run(x, dy, batch, seed, offset);
+  const ref::reference r = ref::run(x, dy, batch);
+  const device_vector<float> xd(x), dyd(dy);
 
-  device_vector<float> xd(x), wd(r.w), bd(r.b), dyd(dy), yd(batch * out), yd2(batch * out);
-  expect_ok(solder_linear_relu_dropout_f32_256x512_fwd(xd.get(), wd.get(), bd.get(), yd.get(), batch, seed, offset,
-                                                       nullptr),
-            "linear_relu_dropout fwd");
-  expect_ok(solder_linear_relu_dropout_f32_256x512_fwd(xd.get(), wd.get(), bd.get(), yd2.get(), batch, seed, offset,
-                                                       nullptr),
-            "linear_relu_dropout fwd (again)");
-  const std::vector<float> y = yd.read(), y2 = yd2.read();
+  const model m(ref::model_seed);
+  const std::vector<float> y = m.forward(xd.get(), batch);
+  const std::vector<double> mag = forward_magnitudes(x, r.params, 0, batch, r.scale);
+  const forward_check c = compare_forward(r.y, y, mag, 0, &r.keep);
+  expect(c.dropped > 0 && c.dropped_not_zero == 0,
+         "training forward: the dropped elements equal the CPU's +0 bit for bit (the same dropout mask)");
+  // Relu and the dropout's scale do not widen a difference of x W^T + b beyond the scale.
+  expect(c.value_off == 0, "training forward: y within 1e-5 of the sums' magnitudes of the CPU's");
 
-  // The mask: every dropped element is +0, as the CPU's.
-  std::size_t mask_off = 0;
-  for (std::size_t i = 0; i < y.size(); ++i) {
-    const float zero = 0.0f;
-    mask_off += !r.keep[i] && std::memcmp(&y[i], &zero, sizeof zero) != 0;
-  }
-  expect(mask_off == 0, "linear_relu_dropout fwd: the dropped elements equal the CPU's +0 bit for bit");
-  // Values: relu and the dropout's scale do not widen a difference of x W^T + b beyond the scale.
-  std::vector<double> mag(batch * out);
+  expect_ok(solder_linear_relu_dropout_backward(m.get(), dyd.get(), batch, nullptr), "backward");
+  const std::vector<float> grads = m.grads();
+  // |g| of the gate, dy scaled where y > 0: the magnitudes of dW's and db's sums. An element that
+  // relu gates on one side only (its input within rounding of 0) adds its whole term as slack.
+  std::vector<double> tol(param_floats, floor_tolerance), slack(param_floats, 0.0);
+  std::size_t gates_differ = 0;
   for (std::size_t i = 0; i < batch; ++i)
     for (std::size_t j = 0; j < out; ++j) {
-      double m = std::fabs(double(r.b[j]));
-      for (std::size_t k = 0; k < in; ++k) m += std::fabs(double(x[i * in + k]) * double(r.w[j * in + k]));
-      mag[i * out + j] = m * r.scale;
-    }
-  expect(off_by_more(r.y, y, mag) == 0, "linear_relu_dropout fwd: y within 1e-5 of the sums' magnitudes of the CPU's");
-  expect(same_bits(y, y2), "linear_relu_dropout fwd: the same bits on a second call");
-
-  // The backward from the CPU's y, so that both gate the same elements.
-  device_vector<float> ycpu(r.y), dxd(batch * in), dwd(out * in), dbd(out), dxd2(batch * in), dwd2(out * in), dbd2(out);
-  expect_ok(solder_linear_relu_dropout_f32_256x512_bwd(xd.get(), wd.get(), ycpu.get(), dyd.get(), dxd.get(), dwd.get(),
-                                                       dbd.get(), batch, nullptr),
-            "linear_relu_dropout bwd");
-  expect_ok(solder_linear_relu_dropout_f32_256x512_bwd(xd.get(), wd.get(), ycpu.get(), dyd.get(), dxd2.get(),
-                                                       dwd2.get(), dbd2.get(), batch, nullptr),
-            "linear_relu_dropout bwd (again)");
-  const std::vector<float> dx = dxd.read(), dw = dwd.read(), db = dbd.read();
-
-  // |g| of the gate: dy scaled where y > 0, else 0 (relu's gate and the mask, read from y).
-  std::vector<double> g(batch * out);
-  for (std::size_t i = 0; i < g.size(); ++i) g[i] = r.y[i] > 0.0f ? std::fabs(double(dy[i])) * r.scale : 0.0;
-  std::vector<double> mag_dx(batch * in, 0.0), mag_dw(out * in, 0.0), mag_db(out, 0.0);
-  for (std::size_t i = 0; i < batch; ++i)
-    for (std::size_t j = 0; j < out; ++j) {
-      const double gij = g[i * out + j];
-      mag_db[j] += gij;
+      const std::size_t e = i * out + j;
+      const bool cpu_open = r.y[e] > 0.0f, gpu_open = y[e] > 0.0f;
+      const double g = std::fabs(double(dy[e])) * r.scale;
+      const double gm = cpu_open || gpu_open ? g : 0.0, gs = cpu_open != gpu_open ? g : 0.0;
+      gates_differ += cpu_open != gpu_open;
+      tol[bias_at + j] += sum_tolerance * gm;
+      slack[bias_at + j] += gs;
       for (std::size_t k = 0; k < in; ++k) {
-        mag_dx[i * in + k] += gij * std::fabs(double(r.w[j * in + k]));
-        mag_dw[j * in + k] += gij * std::fabs(double(x[i * in + k]));
+        const double xk = std::fabs(double(x[i * in + k]));
+        tol[j * in + k] += sum_tolerance * gm * xk;
+        slack[j * in + k] += gs * xk;
       }
     }
-  expect(off_by_more(r.dx, dx, mag_dx) == 0, "linear_relu_dropout bwd: dx within 1e-5 of the sums' magnitudes");
-  expect(off_by_more(r.dw, dw, mag_dw) == 0, "linear_relu_dropout bwd: dw within 1e-5 of the sums' magnitudes");
-  expect(off_by_more(r.db, db, mag_db) == 0, "linear_relu_dropout bwd: db within 1e-5 of the sums' magnitudes");
-  expect(same_bits(dx, dxd2.read()) && same_bits(dw, dwd2.read()) && same_bits(db, dbd2.read()),
-         "linear_relu_dropout bwd: the same bits on a second call");
+  std::size_t dw_off = 0, db_off = 0;
+  for (std::size_t p = 0; p < param_floats; ++p)
+    (p < bias_at ? dw_off : db_off) += !(std::fabs(double(r.grads[p]) - double(grads[p])) <= tol[p] + slack[p]);
+  std::printf("training forward: %zu of %zu elements gated by relu on one side only\n", gates_differ, y.size());
+  expect(dw_off == 0, "backward: dW within 1e-5 of the sums' magnitudes of the CPU's");
+  expect(db_off == 0, "backward: db within 1e-5 of the sums' magnitudes of the CPU's");
+
+  // reseed(seed) restores the parameters and the dropout's stream: the same mask, the same bits.
+  expect_ok(solder_linear_relu_dropout_reseed(m.get(), ref::model_seed), "reseed");
+  expect(same_bits(y, m.forward(xd.get(), batch)), "training forward after reseed: the same bits");
+  expect_ok(solder_linear_relu_dropout_backward(m.get(), dyd.get(), batch, nullptr), "backward");
+  expect(same_bits(grads, m.grads()), "backward after reseed: the same bits");
+
+  {
+    // Samples [61, 157) of the batch as a rank of their own: the whole batch's mask for them.
+    const model s(ref::model_seed);
+    expect_ok(solder_linear_relu_dropout_set_first_sample(s.get(), shard_first), "set_first_sample");
+    const std::vector<float> ys = s.forward(xd.get() + shard_first * in, batch - shard_first);
+    const forward_check sc = compare_forward(
+        r.y, ys, forward_magnitudes(x, r.params, shard_first, batch - shard_first, r.scale), shard_first, &r.keep);
+    expect(sc.dropped > 0 && sc.dropped_not_zero == 0,
+           "shard (set_first_sample): the whole batch's dropped elements for its rows, +0 bit for bit");
+    expect(sc.value_off == 0, "shard (set_first_sample): y within 1e-5 of the sums' magnitudes of the CPU's");
+  }
+
+  expect_ok(solder_linear_relu_dropout_eval(m.get()), "eval");
+  expect(compare_forward(r.y_eval, m.forward(xd.get(), batch), forward_magnitudes(x, r.params, 0, batch, 1.0), 0,
+                         nullptr)
+                 .value_off == 0,
+         "eval forward: relu(x W^T + b) within 1e-5 of the sums' magnitudes of the CPU's");
+  const std::vector<float> other = ref::initial_params(ref::other_seed);
+  expect_ok(solder_linear_relu_dropout_write_params(m.get(), other.data(), nullptr), "write_params");
+  expect(compare_forward(ref::eval_forward(other, x, batch), m.forward(xd.get(), batch),
+                         forward_magnitudes(x, other, 0, batch, 1.0), 0, nullptr)
+                 .value_off == 0,
+         "eval forward after write_params: the written parameters' output");
 }
 
-/// A null pointer and an empty batch are refused with cudaErrorInvalidValue and a message.
-void argument_checks() {
-  device_vector<float> xd(in), wd(out * in), bd(out), yd(out);
-  const int null_w = solder_linear_relu_dropout_f32_256x512_fwd(xd.get(), nullptr, bd.get(), yd.get(), 1, seed, offset,
-                                                                nullptr);
-  expect(null_w == int(cudaErrorInvalidValue) &&
-             std::string(solder_linear_relu_dropout_last_error()).find("w is a null pointer") != std::string::npos,
-         "linear_relu_dropout fwd: a null w is refused, named");
-  const int empty = solder_linear_relu_dropout_f32_256x512_bwd(xd.get(), wd.get(), yd.get(), yd.get(), xd.get(), wd.get(),
-                                                               bd.get(), 0, nullptr);
-  expect(empty == int(cudaErrorInvalidValue), "linear_relu_dropout bwd: an empty batch is refused");
+solder_optimizer optimizer_of(const ref::optimizer_settings& s) {
+  solder_optimizer o{};
+  o.kind = s.kind == ref::optimizer_settings::sgd    ? solder_sgd
+           : s.kind == ref::optimizer_settings::adam ? solder_adam
+                                                     : solder_adamw;
+  o.lr = s.lr;
+  o.weight_decay = s.weight_decay;
+  o.momentum = s.momentum;
+  o.nesterov = s.nesterov ? 1 : 0;
+  o.beta1 = 0.9f;
+  o.beta2 = 0.999f;
+  o.eps = 1e-8f;
+  return o;
+}
+
+/// Elements of got[begin, end) off want by more than tol * (the largest |want| there).
+std::size_t off(const std::vector<float>& want, const std::vector<float>& got, std::size_t begin, std::size_t end,
+                double tol) {
+  double scale = 0;
+  for (std::size_t i = begin; i < end; ++i) scale = std::max(scale, std::fabs(double(want[i])));
+  std::size_t n = 0;
+  for (std::size_t i = begin; i < end; ++i) n += !(std::fabs(double(want[i]) - double(got[i])) <= tol * scale);
+  return n;
+}
+
+/// Training batches of 64 samples, labels over the 512 outputs.
+struct batches {
+  static constexpr std::size_t rows = 64, count = 3;
+  std::vector<float> x = std::vector<float>(count * rows * in);
+  std::vector<std::int32_t> labels = std::vector<std::int32_t>(count * rows);
+  batches() {
+    fill_uniform(x, -1, 1, 3);
+    for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = std::int32_t((i * 37 + 11) % out);
+  }
+};
+
+/// batches::count steps on the GPU and on the CPU from the same weights: the loss and step count
+/// every step, the first step's gradients, the weights at the end. `split`: loss_and_backward,
+/// then optimizer_step.
+void training(const ref::optimizer_settings& s, float label_smoothing, bool split, const char* what) {
+  std::printf("%s:\n", what);
+  const batches b;
+  const device_vector<float> xd(b.x);
+  const device_vector<std::int32_t> yd(b.labels);
+  ref::cpu_chain cpu(s);
+  const std::vector<float> initial = cpu.params();
+  const model m(ref::model_seed);
+  solder_optimizer o = optimizer_of(s);
+  for (std::size_t t = 0; t < batches::count; ++t) {
+    const std::size_t row = t * batches::rows;
+    float loss = -1;
+    if (split) {
+      expect_ok(solder_linear_relu_dropout_loss_and_backward(m.get(), xd.get() + row * in, yd.get() + row,
+                                                             batches::rows, label_smoothing, &loss, nullptr),
+                "loss_and_backward");
+      expect_ok(solder_linear_relu_dropout_optimizer_step(m.get(), &o, nullptr), "optimizer_step");
+    } else {
+      expect_ok(solder_linear_relu_dropout_train_step(m.get(), xd.get() + row * in, yd.get() + row, batches::rows, &o,
+                                                      label_smoothing, &loss, nullptr),
+                "train_step");
+    }
+    const float cpu_loss = cpu.train_step(b.x.data() + row * in, b.labels.data() + row, batches::rows, label_smoothing);
+    std::printf("  step %zu: loss %.7f (GPU) %.7f (CPU)\n", t + 1, double(loss), double(cpu_loss));
+    expect(std::fabs(double(loss) - double(cpu_loss)) <= loss_tolerance * std::fabs(double(cpu_loss)),
+           "training step: the loss within 1e-5 of the CPU's");
+    expect(o.steps == std::int64_t(t + 1), "training step: the optimizer's steps advanced by 1");
+    if (t == 0) {
+      const std::vector<float> want = cpu.grads(), got = m.grads();
+      expect(off(want, got, 0, bias_at, gradient_tolerance) == 0 &&
+                 off(want, got, bias_at, param_floats, gradient_tolerance) == 0,
+             "training step: the first step's gradients within 1e-5 of their tensor's largest");
+    }
+  }
+  const std::vector<float> trained = cpu.params(), got = m.params();
+  std::size_t far = 0;
+  double worst = 0, moved = 0;
+  for (std::size_t i = 0; i < trained.size(); ++i) {
+    const double d = std::fabs(double(trained[i]) - double(got[i]));
+    far += !(d <= weight_abs + weight_rel * std::fabs(double(trained[i])));
+    worst = std::max(worst, d == d ? d : 1e30);
+    moved = std::max(moved, std::fabs(double(trained[i]) - double(initial[i])));
+  }
+  std::printf("  %zu of %zu weights beyond 1e-6 + 1e-5 |w|, largest difference %.3g\n", far, trained.size(), worst);
+  expect(double(far) <= weight_outliers * double(trained.size()) && worst <= 2 * moved,
+         "training step: the weights after the steps close to the CPU's");
+}
+
+/// Refused labels and arguments give cudaErrorInvalidValue and a message naming what was refused,
+/// and leave the model as it was: its parameters and its dropout stream (the next step is the
+/// CPU chain's, which never saw the refused calls).
+void refused_calls() {
+  const ref::optimizer_settings s{.kind = ref::optimizer_settings::sgd, .lr = 0.05f};
+  const batches b;
+  const device_vector<float> xd(b.x), y(out);
+  const device_vector<std::int32_t> yd(b.labels);
+  std::vector<std::int32_t> labels(b.labels.begin(), b.labels.begin() + batches::rows);
+  labels[3] = std::int32_t(out);
+  const device_vector<std::int32_t> bad(labels);
+  ref::cpu_chain cpu(s);
+  const model m(ref::model_seed);
+  solder_optimizer o = optimizer_of(s);
+  const std::vector<float> before = m.params();
+  auto refused = [](int status, const char* part) {
+    return status == int(cudaErrorInvalidValue) &&
+           std::string(solder_linear_relu_dropout_last_error()).find(part) != std::string::npos;
+  };
+  float loss = -1;
+  expect(refused(solder_linear_relu_dropout_train_step(m.get(), xd.get(), bad.get(), batches::rows, &o, 0.0f, &loss,
+                                                       nullptr),
+                 "label 512 of row 3"),
+         "train_step: a label outside [0, 512) is refused, its row named");
+  expect(refused(solder_linear_relu_dropout_forward(m.get(), xd.get(), nullptr, 1, nullptr), "y is a null pointer"),
+         "forward: a null y is refused, named");
+  expect(refused(solder_linear_relu_dropout_backward(m.get(), y.get(), 0, nullptr), "batch must be at least 1"),
+         "backward: an empty batch is refused");
+  expect(refused(solder_linear_relu_dropout_write_params(m.get(), nullptr, nullptr), "params is a null pointer"),
+         "write_params: a null array is refused, named");
+  expect(refused(solder_linear_relu_dropout_set_first_sample(nullptr, 1), "model is a null pointer"),
+         "set_first_sample: a null model is refused, named");
+  expect(same_bits(m.params(), before), "refused calls: the parameters as they were, bit for bit");
+  expect(o.steps == 0, "refused calls: no optimizer step counted");
+  expect_ok(solder_linear_relu_dropout_train_step(m.get(), xd.get(), yd.get(), batches::rows, &o, 0.0f, &loss, nullptr),
+            "train_step");
+  const float cpu_loss = cpu.train_step(b.x.data(), b.labels.data(), batches::rows, 0.0f);
+  expect(std::fabs(double(loss) - double(cpu_loss)) <= loss_tolerance * std::fabs(double(cpu_loss)) && o.steps == 1,
+         "train_step after refused calls: the CPU chain's first step (the dropout stream as it was)");
 }
 
 }  // namespace
 
 int main() {
-  return solder::test::gpu::run("solder_cuda_linear_chain",
-                                "cuda:linear_chain: the generated linear + relu + dropout launchers match the CPU chain",
-                                [] {
-                                  forward_and_backward();
-                                  argument_checks();
-                                  cudaDeviceSynchronize();
-                                });
+  return solder::test::gpu::run(
+      "solder_cuda_linear_chain",
+      "cuda:linear_chain: the device linear + relu + dropout model behind its C interface matches the CPU chain", [] {
+        parameters();
+        forward_and_backward();
+        training({.kind = ref::optimizer_settings::sgd, .lr = 0.05f, .weight_decay = 1e-4f, .momentum = 0.9f,
+                  .nesterov = true},
+                 0.0f, false, "Nesterov SGD (lr 0.05, momentum 0.9, weight decay 1e-4)");
+        training({.kind = ref::optimizer_settings::adamw, .lr = 1e-3f, .weight_decay = 1e-2f}, 0.1f, true,
+                 "AdamW (lr 1e-3, weight decay 1e-2), label smoothing 0.1, loss_and_backward + optimizer_step");
+        refused_calls();
+        cudaDeviceSynchronize();
+      });
 }

@@ -158,6 +158,9 @@ TEST_CASE("c_chain: what it refuses changes nothing", "[interop]") {
                     Catch::Contains("label 5 of row 4"));
   d.labels[4] = -1;
   CHECK_THROWS_WITH(c.loss_and_backward(d.x.data(), d.labels.data(), batch, 0.0f), Catch::Contains("label -1 of row 4"));
+  d.labels[4] = 0;
+  CHECK_THROWS_WITH(c.loss_and_backward(d.x.data(), d.labels.data(), batch, 1.5f),
+                    Catch::Contains("label_smoothing must be in [0, 1]"));
   c.read_params(after.data());
   CHECK(after == before);
   // Nothing moved: the next step is the one a model that saw none of this takes (the same

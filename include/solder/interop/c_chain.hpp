@@ -103,6 +103,9 @@ class c_chain {
   /// loss, and every gradient overwritten. A label outside [0, out_floats) is refused.
   float loss_and_backward(const float* x, const std::int32_t* labels, std::size_t batch, float label_smoothing) {
     check_batch("loss_and_backward", batch);
+    if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
+      solder::detail::fail("label_smoothing must be in [0, 1], got " + std::to_string(label_smoothing) +
+                           "; nothing was run");
     check_labels(labels, batch);
     return model.loss_and_backward(input(x, batch), std::span<const std::int32_t>(labels, batch),
                                    nn::cross_entropy_loss{label_smoothing});
