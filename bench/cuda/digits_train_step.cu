@@ -1,4 +1,4 @@
-// digits_train_step.cu: the digits MLP's training step on a CUDA device: the generated chain-level launcher solder_digits_mlp_train_step (forward, softmax cross-entropy, backward, AdamW) timed over bursts of consecutive steps.
+// digits_train_step.cu: the digits MLP's training step on a CUDA device: solder_digits_mlp_train_step of its generated C interface (forward, softmax cross-entropy, backward, AdamW) timed over bursts of consecutive steps.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -7,8 +7,6 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "common.cuh"
 #include "digits_mlp.h"
@@ -20,14 +18,12 @@ using namespace solder_bench::gpu;
 namespace cu = solder::eval::cuda;
 
 /// The chain of kernels/chains.hpp: 64 -> 256 -> 128 -> 10, ReLU and dropout 0.1 after the first two.
-constexpr std::size_t features = 64, classes = 10;
-constexpr std::size_t param_floats = SOLDER_DIGITS_MLP_PARAM_FLOATS, hidden_floats = SOLDER_DIGITS_MLP_HIDDEN_FLOATS;
-constexpr std::size_t dropouts = SOLDER_DIGITS_MLP_DROPOUTS;
+constexpr std::size_t features = SOLDER_DIGITS_MLP_IN_FLOATS, classes = SOLDER_DIGITS_MLP_OUT_FLOATS;
 
 /// The demo's AdamW (examples/digits_mlp.cpp): lr 2e-3, weight decay 1e-2, torch's betas and eps.
 constexpr float adamw_lr = 2e-3f, adamw_weight_decay = 1e-2f;
 
-/// Steps timed between one pair of events: the launcher waits for its loss once per step, so the
+/// Steps timed between one pair of events: train_step waits for its loss once per step, so the
 /// GPU idles while the host queues the rest; a burst amortizes the events' own cost and the first
 /// launch's latency over its steps, as a training loop runs them back to back.
 constexpr std::size_t steps_per_burst = 20;
@@ -42,8 +38,9 @@ constexpr int check_steps = 30;
 /// to 0.53 (batch 256) and 0.61 (batch 1024) of it.
 constexpr double check_loss_fraction = 0.8;
 
-/// Seeds of the data, fixed so every run sees the same numbers.
-enum seed : std::uint64_t { seed_x = 1, seed_params = 100, model_seed = 1 };
+/// Seeds of the data and of the model (its parameters drawn as nn::chain(model_seed) draws them,
+/// nn.Linear's init), fixed so every run sees the same numbers.
+enum seed : std::uint64_t { seed_x = 1, model_seed = 1 };
 
 /// labels[r] = the index of the largest of x[r, 0..9]: a rule the MLP can learn, so the check
 /// sees the loss fall, and every class about equally often.
@@ -76,49 +73,34 @@ struct batches {
   const std::int32_t* labels_of(std::size_t k) const { return labels.data() + k * batch; }
 };
 
-/// The training state on the device: parameters (nn.Linear's init range, +-1/sqrt(in), weights
-/// and biases), gradients, AdamW's m and v (zero), the activations the backward reads, the logits.
+/// The model on the device (parameters, gradients, AdamW's state, the activations the backward
+/// reads), behind the C interface's handle, and the optimizer's settings.
 struct training {
   std::size_t batch;
-  cu::device_array<float> params, grads, state, hidden, y;
+  solder_digits_mlp* model = nullptr;
   solder_optimizer opt{};
-  std::uint64_t seeds[dropouts] = {}, offsets[dropouts] = {};
 
-  explicit training(std::size_t batch_)
-      : batch(batch_), params(allocate(param_floats)), grads(allocate(param_floats)), state(allocate(2 * param_floats)),
-        hidden(allocate(batch_ * hidden_floats)), y(allocate(batch_ * classes)) {
-    struct layer {
-      std::size_t weight, bias, in, out;
-    };
-    const layer layers[] = {{SOLDER_DIGITS_MLP_0_WEIGHT, SOLDER_DIGITS_MLP_0_BIAS, 64, 256},
-                            {SOLDER_DIGITS_MLP_3_WEIGHT, SOLDER_DIGITS_MLP_3_BIAS, 256, 128},
-                            {SOLDER_DIGITS_MLP_6_WEIGHT, SOLDER_DIGITS_MLP_6_BIAS, 128, 10}};
-    std::uint64_t s = seed_params;
-    for (const layer& l : layers) {
-      const float bound = 1.0f / std::sqrt(float(l.in));
-      fill_uniform(params.data() + l.weight, l.out * l.in, s++, -bound, bound);
-      fill_uniform(params.data() + l.bias, l.out, s++, -bound, bound);
-    }
-    check(cudaMemsetAsync(state.data(), 0, state.size() * sizeof(float), solder::current_stream()), "cudaMemsetAsync");
+  explicit training(std::size_t batch_) : batch(batch_) {
+    launched(solder_digits_mlp_create(model_seed, &model));
     opt.kind = solder_adamw;
     opt.lr = adamw_lr;
     opt.weight_decay = adamw_weight_decay;
     opt.beta1 = 0.9f;
     opt.beta2 = 0.999f;
     opt.eps = 1e-8f;
-    launched(solder_digits_mlp_dropout_streams(model_seed, seeds, offsets));
   }
+  ~training() { solder_digits_mlp_destroy(model); }
+  training(const training&) = delete;
+  training& operator=(const training&) = delete;
 
   /// One training step on batch (x, labels); returns its loss.
   float step(const float* x, const std::int32_t* labels) {
     float loss = 0;
-    launched(solder_digits_mlp_train_step(x, labels, params.data(), grads.data(), state.data(), &opt, hidden.data(), y.data(),
-                                          batch, seeds, offsets, 0, 0.0f, &loss, solder::current_stream()));
+    launched(solder_digits_mlp_train_step(model, x, labels, batch, &opt, 0.0f, &loss, solder::current_stream()));
     return loss;
   }
 
  private:
-  static cu::device_array<float> allocate(std::size_t n) { return cu::device_array<float>::allocate(n, solder::current_stream()); }
   static void launched(int status) {
     if (status != 0) throw std::runtime_error(std::string("digits_mlp: ") + solder_digits_mlp_last_error());
   }
@@ -160,7 +142,7 @@ double seconds_per_step(benchmark::State& state, std::size_t sets, Step&& step) 
 
 /// solder_digits_mlp_train_step at `batch` rows: forward (three products, bias, ReLU and the
 /// dropout masks in their epilogues), softmax cross-entropy and its gradient (the loss read back
-/// to the host), backward, and AdamW's update of every parameter in one launch.
+/// to the host), backward, and AdamW's update of every parameter.
 void train_step_case(benchmark::State& state, std::size_t batch) {
   const std::size_t sets = rotation_sets(batch * (features * sizeof(float) + sizeof(std::int32_t)));
   const batches data(batch, sets);

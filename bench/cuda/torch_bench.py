@@ -45,7 +45,7 @@ cross-entropy; AdamW lr 2e-3, weight decay 1e-2), at batch 256 and 1024:
                                        implementation); the loss stays on the device
         torch_cuda_graph               the same step captured once in a CUDA graph (capturable AdamW,
                                        static input buffers); a step copies the batch in and replays
-        <either>_loss_to_host          the same, then loss.item() every step, as solder's launcher
+        <either>_loss_to_host          the same, then loss.item() every step, as solder's train_step
                                        returns the loss
 
 Timed as the C++ binary times it: CUDA events around bursts of 20 consecutive steps, host work
@@ -476,7 +476,7 @@ def train_step_case(impl, batch):
 
     def setup(l2):
         torch.manual_seed(0)
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 products, as solder's launchers
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 products, as solder's kernels
         model = digits_mlp()
         # x in [0, 1) (the digits' pixels / 16 lie there); labels the index of the largest of the
         # first 10 features, a rule the model learns (the check below), as the C++ binary's.

@@ -1,7 +1,7 @@
 # tests/dist/nccl.cmake: the NCCL programs, each one process with one rank per visible GPU (label
 # gpu): solder_dist_nccl_reduce (test dist:nccl_reduce), the bucket reduction against the host's
-# bits; solder_dist_nccl_train (test dist:nccl_train), the digits MLP's generated launchers
-# (solder_kernels) trained data-parallel against one GPU's train_step. They return 77 (ctest:
+# bits; solder_dist_nccl_train (test dist:nccl_train), the digits MLP behind its generated C
+# interface (solder_kernels) trained data-parallel against one GPU's train_step. They return 77 (ctest:
 # "Skipped") without a GPU. Built with SOLDER_BUILD_CUDA where libnccl and nccl.h are
 # found, the CUDA toolkit's directories first; SOLDER_NCCL_LIBRARY and SOLDER_NCCL_INCLUDE_DIR
 # pick another NCCL.
