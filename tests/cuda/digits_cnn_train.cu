@@ -24,10 +24,12 @@
 #include <string>
 #include <vector>
 
-#include "../support/device_vector.hpp"
-#include "../support/gpu_program.hpp"
 #include "digits_cnn.h"
 #include "digits_cnn_train.hpp"
+// After the generated header, whose common types it uses.
+#include "../support/generated_model.hpp"
+
+SOLDER_TEST_GENERATED_API_WITH_LOSS(digits_cnn, DIGITS_CNN);
 
 namespace {
 
@@ -37,8 +39,7 @@ using ref::buffer_floats;
 using ref::classes;
 using ref::features;
 using ref::param_floats;
-using solder::test::gpu::device_vector;
-using solder::test::gpu::expect;
+using namespace solder::test::gpu;
 
 static_assert(SOLDER_DIGITS_CNN_PARAM_FLOATS == param_floats && SOLDER_DIGITS_CNN_BUFFER_FLOATS == buffer_floats &&
               SOLDER_DIGITS_CNN_IN_FLOATS == features && SOLDER_DIGITS_CNN_OUT_FLOATS == classes &&
@@ -69,96 +70,18 @@ constexpr double deep_tolerance = 5e-5, loss_tolerance = 1e-5;
 /// removes any per-channel shift): both sides hold rounding noise, required below 1e-4 of the
 /// batch_norm bias gradient's largest element instead of compared.
 constexpr double noise_bound = 1e-4;
-/// Weights after the updates, as cuda:digits_train: within 1e-6 + 1e-5 |w|, at most 0.5% further
-/// (relu inputs within rounding of 0), none by more than twice the most a weight moved on the CPU.
-/// The convolutions' biases are left out: their gradients are that noise, which Adam's m / sqrt(v)
-/// turns into full steps of either sign on each side.
-constexpr double weight_abs = 1e-6, weight_rel = 1e-5, weight_outliers = 0.005;
+/// Weights after the updates, as cuda:digits_train (weight_comparison), none by more than twice the
+/// most a weight moved on the CPU. The convolutions' biases are left out: their gradients are that
+/// noise, which Adam's m / sqrt(v) turns into full steps of either sign on each side.
 /// Held-out accuracy after the example's 20 epochs: the example's 98% bar on the GPU, and within 2
 /// points (7 of 359 samples) of the CPU run from the same start; the runs' weights drift apart over
 /// ~900 steps (rounding amplified where relu inputs cross 0), so the accuracies are two draws of the
 /// same training. The CPU reaches 99.44%.
 constexpr double example_accuracy = 0.98, accuracy_gap = 0.02;
 
-void expect_ok(int status, const char* what) {
-  if (status != 0) {
-    ++solder::test::gpu::failures;
-    std::fprintf(stderr, "FAILED: %s returned %d: %s\n", what, status, solder_digits_cnn_last_error());
-  }
-}
+using model = generated_model<digits_cnn_api>;
+constexpr auto refused = model::refused;
 
-/// A device model, destroyed with its scope.
-class model {
- public:
-  explicit model(std::uint64_t seed) {
-    expect_ok(solder_digits_cnn_create(seed, &p_), "create");
-    if (p_ == nullptr) throw std::runtime_error("solder_digits_cnn_create made no model");
-  }
-  ~model() { solder_digits_cnn_destroy(p_); }
-  model(const model&) = delete;
-  model& operator=(const model&) = delete;
-  solder_digits_cnn* get() const { return p_; }
-
-  std::vector<float> params() const {
-    std::vector<float> v(param_floats);
-    expect_ok(solder_digits_cnn_read_params(p_, v.data(), nullptr), "read_params");
-    return v;
-  }
-  std::vector<float> grads() const {
-    std::vector<float> v(param_floats);
-    expect_ok(solder_digits_cnn_read_grads(p_, v.data(), nullptr), "read_grads");
-    return v;
-  }
-  std::vector<float> buffers() const {
-    std::vector<float> v(buffer_floats);
-    expect_ok(solder_digits_cnn_read_buffers(p_, v.data(), nullptr), "read_buffers");
-    return v;
-  }
-  /// The logits of x [rows, 64] (device memory) in the model's mode.
-  std::vector<float> forward(const float* x, std::size_t rows) const {
-    const device_vector<float> y(rows * classes);
-    expect_ok(solder_digits_cnn_forward(p_, x, y.get(), rows, nullptr), "forward");
-    return y.read();
-  }
-
- private:
-  solder_digits_cnn* p_ = nullptr;
-};
-
-solder_optimizer optimizer_of(const ref::optimizer_settings& s) {
-  solder_optimizer o{};
-  o.kind = s.kind == ref::optimizer_settings::sgd    ? solder_sgd
-           : s.kind == ref::optimizer_settings::adam ? solder_adam
-                                                     : solder_adamw;
-  o.lr = s.lr;
-  o.weight_decay = s.weight_decay;
-  o.momentum = s.momentum;
-  o.beta1 = 0.9f;
-  o.beta2 = 0.999f;
-  o.eps = 1e-8f;
-  return o;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-double largest(const std::vector<float>& v, std::size_t begin, std::size_t end) {
-  double m = 0;
-  for (std::size_t i = begin; i < std::min(end, v.size()); ++i) m = std::max(m, std::fabs(double(v[i])));
-  return m;
-}
-/// Elements of got[begin, end) off want by more than tol * (the largest |want| there).
-std::size_t off(const std::vector<float>& want, const std::vector<float>& got, std::size_t begin, std::size_t end,
-                double tol) {
-  if (want.size() < end || got.size() < end) return end - begin;
-  const double bound = tol * largest(want, begin, end);
-  std::size_t n = 0;
-  for (std::size_t i = begin; i < end; ++i) n += !(std::fabs(double(want[i]) - double(got[i])) <= bound);
-  return n;
-}
-std::size_t off(const std::vector<float>& want, const std::vector<float>& got, double tol) {
-  return off(want, got, 0, want.size(), tol);
-}
 /// Elements off by more than tol relative to each one.
 std::size_t off_relative(const std::vector<float>& want, const std::vector<float>& got, double tol) {
   std::size_t n = want.size() == got.size() ? 0 : want.size();
@@ -187,41 +110,10 @@ void check_gradients(const std::vector<float>& want, const std::vector<float>& g
 
 bool weights_close(const std::vector<float>& want, const std::vector<float>& got, double bound, const char* what) {
   if (want.size() != got.size()) return false;
-  std::size_t far = 0, compared = 0;
-  double worst = 0;
-  for (std::size_t k = 0; k < tensors; ++k) {
-    if (conv_bias(k)) continue;
-    for (std::size_t i = layout_starts[k]; i < layout_starts[k + 1]; ++i) {
-      ++compared;
-      const double d = std::fabs(double(want[i]) - double(got[i]));
-      far += !(d <= weight_abs + weight_rel * std::fabs(double(want[i])));
-      worst = std::max(worst, d == d ? d : 1e30);
-    }
-  }
-  std::printf("  %s: %zu of %zu weights beyond 1e-6 + 1e-5 |w|, largest difference %.3g\n", what, far, compared, worst);
-  return double(far) <= weight_outliers * double(compared) && worst <= bound;
-}
-double moved(const std::vector<float>& initial, const std::vector<float>& trained) {
-  double m = 0;
-  for (std::size_t i = 0; i < trained.size(); ++i) m = std::max(m, std::fabs(double(trained[i]) - initial[i]));
-  return m;
-}
-
-/// Rows of logits [rows, 10] whose largest logit (the first of equal ones) is the label.
-double accuracy_of(const std::vector<float>& logits, const std::vector<std::int32_t>& labels) {
-  std::size_t right = 0;
-  for (std::size_t r = 0; r < labels.size(); ++r) {
-    const float* row = logits.data() + r * classes;
-    right += std::size_t(std::max_element(row, row + classes) - row) == std::size_t(labels[r]);
-  }
-  return double(right) / double(labels.size());
-}
-
-std::vector<float> read_device(const float* p, std::size_t floats) {
-  std::vector<float> v(floats);
-  solder::eval::cuda::check(cudaMemcpy(v.data(), p, floats * sizeof(float), cudaMemcpyDeviceToHost),
-                            "cudaMemcpy of a parameter tensor");
-  return v;
+  weight_comparison c;
+  for (std::size_t k = 0; k < tensors; ++k)
+    if (!conv_bias(k)) c.add(want, got, layout_starts[k], layout_starts[k + 1]);
+  return c.close(bound, what);
 }
 
 /// A batch of `rows` held-out samples from `first` on, and a dy for it.
@@ -242,38 +134,22 @@ void parameters() {
   expect(same_bits(m.params(), initial), "create: the parameters nn::chain(seed) draws, bit for bit");
   expect(same_bits(m.buffers(), running), "create: the running statistics nn::chain(seed) starts with, bit for bit");
 
-  solder_param_tensor t[tensors] = {};
-  expect_ok(solder_digits_cnn_params(m.get(), t), "params");
-  const std::vector<ref::param_info> layout = cpu.layout();
-  bool names = layout.size() == tensors, places = names, values = names, pointers = names;
-  for (std::size_t k = 0; names && k < tensors; ++k) {
-    const std::size_t at = layout_starts[k];
-    names = names && t[k].name != nullptr && layout[k].name == t[k].name && layout[k].name == layout_names[k];
-    places = places && t[k].floats == layout[k].floats && at + t[k].floats == layout_starts[k + 1];
-    pointers = pointers && t[k].value != nullptr && t[k].grad != nullptr && t[k].value != t[k].grad;
-    if (pointers && places)
-      values = values && std::memcmp(read_device(t[k].value, t[k].floats).data(), initial.data() + at,
-                                     t[k].floats * sizeof(float)) == 0;
-  }
-  expect(names, "params: the CPU chain's state_dict names, in the header's order");
-  expect(places, "params: each tensor's floats, where the header's macros place it in the flat array");
-  expect(pointers, "params: a value and a separate gradient pointer for every tensor");
-  expect(pointers && places && values, "params: the device memory of each value holds read_params' floats there");
+  check_param_tensors(m, cpu.layout(), layout_names, layout_starts, initial);
 
   std::vector<float> written(initial), stats(running);
   for (std::size_t i = 0; i < written.size(); ++i) written[i] = 0.5f * written[i] + 1e-3f * float(i % 97);
   for (std::size_t i = 0; i < stats.size(); ++i) stats[i] += 0.25f + 0.01f * float(i);
-  expect_ok(solder_digits_cnn_write_params(m.get(), written.data(), nullptr), "write_params");
-  expect_ok(solder_digits_cnn_write_buffers(m.get(), stats.data(), nullptr), "write_buffers");
+  m.write_params(written);
+  m.write_buffers(stats);
   expect(same_bits(m.params(), written), "write_params, then read_params: the same bits");
   expect(same_bits(m.buffers(), stats), "write_buffers, then read_buffers: the same bits");
   const ref::cpu_chain five(5, {});
-  expect_ok(solder_digits_cnn_reseed(m.get(), 5), "reseed");
+  m.reseed(5);
   expect(same_bits(m.params(), five.params()) && same_bits(m.buffers(), five.buffers()),
          "reseed(5): the parameters and running statistics nn::chain(5) starts with");
-  expect_ok(solder_digits_cnn_reseed(m.get(), ref::model_seed), "reseed");
+  m.reseed(ref::model_seed);
   expect(same_bits(m.params(), initial), "reseed(seed): the parameters create(seed) drew");
-  expect(std::string(solder_digits_cnn_last_error()).empty(), "last_error: empty after a call that succeeded");
+  expect(std::string(digits_cnn_api::last_error()).empty(), "last_error: empty after a call that succeeded");
 }
 
 /// A fresh model's training forward of a batch with a tail (37 rows) and its backward for a given
@@ -290,10 +166,10 @@ void forward_and_backward(const ref::digits& data) {
          "training forward: the logits within 5e-5 of the largest of the CPU chain's (the same dropout mask)");
   expect(off_relative(cpu.buffers(), m.buffers(), deep_tolerance) == 0,
          "training forward: the running statistics moved as the CPU chain's");
-  expect_ok(solder_digits_cnn_backward(m.get(), dyd.get(), rows, nullptr), "backward");
+  m.backward(dyd.get(), rows);
   check_gradients(cpu.grads(), m.grads(), "backward");
 
-  expect_ok(solder_digits_cnn_eval(m.get()), "eval");
+  m.eval();
   const std::vector<float>& tx = data.test_x();
   const std::size_t n = data.test_y().size();
   const device_vector<float> txd(tx);
@@ -303,7 +179,7 @@ void forward_and_backward(const ref::digits& data) {
   expect(same_bits(got, m.forward(txd.get(), n)), "eval forward: the same bits on a second call");
   std::vector<float> stats = m.buffers();
   for (std::size_t i = 0; i < stats.size(); ++i) stats[i] = 0.5f * stats[i] + 0.3f;
-  expect_ok(solder_digits_cnn_write_buffers(m.get(), stats.data(), nullptr), "write_buffers");
+  m.write_buffers(stats);
   expect(off(ref::eval_forward(params, stats, tx.data(), n), m.forward(txd.get(), n), deep_tolerance) == 0,
          "eval forward after write_buffers: folded with the written running statistics");
 }
@@ -318,11 +194,11 @@ void shard(const ref::digits& data) {
   ref::cpu_chain cpu(ref::model_seed, {});
   const model m(ref::model_seed);
   cpu.set_first_sample(first);
-  expect_ok(solder_digits_cnn_set_first_sample(m.get(), first), "set_first_sample");
+  m.set_first_sample(first);
   const std::vector<float> want = cpu.forward_backward(p.x.data(), p.dy.data(), rows);
   expect(off(want, m.forward(xd.get(), rows), deep_tolerance) == 0,
          "shard: the logits within 5e-5 of the largest of the CPU chain's (the mask of samples 16 to 31)");
-  expect_ok(solder_digits_cnn_backward(m.get(), dyd.get(), rows, nullptr), "backward");
+  m.backward(dyd.get(), rows);
   check_gradients(cpu.grads(), m.grads(), "shard backward");
 }
 
@@ -339,13 +215,10 @@ void compare_training(const ref::digits& data, const ref::optimizer_settings& s,
   const device_vector<std::int32_t> yd(y);
   for (int t = 0; t < steps; ++t) {
     const std::size_t row = std::size_t(t) * batch;
-    float gpu_loss = -1;
-    expect_ok(solder_digits_cnn_train_step(m.get(), xd.get() + row * features, yd.get() + row, batch, &o, 0.0f,
-                                           &gpu_loss, nullptr),
-              "train_step");
+    const float gpu_loss = m.train_step(xd.get() + row * features, yd.get() + row, batch, o);
     const float cpu_loss = cpu.train_step(x.data() + row * features, y.data() + row, batch, s.lr);
     std::printf("  step %d: loss %.7f (GPU) %.7f (CPU)\n", t + 1, double(gpu_loss), double(cpu_loss));
-    expect(std::fabs(double(gpu_loss) - double(cpu_loss)) <= loss_tolerance * std::fabs(double(cpu_loss)),
+    expect(close_to(gpu_loss, cpu_loss, loss_tolerance),
            "train_step: the loss within 1e-5 of the CPU's");
     expect(o.steps == t + 1, "train_step: the optimizer's steps advanced by 1");
     expect(off_relative(cpu.buffers(), m.buffers(), deep_tolerance) == 0,
@@ -371,47 +244,43 @@ void refused_calls(const ref::digits& data) {
   data.epoch(0, x, y);
   const device_vector<float> xd(x), out(batch * classes);
   const device_vector<std::int32_t> yd(y);
+  m.train_step(xd.get(), yd.get(), batch, o);
   float loss = -1;
-  expect_ok(solder_digits_cnn_train_step(m.get(), xd.get(), yd.get(), batch, &o, 0.0f, &loss, nullptr), "train_step");
   cpu.train_step(x.data(), y.data(), batch, s.lr);
   const std::vector<float> params = m.params(), grads = m.grads(), running = m.buffers();
 
-  auto refused = [](int status, const char* part) {
-    return status == int(cudaErrorInvalidValue) &&
-           std::string(solder_digits_cnn_last_error()).find(part) != std::string::npos;
-  };
   const float* x1 = xd.get() + batch * features;
   std::vector<std::int32_t> labels(y.begin() + batch, y.begin() + 2 * batch);
   labels[9] = 12;
   const device_vector<std::int32_t> bad(labels);
-  expect(refused(solder_digits_cnn_train_step(m.get(), x1, bad.get(), batch, &o, 0.0f, &loss, nullptr),
+  expect(refused(digits_cnn_api::train_step(m.get(), x1, bad.get(), batch, &o, 0.0f, &loss, nullptr),
                  "label 12 of row 9"),
          "train_step: a label outside [0, 10) is refused, its row named");
-  expect(refused(solder_digits_cnn_loss_and_backward(m.get(), x1, bad.get(), batch, 0.0f, &loss, nullptr),
+  expect(refused(digits_cnn_api::loss_and_backward(m.get(), x1, bad.get(), batch, 0.0f, &loss, nullptr),
                  "label 12 of row 9"),
          "loss_and_backward: a label outside [0, 10) is refused, its row named");
   solder_optimizer b = o;
   b.lr = -1.0f;
-  expect(refused(solder_digits_cnn_train_step(m.get(), x1, yd.get() + batch, batch, &b, 0.0f, &loss, nullptr),
+  expect(refused(digits_cnn_api::train_step(m.get(), x1, yd.get() + batch, batch, &b, 0.0f, &loss, nullptr),
                  "lr must be >= 0"),
          "train_step: a negative lr is refused");
   expect(o.steps == 1, "refused calls: the optimizer's step count not written");
-  expect(refused(solder_digits_cnn_forward(m.get(), nullptr, out.get(), batch, nullptr), "x is a null pointer"),
+  expect(refused(digits_cnn_api::forward(m.get(), nullptr, out.get(), batch, nullptr), "x is a null pointer"),
          "forward: a null x is refused, named");
-  expect(refused(solder_digits_cnn_forward(m.get(), x1, out.get(), 0, nullptr), "batch must be at least 1"),
+  expect(refused(digits_cnn_api::forward(m.get(), x1, out.get(), 0, nullptr), "batch must be at least 1"),
          "forward: an empty batch is refused");
-  expect(refused(solder_digits_cnn_read_buffers(m.get(), nullptr, nullptr), "buffers is a null pointer"),
+  expect(refused(digits_cnn_api::read_buffers(m.get(), nullptr, nullptr), "buffers is a null pointer"),
          "read_buffers: a null array is refused, named");
-  expect(refused(solder_digits_cnn_write_buffers(m.get(), nullptr, nullptr), "buffers is a null pointer"),
+  expect(refused(digits_cnn_api::write_buffers(m.get(), nullptr, nullptr), "buffers is a null pointer"),
          "write_buffers: a null array is refused, named");
-  expect(refused(solder_digits_cnn_eval(nullptr), "model is a null pointer"), "eval: a null model is refused, named");
+  expect(refused(digits_cnn_api::eval(nullptr), "model is a null pointer"), "eval: a null model is refused, named");
 
   expect(same_bits(m.params(), params), "refused calls: the parameters as they were, bit for bit");
   expect(same_bits(m.grads(), grads), "refused calls: the gradients as they were, bit for bit");
   expect(same_bits(m.buffers(), running), "refused calls: the running statistics as they were, bit for bit");
-  expect_ok(solder_digits_cnn_train_step(m.get(), x1, yd.get() + batch, batch, &o, 0.0f, &loss, nullptr), "train_step");
+  loss = m.train_step(x1, yd.get() + batch, batch, o);
   const float cpu_loss = cpu.train_step(x.data() + batch * features, y.data() + batch, batch, s.lr);
-  expect(std::fabs(double(loss) - double(cpu_loss)) <= loss_tolerance * std::fabs(double(cpu_loss)),
+  expect(close_to(loss, cpu_loss, loss_tolerance),
          "train_step after refused calls: the loss of the CPU chain that never saw them (the dropout stream as it "
          "was)");
   expect(o.steps == 2, "train_step after refused calls: the optimizer state's second step");
@@ -440,21 +309,17 @@ void example_accuracy_reached(const ref::digits& data) {
     double sum = 0;
     for (std::size_t b = 0; b < per_epoch; ++b, ++t) {
       o.lr = lr[t];
-      float loss = -1;
-      expect_ok(solder_digits_cnn_train_step(m.get(), xd.get() + b * batch * features, yd.get() + b * batch, batch, &o,
-                                             0.0f, &loss, nullptr),
-                "train_step");
-      sum += loss;
+      sum += m.train_step(xd.get() + b * batch * features, yd.get() + b * batch, batch, o);
       cpu.train_step(x.data() + b * batch * features, y.data() + b * batch, batch, lr[t]);
     }
     (epoch == 0 ? first : last) = sum / double(per_epoch);
   }
-  expect_ok(solder_digits_cnn_eval(m.get()), "eval");
+  m.eval();
   const std::vector<float>& tx = data.test_x();
   const std::size_t n = data.test_y().size();
   const device_vector<float> txd(tx);
   const std::vector<float> logits = m.forward(txd.get(), n);
-  const double gpu_acc = accuracy_of(logits, data.test_y());
+  const double gpu_acc = accuracy_of(logits, data.test_y(), classes);
   const double cpu_acc = ref::accuracy(cpu.params(), cpu.buffers(), tx, data.test_y());
   std::printf("example on the GPU: loss %.4f (epoch 1) -> %.4f (epoch %d); held-out accuracy %.4f (GPU), %.4f (CPU)\n",
               first, last, epochs, gpu_acc, cpu_acc);

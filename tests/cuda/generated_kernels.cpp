@@ -34,61 +34,24 @@
 #include "solder/optim/adam.hpp"
 #include "solder/optim/sgd.hpp"
 #include "support/data.hpp"
-#include "support/gpu_program.hpp"
+// After the generated headers, whose common types it uses.
+#include "support/generated_model.hpp"
+
+SOLDER_TEST_GENERATED_API_WITH_LOSS(bias_relu_dropout, BIAS_RELU_DROPOUT);
+SOLDER_TEST_GENERATED_API_WITH_LOSS(bias_gelu_dropout, BIAS_GELU_DROPOUT);
+SOLDER_TEST_GENERATED_API_WITH_LOSS(layer_norm_gelu_dropout, LAYER_NORM_GELU_DROPOUT);
+SOLDER_TEST_GENERATED_API_WITH_LOSS(linear_relu_dropout, LINEAR_RELU_DROPOUT);
+SOLDER_TEST_GENERATED_API_WITH_LOSS(digits_mlp, DIGITS_MLP);
+SOLDER_TEST_GENERATED_API_WITH_LOSS(sketched_mlp, SKETCHED_MLP);
+SOLDER_TEST_GENERATED_API_WITH_LOSS(pool_flatten, POOL_FLATTEN);
+SOLDER_TEST_GENERATED_API(conv_bn_relu, CONV_BN_RELU);
+SOLDER_TEST_GENERATED_API_WITH_LOSS(digits_cnn, DIGITS_CNN);
 
 namespace {
 
 using namespace solder;
 using test::gpu::expect;
-
-/// One chain's C interface as a table, so that one template drives every chain.
-template <class Handle>
-struct c_api {
-  const char* name;
-  int (*create)(std::uint64_t, Handle**);
-  void (*destroy)(Handle*);
-  int (*train)(Handle*);
-  int (*eval)(Handle*);
-  int (*reseed)(Handle*, std::uint64_t);
-  int (*set_first_sample)(Handle*, std::uint64_t);
-  int (*forward)(Handle*, const float*, float*, std::size_t, cudaStream_t);
-  int (*backward)(Handle*, const float*, std::size_t, cudaStream_t);
-  int (*optimizer_step)(Handle*, solder_optimizer*, cudaStream_t);
-  int (*reset_optimizer)(Handle*);
-  int (*params)(Handle*, solder_param_tensor*);
-  int (*read_params)(Handle*, float*, cudaStream_t);
-  int (*write_params)(Handle*, const float*, cudaStream_t);
-  int (*read_grads)(Handle*, float*, cudaStream_t);
-  int (*read_buffers)(Handle*, float*, cudaStream_t);
-  int (*write_buffers)(Handle*, const float*, cudaStream_t);
-  const char* (*last_error)();
-  std::size_t in_floats, out_floats, param_tensors, param_floats, buffer_floats, dropouts;
-  // Chains with a flat output only (with_loss).
-  int (*loss_and_backward)(Handle*, const float*, const std::int32_t*, std::size_t, float, float*, cudaStream_t) = nullptr;
-  int (*train_step)(Handle*, const float*, const std::int32_t*, std::size_t, solder_optimizer*, float, float*,
-                    cudaStream_t) = nullptr;
-};
-
-template <class Handle, class LossAndBackward, class TrainStep>
-c_api<Handle> with_loss(c_api<Handle> a, LossAndBackward* loss_and_backward, TrainStep* train_step) {
-  a.loss_and_backward = loss_and_backward;
-  a.train_step = train_step;
-  return a;
-}
-
-#define SOLDER_TEST_C_API(chain, CHAIN)                                                                             \
-  c_api<solder_##chain> {                                                                                           \
-    #chain, solder_##chain##_create, solder_##chain##_destroy, solder_##chain##_train, solder_##chain##_eval,       \
-        solder_##chain##_reseed, solder_##chain##_set_first_sample, solder_##chain##_forward,                       \
-        solder_##chain##_backward, solder_##chain##_optimizer_step, solder_##chain##_reset_optimizer,               \
-        solder_##chain##_params, solder_##chain##_read_params, solder_##chain##_write_params,                       \
-        solder_##chain##_read_grads, solder_##chain##_read_buffers, solder_##chain##_write_buffers,                 \
-        solder_##chain##_last_error, SOLDER_##CHAIN##_IN_FLOATS, SOLDER_##CHAIN##_OUT_FLOATS,                       \
-        SOLDER_##CHAIN##_PARAMS, SOLDER_##CHAIN##_PARAM_FLOATS, SOLDER_##CHAIN##_BUFFER_FLOATS,                     \
-        SOLDER_##CHAIN##_DROPOUTS                                                                                   \
-  }
-#define SOLDER_TEST_C_API_WITH_LOSS(chain, CHAIN) \
-  with_loss(SOLDER_TEST_C_API(chain, CHAIN), solder_##chain##_loss_and_backward, solder_##chain##_train_step)
+using test::gpu::generated_model;
 
 void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
@@ -128,13 +91,10 @@ class device_array {
 /// is still given a pointer.
 std::vector<float> host_floats(std::size_t n) { return std::vector<float>(std::max<std::size_t>(n, 1)); }
 
-/// Reports a call that did not succeed, with the interface's message; true when it did.
-template <class Handle>
-bool ok(const c_api<Handle>& a, int status, const char* call) {
-  if (status == 0) return true;
-  std::fprintf(stderr, "  %s_%s returned %d: %s\n", a.name, call, status, a.last_error());
-  expect(false, (std::string(a.name) + "_" + call + " succeeds").c_str());
-  return false;
+/// Counts and reports a call that did not succeed, with the interface's message; true when it did.
+template <class Api>
+bool ok(const Api&, int status, const char* call) {
+  return generated_model<Api>::expect_ok(status, call);
 }
 
 /// Elements of got[begin, end) off want by more than tol * (the largest |want| there); prints
@@ -152,22 +112,6 @@ std::size_t off(const std::vector<float>& want, const std::vector<float>& got, s
   if (n) std::printf("  %s: %zu of %zu beyond %.0e of the largest (%.3g), largest difference %.3g\n", what.c_str(), n,
                      end - begin, tol, scale, worst);
   return n;
-}
-
-/// Weights after optimizer steps: close when within 1e-6 + 1e-5 |w|. A gradient within rounding
-/// of 0 (or a relu input within rounding of 0 inside the chain) may move a weight the other way
-/// on one side, so up to 0.5% may be further, none by more than `bound`.
-bool weights_close(const std::vector<float>& want, const std::vector<float>& got, double bound, const std::string& what) {
-  std::size_t far = 0;
-  double worst = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double d = std::fabs(double(want[i]) - double(got[i]));
-    far += !(d <= 1e-6 + 1e-5 * std::fabs(double(want[i])));
-    worst = std::max(worst, d == d ? d : 1e30);
-  }
-  std::printf("  %s: %zu of %zu weights beyond 1e-6 + 1e-5 |w|, largest difference %.3g (bound %.3g)\n", what.c_str(),
-              far, want.size(), worst, bound);
-  return double(far) <= 0.005 * double(want.size()) && worst <= bound;
 }
 
 /// How a chain is driven: its batch, the range of its inputs, and the tolerance (of each
@@ -223,8 +167,8 @@ void clear_near_kinks(std::uint64_t seed, Chain& cpu, const std::vector<float>& 
 }
 
 /// Compares the model's gradients (read_grads) with the CPU's, tensor by tensor.
-template <class Chain, class Handle>
-void compare_grads(const c_api<Handle>& a, Handle* m, Chain& cpu, double tol, cudaStream_t s, const std::string& what) {
+template <class Chain, class Api>
+void compare_grads(const Api& a, typename Api::handle* m, Chain& cpu, double tol, cudaStream_t s, const std::string& what) {
   std::vector<float> got = host_floats(a.param_floats);
   if (!ok(a, a.read_grads(m, got.data(), s), "read_grads")) return;
   const std::vector<float> want = cpu_flat(cpu, true);
@@ -240,8 +184,8 @@ void compare_grads(const c_api<Handle>& a, Handle* m, Chain& cpu, double tol, cu
 /// new torch optimizer) by train_step and by loss_and_backward + optimizer_step, then one more
 /// after reset_optimizer; losses and parameters against the CPU chain's steps with optim::sgd
 /// and optim::adamw from the same state.
-template <class Chain, class Handle>
-void compare_training(const c_api<Handle>& a, Handle* m, Chain& cpu, cudaStream_t s) {
+template <class Chain, class Api>
+void compare_training(const Api& a, typename Api::handle* m, Chain& cpu, cudaStream_t s) {
   constexpr std::size_t batch = 64;
   const std::string name = a.name;
   std::vector<std::vector<float>> xs;
@@ -288,7 +232,7 @@ void compare_training(const c_api<Handle>& a, Handle* m, Chain& cpu, cudaStream_
     double moved = 0;
     for (std::size_t i = 0; i < want.size(); ++i) moved = std::max(moved, std::fabs(double(want[i]) - double(before[i])));
     expect(moved > 0, (name + ": " + what + ": the CPU's steps moved the parameters").c_str());
-    expect(weights_close(want, got, 3 * moved, name + " " + what),
+    expect(test::gpu::weights_close(want, got, 3 * moved, name + " " + what),
            (name + ": " + what + ": the parameters close to the CPU's").c_str());
   };
 
@@ -329,8 +273,8 @@ void compare_training(const c_api<Handle>& a, Handle* m, Chain& cpu, cudaStream_
 
 /// Refused calls: cudaErrorInvalidValue (1) and a message naming what was wrong; a call that
 /// succeeds clears the message.
-template <class Chain, class Handle>
-void check_refusals(const c_api<Handle>& a, Handle* m, cudaStream_t s) {
+template <class Chain, class Api>
+void check_refusals(const Api& a, typename Api::handle* m, cudaStream_t s) {
   const std::string name = a.name;
   auto refused = [&](int status, const char* needle, const char* what) {
     const std::string message = a.last_error();
@@ -341,7 +285,7 @@ void check_refusals(const c_api<Handle>& a, Handle* m, cudaStream_t s) {
   };
   const std::size_t batch = 3;
   device_array<float> x(batch * a.in_floats, s), y(batch * a.out_floats, s);
-  Handle* none = nullptr;
+  typename Api::handle* none = nullptr;
   refused(a.create(1, nullptr), "model is a null pointer", "create with a null handle pointer");
   refused(a.forward(nullptr, x.get(), y.get(), batch, s), "model is a null pointer", "forward of a null model");
   refused(a.forward(m, nullptr, y.get(), batch, s), "x is a null pointer", "forward of a null x");
@@ -353,8 +297,7 @@ void check_refusals(const c_api<Handle>& a, Handle* m, cudaStream_t s) {
   expect(a.read_params(m, p.data(), s) == 0 && std::string(a.last_error()).empty(),
          (name + ": a call that succeeds leaves an empty message").c_str());
 
-  if constexpr (Chain::out_features == 10) {
-    if (!a.train_step) return;
+  if constexpr (Chain::out_features == 10 && Api::with_loss) {
     // A label out of range, and an optimizer kind that is none: refused before any update.
     std::vector<float> xs(batch * a.in_floats);
     test::fill_uniform(xs, 0, 1, 77);
@@ -379,8 +322,9 @@ void check_refusals(const c_api<Handle>& a, Handle* m, cudaStream_t s) {
 
 /// The whole comparison for one chain; Before, where not void, is the chain up to its last
 /// relu's input (clear_near_kinks).
-template <class Chain, class Before = void, class Handle>
-void check_chain(const c_api<Handle>& a, const spec& sp) {
+template <class Chain, class Api, class Before = void>
+void check_chain(const spec& sp) {
+  const Api a{};
   std::printf("%s: batch %zu, tolerance %.0e\n", a.name, sp.batch, sp.tol);
   const std::string name = a.name;
   constexpr std::uint64_t seed = 0x5eedULL, seed2 = 977;
@@ -399,147 +343,145 @@ void check_chain(const c_api<Handle>& a, const spec& sp) {
 
   cudaStream_t s = nullptr;
   cuda_check(cudaStreamCreate(&s), "cudaStreamCreate");
-  Handle* m = nullptr;
-  if (!ok(a, a.create(seed, &m), "create") || m == nullptr) {
-    cudaStreamDestroy(s);
-    return;
-  }
-
-  // The parameters: drawn as the CPU draws them, and where params() says they are.
-  std::vector<float> params = host_floats(a.param_floats);
-  ok(a, a.read_params(m, params.data(), s), "read_params");
-  const std::vector<float> want_params = cpu_flat(cpu, false);
-  expect(test::bit_differences(want_params.data(), params.data(), a.param_floats) == 0,
-         (name + ": the parameters equal the CPU chain's bit for bit").c_str());
-  std::vector<solder_param_tensor> tensors(std::max<std::size_t>(a.param_tensors, 1));
-  if (ok(a, a.params(m, tensors.data()), "params")) {
-    std::size_t at = 0, wrong = 0;
-    for (std::size_t i = 0; i < a.param_tensors; ++i) {
-      const solder_param_tensor& t = tensors[i];
-      if (t.name == nullptr || cpu_params[i].name != t.name || t.floats != cpu_params[i].value.size() ||
-          t.value == nullptr || t.grad == nullptr) {
-        ++wrong;
-        continue;
-      }
-      std::vector<float> v(t.floats);
-      cuda_check(cudaMemcpy(v.data(), t.value, t.floats * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
-      wrong += test::bit_differences(v.data(), params.data() + at, t.floats) != 0;
-      at += t.floats;
-    }
-    expect(wrong == 0, (name + ": params() names each tensor as the CPU chain does and points at its values").c_str());
-  }
-  if (a.buffer_floats) {
-    std::vector<float> buffers(a.buffer_floats);
-    ok(a, a.read_buffers(m, buffers.data(), s), "read_buffers");
-    const std::vector<float> want = cpu_buffers(cpu);
-    expect(test::bit_differences(want.data(), buffers.data(), buffers.size()) == 0,
-           (name + ": the running statistics start as the CPU chain's").c_str());
-  }
-
-  // A training forward and a backward.
-  std::vector<float> xh(batch * in), dyh(batch * out);
-  test::fill_uniform(xh, sp.lo, sp.hi, 1);
-  test::fill_uniform(dyh, -1, 1, 2);
-  if constexpr (!std::is_void_v<Before>) clear_near_kinks<Before>(seed, cpu, xh, batch, dyh);
-  device_array<float> x(xh, s), dy(dyh, s), y(batch * out, s);
-  auto compare_forward = [&](const std::string& what) {
-    const std::vector<float> want = cpu_forward(cpu, xh, batch);
-    if (!ok(a, a.forward(m, x.get(), y.get(), batch, s), "forward")) return;
-    const std::vector<float> got = y.read();
-    expect(off(want, got, 0, want.size(), sp.tol, name + " " + what) == 0,
-           (name + ": " + what + ": the output within the tolerance of its largest").c_str());
-    if (a.dropouts) {
-      // The masks: an element the CPU dropped (+0) the GPU dropped too, unless its value is
-      // within the tolerance of 0 anyway (relu's input within rounding of 0).
-      double scale = 0;
-      for (float v : want) scale = std::max(scale, std::fabs(double(v)));
-      std::size_t differ = 0;
-      for (std::size_t i = 0; i < want.size(); ++i)
-        differ += (want[i] == 0.0f) != (got[i] == 0.0f) && std::max(std::fabs(want[i]), std::fabs(got[i])) > sp.tol * scale;
-      expect(differ == 0, (name + ": " + what + ": the zeros (dropped elements) where the CPU's are").c_str());
-    }
-  };
-  compare_forward("training forward");
-  cpu.backward(typename Chain::output_ref(dyh.data(), batch));
-  if (ok(a, a.backward(m, dy.get(), batch, s), "backward") && a.param_tensors)
-    compare_grads(a, m, cpu, sp.tol, s, "backward");
-  if (a.buffer_floats) {
-    std::vector<float> got(a.buffer_floats);
-    ok(a, a.read_buffers(m, got.data(), s), "read_buffers");
-    const std::vector<float> want = cpu_buffers(cpu);
-    std::size_t at = 0, n = 0;
-    for (const auto& b : cpu.buffers()) {
-      n += off(want, got, at, at + b.value.size(), sp.tol, name + " " + b.name);
-      at += b.value.size();
-    }
-    expect(n == 0, (name + ": the running statistics after a training forward within the tolerance").c_str());
-  }
-
-  // The masks of another seed, as a shard starting at sample 5 draws them.
-  if (a.dropouts) {
-    cpu.reseed(seed2);
-    cpu.set_first_sample(5);
-    ok(a, a.reseed(m, seed2), "reseed");
-    ok(a, a.set_first_sample(m, 5), "set_first_sample");
-    // reseed draws the parameters again, as the CPU chain's does.
-    std::vector<float> p = host_floats(a.param_floats);
-    ok(a, a.read_params(m, p.data(), s), "read_params");
-    const std::vector<float> want = cpu_flat(cpu, false);
-    expect(test::bit_differences(want.data(), p.data(), a.param_floats) == 0,
-           (name + ": after reseed, the parameters equal the CPU chain's bit for bit").c_str());
-    compare_forward("training forward after reseed and set_first_sample(5)");
-    cpu.set_first_sample(0);
-    ok(a, a.set_first_sample(m, 0), "set_first_sample");
-  }
-
-  // Evaluation: no dropout, batch_norm's running statistics folded into the layer before it.
-  cpu.eval();
-  if (ok(a, a.eval(m), "eval")) compare_forward("evaluation forward");
-  cpu.train();
-  ok(a, a.train(m), "train");
-
-  // write_params and write_buffers take what read_params and read_buffers give.
   {
-    std::vector<float> p = host_floats(a.param_floats), back = host_floats(a.param_floats);
-    ok(a, a.read_params(m, p.data(), s), "read_params");
-    ok(a, a.write_params(m, p.data(), s), "write_params");
-    ok(a, a.read_params(m, back.data(), s), "read_params");
-    expect(test::bit_differences(p.data(), back.data(), p.size()) == 0,
-           (name + ": write_params then read_params gives the same bits").c_str());
+    // Destroyed before the stream that its work was queued on.
+    const generated_model<Api> model(seed, s);
+    typename Api::handle* const m = model.get();
+
+    // The parameters: drawn as the CPU draws them, and where params() says they are.
+    std::vector<float> params = host_floats(a.param_floats);
+    ok(a, a.read_params(m, params.data(), s), "read_params");
+    const std::vector<float> want_params = cpu_flat(cpu, false);
+    expect(test::bit_differences(want_params.data(), params.data(), a.param_floats) == 0,
+           (name + ": the parameters equal the CPU chain's bit for bit").c_str());
+    std::vector<solder_param_tensor> tensors(std::max<std::size_t>(a.param_tensors, 1));
+    if (ok(a, a.params(m, tensors.data()), "params")) {
+      std::size_t at = 0, wrong = 0;
+      for (std::size_t i = 0; i < a.param_tensors; ++i) {
+        const solder_param_tensor& t = tensors[i];
+        if (t.name == nullptr || cpu_params[i].name != t.name || t.floats != cpu_params[i].value.size() ||
+            t.value == nullptr || t.grad == nullptr) {
+          ++wrong;
+          continue;
+        }
+        std::vector<float> v(t.floats);
+        cuda_check(cudaMemcpy(v.data(), t.value, t.floats * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+        wrong += test::bit_differences(v.data(), params.data() + at, t.floats) != 0;
+        at += t.floats;
+      }
+      expect(wrong == 0, (name + ": params() names each tensor as the CPU chain does and points at its values").c_str());
+    }
     if (a.buffer_floats) {
-      std::vector<float> b(a.buffer_floats), bback(a.buffer_floats);
-      for (std::size_t i = 0; i < b.size(); ++i) b[i] = 0.5f + float(i % 7) * 0.125f;
-      ok(a, a.write_buffers(m, b.data(), s), "write_buffers");
-      ok(a, a.read_buffers(m, bback.data(), s), "read_buffers");
-      expect(test::bit_differences(b.data(), bback.data(), b.size()) == 0,
-             (name + ": write_buffers then read_buffers gives the same bits").c_str());
-      // Back to the CPU chain's, so that the chains go on from the same state.
+      std::vector<float> buffers(a.buffer_floats);
+      ok(a, a.read_buffers(m, buffers.data(), s), "read_buffers");
       const std::vector<float> want = cpu_buffers(cpu);
-      ok(a, a.write_buffers(m, want.data(), s), "write_buffers");
+      expect(test::bit_differences(want.data(), buffers.data(), buffers.size()) == 0,
+             (name + ": the running statistics start as the CPU chain's").c_str());
     }
-  }
 
-  // The loss of a chain with a flat output, and the gradients of its mean.
-  if constexpr (Chain::widths::output_batch::rank == 2) {
-    expect(a.loss_and_backward != nullptr, (name + ": a flat output has loss_and_backward").c_str());
-    std::vector<std::int32_t> lh(batch);
-    test::fill_integers(lh, 0, int(out) - 1, 3);
-    device_array<std::int32_t> labels(lh, s);
-    const float want = cpu.loss_and_backward(typename Chain::input_ref(xh.data(), batch), std::span<const std::int32_t>(lh),
-                                             nn::cross_entropy_loss{0.1f});
-    float got = 0;
-    if (a.loss_and_backward && ok(a, a.loss_and_backward(m, x.get(), labels.get(), batch, 0.1f, &got, s), "loss_and_backward")) {
-      expect(std::fabs(double(got) - double(want)) <= 1e-5 * std::fabs(double(want)),
-             (name + ": loss_and_backward: the loss within 1e-5 of the CPU's").c_str());
-      if (a.param_tensors) compare_grads(a, m, cpu, sp.tol, s, "loss_and_backward");
+    // A training forward and a backward.
+    std::vector<float> xh(batch * in), dyh(batch * out);
+    test::fill_uniform(xh, sp.lo, sp.hi, 1);
+    test::fill_uniform(dyh, -1, 1, 2);
+    if constexpr (!std::is_void_v<Before>) clear_near_kinks<Before>(seed, cpu, xh, batch, dyh);
+    device_array<float> x(xh, s), dy(dyh, s), y(batch * out, s);
+    auto compare_forward = [&](const std::string& what) {
+      const std::vector<float> want = cpu_forward(cpu, xh, batch);
+      if (!ok(a, a.forward(m, x.get(), y.get(), batch, s), "forward")) return;
+      const std::vector<float> got = y.read();
+      expect(off(want, got, 0, want.size(), sp.tol, name + " " + what) == 0,
+             (name + ": " + what + ": the output within the tolerance of its largest").c_str());
+      if (a.dropouts) {
+        // The masks: an element the CPU dropped (+0) the GPU dropped too, unless its value is
+        // within the tolerance of 0 anyway (relu's input within rounding of 0).
+        double scale = 0;
+        for (float v : want) scale = std::max(scale, std::fabs(double(v)));
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < want.size(); ++i)
+          differ += (want[i] == 0.0f) != (got[i] == 0.0f) && std::max(std::fabs(want[i]), std::fabs(got[i])) > sp.tol * scale;
+        expect(differ == 0, (name + ": " + what + ": the zeros (dropped elements) where the CPU's are").c_str());
+      }
+    };
+    compare_forward("training forward");
+    cpu.backward(typename Chain::output_ref(dyh.data(), batch));
+    if (ok(a, a.backward(m, dy.get(), batch, s), "backward") && a.param_tensors)
+      compare_grads(a, m, cpu, sp.tol, s, "backward");
+    if (a.buffer_floats) {
+      std::vector<float> got(a.buffer_floats);
+      ok(a, a.read_buffers(m, got.data(), s), "read_buffers");
+      const std::vector<float> want = cpu_buffers(cpu);
+      std::size_t at = 0, n = 0;
+      for (const auto& b : cpu.buffers()) {
+        n += off(want, got, at, at + b.value.size(), sp.tol, name + " " + b.name);
+        at += b.value.size();
+      }
+      expect(n == 0, (name + ": the running statistics after a training forward within the tolerance").c_str());
     }
+
+    // The masks of another seed, as a shard starting at sample 5 draws them.
+    if (a.dropouts) {
+      cpu.reseed(seed2);
+      cpu.set_first_sample(5);
+      ok(a, a.reseed(m, seed2), "reseed");
+      ok(a, a.set_first_sample(m, 5), "set_first_sample");
+      // reseed draws the parameters again, as the CPU chain's does.
+      std::vector<float> p = host_floats(a.param_floats);
+      ok(a, a.read_params(m, p.data(), s), "read_params");
+      const std::vector<float> want = cpu_flat(cpu, false);
+      expect(test::bit_differences(want.data(), p.data(), a.param_floats) == 0,
+             (name + ": after reseed, the parameters equal the CPU chain's bit for bit").c_str());
+      compare_forward("training forward after reseed and set_first_sample(5)");
+      cpu.set_first_sample(0);
+      ok(a, a.set_first_sample(m, 0), "set_first_sample");
+    }
+
+    // Evaluation: no dropout, batch_norm's running statistics folded into the layer before it.
+    cpu.eval();
+    if (ok(a, a.eval(m), "eval")) compare_forward("evaluation forward");
+    cpu.train();
+    ok(a, a.train(m), "train");
+
+    // write_params and write_buffers take what read_params and read_buffers give.
+    {
+      std::vector<float> p = host_floats(a.param_floats), back = host_floats(a.param_floats);
+      ok(a, a.read_params(m, p.data(), s), "read_params");
+      ok(a, a.write_params(m, p.data(), s), "write_params");
+      ok(a, a.read_params(m, back.data(), s), "read_params");
+      expect(test::bit_differences(p.data(), back.data(), p.size()) == 0,
+             (name + ": write_params then read_params gives the same bits").c_str());
+      if (a.buffer_floats) {
+        std::vector<float> b(a.buffer_floats), bback(a.buffer_floats);
+        for (std::size_t i = 0; i < b.size(); ++i) b[i] = 0.5f + float(i % 7) * 0.125f;
+        ok(a, a.write_buffers(m, b.data(), s), "write_buffers");
+        ok(a, a.read_buffers(m, bback.data(), s), "read_buffers");
+        expect(test::bit_differences(b.data(), bback.data(), b.size()) == 0,
+               (name + ": write_buffers then read_buffers gives the same bits").c_str());
+        // Back to the CPU chain's, so that the chains go on from the same state.
+        const std::vector<float> want = cpu_buffers(cpu);
+        ok(a, a.write_buffers(m, want.data(), s), "write_buffers");
+      }
+    }
+
+    // The loss of a chain with a flat output, and the gradients of its mean.
+    if constexpr (Chain::widths::output_batch::rank == 2) {
+      expect(Api::with_loss, (name + ": a flat output has loss_and_backward").c_str());
+      if constexpr (Api::with_loss) {
+        std::vector<std::int32_t> lh(batch);
+        test::fill_integers(lh, 0, int(out) - 1, 3);
+        device_array<std::int32_t> labels(lh, s);
+        const float want = cpu.loss_and_backward(typename Chain::input_ref(xh.data(), batch), std::span<const std::int32_t>(lh),
+                                                 nn::cross_entropy_loss{0.1f});
+        float got = 0;
+        if (ok(a, a.loss_and_backward(m, x.get(), labels.get(), batch, 0.1f, &got, s), "loss_and_backward")) {
+          expect(test::gpu::close_to(got, want, 1e-5), (name + ": loss_and_backward: the loss within 1e-5 of the CPU's").c_str());
+          if (a.param_tensors) compare_grads(a, m, cpu, sp.tol, s, "loss_and_backward");
+        }
+      }
+    }
+
+    if constexpr (Chain::out_features == 10 && Api::with_loss) compare_training(a, m, cpu, s);
+    check_refusals<Chain>(a, m, s);
   }
-
-  if constexpr (Chain::out_features == 10)
-    if (a.train_step) compare_training(a, m, cpu, s);
-  check_refusals<Chain>(a, m, s);
-
-  a.destroy(m);
   a.destroy(nullptr);
   cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   cudaStreamDestroy(s);
@@ -554,18 +496,16 @@ using conv_bn_relu_before = nn::chain<nn::input<64, 16, 16>, nn::conv2d<64, 64, 
 int main() {
   return test::gpu::run("tests/cuda/generated_kernels.cpp", "solder: the generated C interfaces match the CPU chains", [] {
     // 157 rows: not a multiple of the column walk's chunk of 128 rows.
-    check_chain<::bias_relu_dropout>(SOLDER_TEST_C_API_WITH_LOSS(bias_relu_dropout, BIAS_RELU_DROPOUT), {157, -2, 2, 1e-5});
-    check_chain<::bias_gelu_dropout>(SOLDER_TEST_C_API_WITH_LOSS(bias_gelu_dropout, BIAS_GELU_DROPOUT), {157, -3, 3, 1e-5});
-    check_chain<::layer_norm_gelu_dropout>(SOLDER_TEST_C_API_WITH_LOSS(layer_norm_gelu_dropout, LAYER_NORM_GELU_DROPOUT),
-                                           {157, -2, 2, 1e-5});
-    check_chain<::linear_relu_dropout, linear_relu_dropout_before>(
-        SOLDER_TEST_C_API_WITH_LOSS(linear_relu_dropout, LINEAR_RELU_DROPOUT), {157, -1, 1, 1e-5});
-    check_chain<::digits_mlp>(SOLDER_TEST_C_API_WITH_LOSS(digits_mlp, DIGITS_MLP), {157, 0, 1, 1e-5});
-    check_chain<::sketched_mlp>(SOLDER_TEST_C_API_WITH_LOSS(sketched_mlp, SKETCHED_MLP), {157, 0, 1, 1e-5});
-    check_chain<::pool_flatten>(SOLDER_TEST_C_API_WITH_LOSS(pool_flatten, POOL_FLATTEN), {37, -1, 1, 1e-6});
+    check_chain<::bias_relu_dropout, bias_relu_dropout_api>({157, -2, 2, 1e-5});
+    check_chain<::bias_gelu_dropout, bias_gelu_dropout_api>({157, -3, 3, 1e-5});
+    check_chain<::layer_norm_gelu_dropout, layer_norm_gelu_dropout_api>({157, -2, 2, 1e-5});
+    check_chain<::linear_relu_dropout, linear_relu_dropout_api, linear_relu_dropout_before>({157, -1, 1, 1e-5});
+    check_chain<::digits_mlp, digits_mlp_api>({157, 0, 1, 1e-5});
+    check_chain<::sketched_mlp, sketched_mlp_api>({157, 0, 1, 1e-5});
+    check_chain<::pool_flatten, pool_flatten_api>({37, -1, 1, 1e-6});
     // The batch_norm chains: statistics over the batch, and the gradient through them.
-    check_chain<::conv_bn_relu, conv_bn_relu_before>(SOLDER_TEST_C_API(conv_bn_relu, CONV_BN_RELU), {6, -1, 1, 5e-5});
-    check_chain<::digits_cnn>(SOLDER_TEST_C_API_WITH_LOSS(digits_cnn, DIGITS_CNN), {37, 0, 1, 5e-5});
+    check_chain<::conv_bn_relu, conv_bn_relu_api, conv_bn_relu_before>({6, -1, 1, 5e-5});
+    check_chain<::digits_cnn, digits_cnn_api>({37, 0, 1, 5e-5});
     cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   });
 }

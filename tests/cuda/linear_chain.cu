@@ -24,10 +24,12 @@
 #include <vector>
 
 #include "../support/data.hpp"
-#include "../support/device_vector.hpp"
-#include "../support/gpu_program.hpp"
 #include "linear_chain.hpp"
 #include "linear_relu_dropout.h"
+// After the generated header, whose common types it uses.
+#include "../support/generated_model.hpp"
+
+SOLDER_TEST_GENERATED_API_WITH_LOSS(linear_relu_dropout, LINEAR_RELU_DROPOUT);
 
 namespace {
 
@@ -36,8 +38,7 @@ using ref::in;
 using ref::out;
 using ref::param_floats;
 using solder::test::fill_uniform;
-using solder::test::gpu::device_vector;
-using solder::test::gpu::expect;
+using namespace solder::test::gpu;
 
 static_assert(SOLDER_LINEAR_RELU_DROPOUT_IN_FLOATS == in && SOLDER_LINEAR_RELU_DROPOUT_OUT_FLOATS == out &&
               SOLDER_LINEAR_RELU_DROPOUT_PARAMS == 2 && SOLDER_LINEAR_RELU_DROPOUT_PARAM_FLOATS == param_floats &&
@@ -54,55 +55,12 @@ constexpr std::size_t bias_at = SOLDER_LINEAR_RELU_DROPOUT_0_BIAS;
 constexpr double sum_tolerance = 1e-5;
 constexpr double floor_tolerance = 1e-6;  // for sums whose terms nearly all vanish
 /// Training steps, as cuda:digits_train: the loss within 1e-5 relative, the first step's gradients
-/// within 1e-5 of their tensor's largest, the weights after the steps within 1e-6 + 1e-5 |w| but
-/// for at most 0.5% (a relu input within rounding of 0 gates on one side only), none off by more
-/// than twice the most a weight moved on the CPU.
+/// within 1e-5 of their tensor's largest, the weights after the steps weights_close, none off by
+/// more than twice the most a weight moved on the CPU.
 constexpr double loss_tolerance = 1e-5, gradient_tolerance = 1e-5;
-constexpr double weight_abs = 1e-6, weight_rel = 1e-5, weight_outliers = 0.005;
 
-void expect_ok(int status, const char* what) {
-  if (status != 0) {
-    ++solder::test::gpu::failures;
-    std::fprintf(stderr, "FAILED: %s returned %d: %s\n", what, status, solder_linear_relu_dropout_last_error());
-  }
-}
-
-/// A device model, destroyed with its scope.
-class model {
- public:
-  explicit model(std::uint64_t seed) {
-    expect_ok(solder_linear_relu_dropout_create(seed, &p_), "create");
-    if (p_ == nullptr) throw std::runtime_error("solder_linear_relu_dropout_create made no model");
-  }
-  ~model() { solder_linear_relu_dropout_destroy(p_); }
-  model(const model&) = delete;
-  model& operator=(const model&) = delete;
-  solder_linear_relu_dropout* get() const { return p_; }
-
-  std::vector<float> params() const {
-    std::vector<float> v(param_floats);
-    expect_ok(solder_linear_relu_dropout_read_params(p_, v.data(), nullptr), "read_params");
-    return v;
-  }
-  std::vector<float> grads() const {
-    std::vector<float> v(param_floats);
-    expect_ok(solder_linear_relu_dropout_read_grads(p_, v.data(), nullptr), "read_grads");
-    return v;
-  }
-  /// y [rows, out] for x [rows, in] (device memory) in the model's mode.
-  std::vector<float> forward(const float* x, std::size_t rows) const {
-    const device_vector<float> y(rows * out);
-    expect_ok(solder_linear_relu_dropout_forward(p_, x, y.get(), rows, nullptr), "forward");
-    return y.read();
-  }
-
- private:
-  solder_linear_relu_dropout* p_ = nullptr;
-};
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using model = generated_model<linear_relu_dropout_api>;
+constexpr auto refused = model::refused;
 
 /// |b_j| + sum_k |x_ik w_jk|, times `scale`: the magnitude of output (i, j)'s sum, rows
 /// [first, first + rows) of x.
@@ -143,33 +101,16 @@ void parameters() {
   const std::vector<float> initial = ref::initial_params(ref::model_seed);
   const model m(ref::model_seed);
   expect(same_bits(m.params(), initial), "create: the parameters nn::chain(seed) draws, bit for bit");
-  solder_param_tensor t[2] = {};
-  expect_ok(solder_linear_relu_dropout_params(m.get(), t), "params");
-  const std::vector<ref::param_info> layout = ref::layout();
   const std::size_t starts[3] = {SOLDER_LINEAR_RELU_DROPOUT_0_WEIGHT, SOLDER_LINEAR_RELU_DROPOUT_0_BIAS, param_floats};
   const char* const names[2] = {"0.weight", "0.bias"};
-  bool named = layout.size() == 2, placed = named, held = named;
-  for (std::size_t k = 0; named && k < 2; ++k) {
-    named = named && t[k].name != nullptr && layout[k].name == t[k].name && layout[k].name == names[k];
-    placed = placed && t[k].floats == layout[k].floats && starts[k] + t[k].floats == starts[k + 1] &&
-             t[k].value != nullptr && t[k].grad != nullptr && t[k].value != t[k].grad;
-    if (placed) {
-      std::vector<float> v(t[k].floats);
-      solder::eval::cuda::check(cudaMemcpy(v.data(), t[k].value, v.size() * sizeof(float), cudaMemcpyDeviceToHost),
-                                "cudaMemcpy of a parameter tensor");
-      held = held && std::memcmp(v.data(), initial.data() + starts[k], v.size() * sizeof(float)) == 0;
-    }
-  }
-  expect(named, "params: the CPU chain's state_dict names, in the header's order");
-  expect(placed, "params: each tensor's floats where the header's macros place it, a value and a gradient pointer");
-  expect(placed && held, "params: the device memory of each value holds read_params' floats there");
+  check_param_tensors(m, ref::layout(), names, starts, initial);
   std::vector<float> written(initial);
   for (std::size_t i = 0; i < written.size(); ++i) written[i] = -0.5f * written[i] + 1e-3f * float(i % 89);
-  expect_ok(solder_linear_relu_dropout_write_params(m.get(), written.data(), nullptr), "write_params");
+  m.write_params(written);
   expect(same_bits(m.params(), written), "write_params, then read_params: the same bits");
-  expect_ok(solder_linear_relu_dropout_reseed(m.get(), ref::other_seed), "reseed");
+  m.reseed(ref::other_seed);
   expect(same_bits(m.params(), ref::initial_params(ref::other_seed)), "reseed: the parameters nn::chain(seed) draws");
-  expect(std::string(solder_linear_relu_dropout_last_error()).empty(), "last_error: empty after a call that succeeded");
+  expect(std::string(linear_relu_dropout_api::last_error()).empty(), "last_error: empty after a call that succeeded");
 }
 
 /// A fresh model's training forward and its backward for dy, against the CPU chain's; the same
@@ -190,7 +131,7 @@ void forward_and_backward() {
   // Relu and the dropout's scale do not widen a difference of x W^T + b beyond the scale.
   expect(c.value_off == 0, "training forward: y within 1e-5 of the sums' magnitudes of the CPU's");
 
-  expect_ok(solder_linear_relu_dropout_backward(m.get(), dyd.get(), batch, nullptr), "backward");
+  m.backward(dyd.get(), batch);
   const std::vector<float> grads = m.grads();
   // |g| of the gate, dy scaled where y > 0: the magnitudes of dW's and db's sums. An element that
   // relu gates on one side only (its input within rounding of 0) adds its whole term as slack.
@@ -219,15 +160,15 @@ void forward_and_backward() {
   expect(db_off == 0, "backward: db within 1e-5 of the sums' magnitudes of the CPU's");
 
   // reseed(seed) restores the parameters and the dropout's stream: the same mask, the same bits.
-  expect_ok(solder_linear_relu_dropout_reseed(m.get(), ref::model_seed), "reseed");
+  m.reseed(ref::model_seed);
   expect(same_bits(y, m.forward(xd.get(), batch)), "training forward after reseed: the same bits");
-  expect_ok(solder_linear_relu_dropout_backward(m.get(), dyd.get(), batch, nullptr), "backward");
+  m.backward(dyd.get(), batch);
   expect(same_bits(grads, m.grads()), "backward after reseed: the same bits");
 
   {
     // Samples [61, 157) of the batch as a rank of their own: the whole batch's mask for them.
     const model s(ref::model_seed);
-    expect_ok(solder_linear_relu_dropout_set_first_sample(s.get(), shard_first), "set_first_sample");
+    s.set_first_sample(shard_first);
     const std::vector<float> ys = s.forward(xd.get() + shard_first * in, batch - shard_first);
     const forward_check sc = compare_forward(
         r.y, ys, forward_magnitudes(x, r.params, shard_first, batch - shard_first, r.scale), shard_first, &r.keep);
@@ -236,42 +177,17 @@ void forward_and_backward() {
     expect(sc.value_off == 0, "shard (set_first_sample): y within 1e-5 of the sums' magnitudes of the CPU's");
   }
 
-  expect_ok(solder_linear_relu_dropout_eval(m.get()), "eval");
+  m.eval();
   expect(compare_forward(r.y_eval, m.forward(xd.get(), batch), forward_magnitudes(x, r.params, 0, batch, 1.0), 0,
                          nullptr)
                  .value_off == 0,
          "eval forward: relu(x W^T + b) within 1e-5 of the sums' magnitudes of the CPU's");
   const std::vector<float> other = ref::initial_params(ref::other_seed);
-  expect_ok(solder_linear_relu_dropout_write_params(m.get(), other.data(), nullptr), "write_params");
+  m.write_params(other);
   expect(compare_forward(ref::eval_forward(other, x, batch), m.forward(xd.get(), batch),
                          forward_magnitudes(x, other, 0, batch, 1.0), 0, nullptr)
                  .value_off == 0,
          "eval forward after write_params: the written parameters' output");
-}
-
-solder_optimizer optimizer_of(const ref::optimizer_settings& s) {
-  solder_optimizer o{};
-  o.kind = s.kind == ref::optimizer_settings::sgd    ? solder_sgd
-           : s.kind == ref::optimizer_settings::adam ? solder_adam
-                                                     : solder_adamw;
-  o.lr = s.lr;
-  o.weight_decay = s.weight_decay;
-  o.momentum = s.momentum;
-  o.nesterov = s.nesterov ? 1 : 0;
-  o.beta1 = 0.9f;
-  o.beta2 = 0.999f;
-  o.eps = 1e-8f;
-  return o;
-}
-
-/// Elements of got[begin, end) off want by more than tol * (the largest |want| there).
-std::size_t off(const std::vector<float>& want, const std::vector<float>& got, std::size_t begin, std::size_t end,
-                double tol) {
-  double scale = 0;
-  for (std::size_t i = begin; i < end; ++i) scale = std::max(scale, std::fabs(double(want[i])));
-  std::size_t n = 0;
-  for (std::size_t i = begin; i < end; ++i) n += !(std::fabs(double(want[i]) - double(got[i])) <= tol * scale);
-  return n;
 }
 
 /// Training batches of 64 samples, labels over the 512 outputs.
@@ -301,18 +217,14 @@ void training(const ref::optimizer_settings& s, float label_smoothing, bool spli
     const std::size_t row = t * batches::rows;
     float loss = -1;
     if (split) {
-      expect_ok(solder_linear_relu_dropout_loss_and_backward(m.get(), xd.get() + row * in, yd.get() + row,
-                                                             batches::rows, label_smoothing, &loss, nullptr),
-                "loss_and_backward");
-      expect_ok(solder_linear_relu_dropout_optimizer_step(m.get(), &o, nullptr), "optimizer_step");
+      loss = m.loss_and_backward(xd.get() + row * in, yd.get() + row, batches::rows, label_smoothing);
+      m.optimizer_step(o);
     } else {
-      expect_ok(solder_linear_relu_dropout_train_step(m.get(), xd.get() + row * in, yd.get() + row, batches::rows, &o,
-                                                      label_smoothing, &loss, nullptr),
-                "train_step");
+      loss = m.train_step(xd.get() + row * in, yd.get() + row, batches::rows, o, label_smoothing);
     }
     const float cpu_loss = cpu.train_step(b.x.data() + row * in, b.labels.data() + row, batches::rows, label_smoothing);
     std::printf("  step %zu: loss %.7f (GPU) %.7f (CPU)\n", t + 1, double(loss), double(cpu_loss));
-    expect(std::fabs(double(loss) - double(cpu_loss)) <= loss_tolerance * std::fabs(double(cpu_loss)),
+    expect(close_to(loss, cpu_loss, loss_tolerance),
            "training step: the loss within 1e-5 of the CPU's");
     expect(o.steps == std::int64_t(t + 1), "training step: the optimizer's steps advanced by 1");
     if (t == 0) {
@@ -322,17 +234,8 @@ void training(const ref::optimizer_settings& s, float label_smoothing, bool spli
              "training step: the first step's gradients within 1e-5 of their tensor's largest");
     }
   }
-  const std::vector<float> trained = cpu.params(), got = m.params();
-  std::size_t far = 0;
-  double worst = 0, moved = 0;
-  for (std::size_t i = 0; i < trained.size(); ++i) {
-    const double d = std::fabs(double(trained[i]) - double(got[i]));
-    far += !(d <= weight_abs + weight_rel * std::fabs(double(trained[i])));
-    worst = std::max(worst, d == d ? d : 1e30);
-    moved = std::max(moved, std::fabs(double(trained[i]) - double(initial[i])));
-  }
-  std::printf("  %zu of %zu weights beyond 1e-6 + 1e-5 |w|, largest difference %.3g\n", far, trained.size(), worst);
-  expect(double(far) <= weight_outliers * double(trained.size()) && worst <= 2 * moved,
+  const std::vector<float> trained = cpu.params();
+  expect(weights_close(trained, m.params(), 2 * moved(initial, trained), what),
          "training step: the weights after the steps close to the CPU's");
 }
 
@@ -351,29 +254,24 @@ void refused_calls() {
   const model m(ref::model_seed);
   solder_optimizer o = optimizer_of(s);
   const std::vector<float> before = m.params();
-  auto refused = [](int status, const char* part) {
-    return status == int(cudaErrorInvalidValue) &&
-           std::string(solder_linear_relu_dropout_last_error()).find(part) != std::string::npos;
-  };
   float loss = -1;
-  expect(refused(solder_linear_relu_dropout_train_step(m.get(), xd.get(), bad.get(), batches::rows, &o, 0.0f, &loss,
+  expect(refused(linear_relu_dropout_api::train_step(m.get(), xd.get(), bad.get(), batches::rows, &o, 0.0f, &loss,
                                                        nullptr),
                  "label 512 of row 3"),
          "train_step: a label outside [0, 512) is refused, its row named");
-  expect(refused(solder_linear_relu_dropout_forward(m.get(), xd.get(), nullptr, 1, nullptr), "y is a null pointer"),
+  expect(refused(linear_relu_dropout_api::forward(m.get(), xd.get(), nullptr, 1, nullptr), "y is a null pointer"),
          "forward: a null y is refused, named");
-  expect(refused(solder_linear_relu_dropout_backward(m.get(), y.get(), 0, nullptr), "batch must be at least 1"),
+  expect(refused(linear_relu_dropout_api::backward(m.get(), y.get(), 0, nullptr), "batch must be at least 1"),
          "backward: an empty batch is refused");
-  expect(refused(solder_linear_relu_dropout_write_params(m.get(), nullptr, nullptr), "params is a null pointer"),
+  expect(refused(linear_relu_dropout_api::write_params(m.get(), nullptr, nullptr), "params is a null pointer"),
          "write_params: a null array is refused, named");
-  expect(refused(solder_linear_relu_dropout_set_first_sample(nullptr, 1), "model is a null pointer"),
+  expect(refused(linear_relu_dropout_api::set_first_sample(nullptr, 1), "model is a null pointer"),
          "set_first_sample: a null model is refused, named");
   expect(same_bits(m.params(), before), "refused calls: the parameters as they were, bit for bit");
   expect(o.steps == 0, "refused calls: no optimizer step counted");
-  expect_ok(solder_linear_relu_dropout_train_step(m.get(), xd.get(), yd.get(), batches::rows, &o, 0.0f, &loss, nullptr),
-            "train_step");
+  loss = m.train_step(xd.get(), yd.get(), batches::rows, o);
   const float cpu_loss = cpu.train_step(b.x.data(), b.labels.data(), batches::rows, 0.0f);
-  expect(std::fabs(double(loss) - double(cpu_loss)) <= loss_tolerance * std::fabs(double(cpu_loss)) && o.steps == 1,
+  expect(close_to(loss, cpu_loss, loss_tolerance) && o.steps == 1,
          "train_step after refused calls: the CPU chain's first step (the dropout stream as it was)");
 }
 

@@ -25,10 +25,12 @@
 #include <string>
 #include <vector>
 
-#include "../support/device_vector.hpp"
-#include "../support/gpu_program.hpp"
 #include "sketched_mlp.h"
 #include "sketched_train.hpp"
+// After the generated header, whose common types it uses.
+#include "../support/generated_model.hpp"
+
+SOLDER_TEST_GENERATED_API_WITH_LOSS(sketched_mlp, SKETCHED_MLP);
 
 namespace {
 
@@ -37,8 +39,7 @@ using ref::batch;
 using ref::classes;
 using ref::features;
 using ref::param_floats;
-using solder::test::gpu::device_vector;
-using solder::test::gpu::expect;
+using namespace solder::test::gpu;
 
 static_assert(SOLDER_SKETCHED_MLP_PARAM_FLOATS == param_floats && SOLDER_SKETCHED_MLP_IN_FLOATS == features &&
               SOLDER_SKETCHED_MLP_OUT_FLOATS == classes && SOLDER_SKETCHED_MLP_PARAMS == 8 &&
@@ -61,137 +62,20 @@ constexpr std::size_t layout_starts[tensors + 1] = {
 /// its terms, never below the tensor's largest element by more than the batch's 32).
 constexpr double loss_tolerance = 1e-5;
 constexpr double value_tolerance = 1e-5;
-/// Weights after the updates: an element is close when within 1e-6 + 1e-5 |w| (the updates add
-/// lr-sized multiples of gradients that agree to 1e-5, and Adam's m / sqrt(v) is a ratio of two
-/// such). A pre-activation within rounding of 0 may take the other side of relu on one side, which
-/// changes one row of a weight's gradient: at most weight_outliers of the elements may be off by
-/// more, and none by more than twice the most any weight moved on the CPU (the two sides' updates
-/// of an element, each at most that).
-constexpr double weight_abs = 1e-6, weight_rel = 1e-5, weight_outliers = 0.005;
+// Weights after the updates: weights_close, none off by more than twice the most any weight moved
+// on the CPU (the two sides' updates of an element, each at most that).
 /// Held-out accuracy after the example's 40 epochs: the GPU-trained model at the example's bar, and
 /// within 2 points of the CPU-trained chain (7 of the 359 held-out samples). After ~1800 steps the
 /// two runs' weights differ (rounding, amplified where relu inputs cross 0), so their accuracies
 /// are two draws of the same training, not equal; the CPU reaches 96.94%.
 constexpr double example_accuracy = 0.95, accuracy_gap = 0.02;
 
-void expect_ok(int status, const char* what) {
-  if (status != 0) {
-    ++solder::test::gpu::failures;
-    std::fprintf(stderr, "FAILED: %s returned %d: %s\n", what, status, solder_sketched_mlp_last_error());
-  }
-}
+using model = solder::test::gpu::generated_model<sketched_mlp_api>;
+constexpr auto refused = model::refused;
 
-/// A device model, destroyed with its scope.
-class model {
- public:
-  explicit model(std::uint64_t seed) {
-    expect_ok(solder_sketched_mlp_create(seed, &p_), "create");
-    if (p_ == nullptr) throw std::runtime_error("solder_sketched_mlp_create made no model");
-  }
-  ~model() { solder_sketched_mlp_destroy(p_); }
-  model(const model&) = delete;
-  model& operator=(const model&) = delete;
-  solder_sketched_mlp* get() const { return p_; }
-
-  std::vector<float> params() const {
-    std::vector<float> v(param_floats);
-    expect_ok(solder_sketched_mlp_read_params(p_, v.data(), nullptr), "read_params");
-    return v;
-  }
-  std::vector<float> grads() const {
-    std::vector<float> v(param_floats);
-    expect_ok(solder_sketched_mlp_read_grads(p_, v.data(), nullptr), "read_grads");
-    return v;
-  }
-  /// The logits of x [rows, 64] (device memory) in the model's mode.
-  std::vector<float> forward(const float* x, std::size_t rows) const {
-    const device_vector<float> y(rows * classes);
-    expect_ok(solder_sketched_mlp_forward(p_, x, y.get(), rows, nullptr), "forward");
-    return y.read();
-  }
-
- private:
-  solder_sketched_mlp* p_ = nullptr;
-};
-
-solder_optimizer optimizer_of(const ref::optimizer_settings& s) {
-  solder_optimizer o{};
-  o.kind = s.kind == ref::optimizer_settings::sgd    ? solder_sgd
-           : s.kind == ref::optimizer_settings::adam ? solder_adam
-                                                     : solder_adamw;
-  o.lr = s.lr;
-  o.weight_decay = s.weight_decay;
-  o.momentum = s.momentum;
-  o.dampening = 0.0f;
-  o.nesterov = s.nesterov ? 1 : 0;
-  o.beta1 = 0.9f;
-  o.beta2 = 0.999f;
-  o.eps = 1e-8f;
-  return o;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-/// Elements of got[begin, end) off want by more than tol * (the largest |want| there).
-std::size_t off(const std::vector<float>& want, const std::vector<float>& got, std::size_t begin, std::size_t end,
-                double tol) {
-  if (want.size() < end || got.size() < end) return end - begin;
-  double scale = 0;
-  for (std::size_t i = begin; i < end; ++i) scale = std::max(scale, std::fabs(double(want[i])));
-  std::size_t n = 0;
-  for (std::size_t i = begin; i < end; ++i) n += !(std::fabs(double(want[i]) - double(got[i])) <= tol * scale);
-  return n;
-}
-std::size_t off(const std::vector<float>& want, const std::vector<float>& got, double tol) {
-  return off(want, got, 0, want.size(), tol);
-}
 /// Gradient elements off by more than value_tolerance of their tensor's largest, over every tensor.
 std::size_t off_gradients(const std::vector<float>& want, const std::vector<float>& got) {
-  std::size_t n = 0;
-  for (std::size_t k = 0; k < tensors; ++k) n += off(want, got, layout_starts[k], layout_starts[k + 1], value_tolerance);
-  return n;
-}
-
-/// Compares weights: false where more than weight_outliers are not close, or any is off by more
-/// than `bound`.
-bool weights_close(const std::vector<float>& want, const std::vector<float>& got, double bound, const char* what) {
-  if (want.size() != got.size()) return false;
-  std::size_t far = 0;
-  double worst = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double d = std::fabs(double(want[i]) - double(got[i]));
-    far += !(d <= weight_abs + weight_rel * std::fabs(double(want[i])));
-    worst = std::max(worst, d == d ? d : 1e30);
-  }
-  std::printf("  %s: %zu of %zu weights beyond 1e-6 + 1e-5 |w|, largest difference %.3g\n", what, far, want.size(),
-              worst);
-  return double(far) <= weight_outliers * double(want.size()) && worst <= bound;
-}
-/// The most any weight moved from `initial` to `trained`.
-double moved(const std::vector<float>& initial, const std::vector<float>& trained) {
-  double m = 0;
-  for (std::size_t i = 0; i < trained.size(); ++i) m = std::max(m, std::fabs(double(trained[i]) - initial[i]));
-  return m;
-}
-
-/// Rows of logits [rows, 10] whose largest logit (the first of equal ones) is the label.
-double accuracy_of(const std::vector<float>& logits, const std::vector<std::int32_t>& labels) {
-  std::size_t right = 0;
-  for (std::size_t r = 0; r < labels.size(); ++r) {
-    const float* row = logits.data() + r * classes;
-    right += std::size_t(std::max_element(row, row + classes) - row) == std::size_t(labels[r]);
-  }
-  return double(right) / double(labels.size());
-}
-
-/// The device memory tensor k of params() points at, read back.
-std::vector<float> read_device(const float* p, std::size_t floats) {
-  std::vector<float> v(floats);
-  solder::eval::cuda::check(cudaMemcpy(v.data(), p, floats * sizeof(float), cudaMemcpyDeviceToHost),
-                            "cudaMemcpy of a parameter tensor");
-  return v;
+  return off_each(want, got, layout_starts, tensors, value_tolerance);
 }
 
 /// create, params(), write_params and read_params, reseed.
@@ -201,29 +85,13 @@ void parameters() {
   const model m(ref::model_seed);
   expect(same_bits(m.params(), initial), "create: the parameters nn::chain(seed) draws, bit for bit");
 
-  solder_param_tensor t[tensors] = {};
-  expect_ok(solder_sketched_mlp_params(m.get(), t), "params");
-  const std::vector<ref::param_info> layout = cpu.layout();
-  bool names = layout.size() == tensors, places = names, values = names, pointers = names;
-  for (std::size_t k = 0; names && k < tensors; ++k) {
-    const std::size_t at = layout_starts[k];
-    names = names && t[k].name != nullptr && layout[k].name == t[k].name && layout[k].name == layout_names[k];
-    places = places && t[k].floats == layout[k].floats && at + t[k].floats == layout_starts[k + 1];
-    pointers = pointers && t[k].value != nullptr && t[k].grad != nullptr && t[k].value != t[k].grad;
-    if (pointers && places)
-      values = values && std::memcmp(read_device(t[k].value, t[k].floats).data(), initial.data() + at,
-                                     t[k].floats * sizeof(float)) == 0;
-  }
-  expect(names, "params: the CPU chain's state_dict names, in the header's order");
-  expect(places, "params: each tensor's floats, where the header's macros place it in the flat array");
-  expect(pointers, "params: a value and a separate gradient pointer for every tensor");
-  expect(pointers && places && values, "params: the device memory of each value holds read_params' floats there");
+  check_param_tensors(m, cpu.layout(), layout_names, layout_starts, initial);
 
   std::vector<float> written(initial);
   for (std::size_t i = 0; i < written.size(); ++i) written[i] = 0.5f * written[i] + 1e-3f * float(i % 97);
-  expect_ok(solder_sketched_mlp_write_params(m.get(), written.data(), nullptr), "write_params");
+  m.write_params(written);
   expect(same_bits(m.params(), written), "write_params, then read_params: the same bits");
-  expect_ok(solder_sketched_mlp_reseed(m.get(), 5), "reseed");
+  m.reseed(5);
   const std::vector<float> five = ref::cpu_chain(5, {}).params();
   expect(same_bits(m.params(), five), "reseed(5): the parameters nn::chain(5) draws");
   {
@@ -232,14 +100,14 @@ void parameters() {
     std::vector<float> x(rows * features);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(0.37 * double(i)));
     const device_vector<float> xd(x);
-    expect_ok(solder_sketched_mlp_eval(m.get()), "eval");
+    m.eval();
     expect(off(ref::eval_forward(5, five, x.data(), rows), m.forward(xd.get(), rows), value_tolerance) == 0,
            "reseed(5): the evaluation forward of nn::chain(5), its sketches included");
-    expect_ok(solder_sketched_mlp_train(m.get()), "train");
+    m.train();
   }
-  expect_ok(solder_sketched_mlp_reseed(m.get(), ref::model_seed), "reseed");
+  m.reseed(ref::model_seed);
   expect(same_bits(m.params(), initial), "reseed(seed): the parameters create(seed) drew");
-  expect(std::string(solder_sketched_mlp_last_error()).empty(), "last_error: empty after a call that succeeded");
+  expect(std::string(sketched_mlp_api::last_error()).empty(), "last_error: empty after a call that succeeded");
 }
 
 /// The evaluation forward of the held-out samples, also after write_params in evaluation mode;
@@ -251,13 +119,13 @@ void forward_and_backward(const ref::digits& data) {
   const device_vector<float> txd(tx);
   {
     const model m(ref::model_seed);
-    expect_ok(solder_sketched_mlp_eval(m.get()), "eval");
+    m.eval();
     const std::vector<float> got = m.forward(txd.get(), n);
     expect(off(ref::eval_forward(ref::model_seed, m.params(), tx.data(), n), got, value_tolerance) == 0,
            "eval forward: the logits within 1e-5 of the largest of the CPU chain's");
     expect(same_bits(got, m.forward(txd.get(), n)), "eval forward: the same bits on a second call");
     const std::vector<float> other = ref::cpu_chain(5, {}).params();
-    expect_ok(solder_sketched_mlp_write_params(m.get(), other.data(), nullptr), "write_params");
+    m.write_params(other);
     expect(off(ref::eval_forward(ref::model_seed, other, tx.data(), n), m.forward(txd.get(), n), value_tolerance) == 0,
            "eval forward after write_params: the logits of the written parameters");
   }
@@ -270,11 +138,10 @@ void forward_and_backward(const ref::digits& data) {
   const std::vector<float> want = cpu.forward_backward(x.data(), dy.data(), rows);
   expect(off(want, m.forward(xd.get(), rows), value_tolerance) == 0,
          "training forward: the logits within 1e-5 of the largest of the CPU chain's (the same dropout masks)");
-  expect_ok(solder_sketched_mlp_backward(m.get(), dyd.get(), rows, nullptr), "backward");
+  m.backward(dyd.get(), rows);
   const std::vector<float> grads = m.grads();
   expect(off_gradients(cpu.grads(), grads) == 0, "backward: every gradient within 1e-5 of its tensor's largest");
-  solder_param_tensor t[tensors] = {};
-  expect_ok(solder_sketched_mlp_params(m.get(), t), "params");
+  const std::vector<solder_param_tensor> t = m.tensors();
   bool same = true;
   for (std::size_t k = 0; k < tensors; ++k)
     same = same && t[k].grad != nullptr &&
@@ -283,104 +150,26 @@ void forward_and_backward(const ref::digits& data) {
   expect(same, "params: the device memory of each gradient holds read_grads' floats there");
 }
 
-/// `steps` training steps on the GPU and the CPU from the same weights and batches: the loss and
-/// the optimizer's step count at every step, the gradients of the first, the weights at the end.
-/// `split`: each step as loss_and_backward, then optimizer_step.
+/// `steps` training steps on the GPU and the CPU from the same weights and batches of the first
+/// epoch (compare_training_steps). `split`: each step as loss_and_backward, then optimizer_step.
 void compare_training(const ref::digits& data, const ref::optimizer_settings& s, float label_smoothing, bool split,
                       int steps, const char* what) {
-  std::printf("%s, %d steps:\n", what, steps);
   ref::cpu_chain cpu(ref::model_seed, s);
-  const std::vector<float> initial = cpu.params();
-  const model m(ref::model_seed);
-  solder_optimizer o = optimizer_of(s);
   std::vector<float> x;
   std::vector<std::int32_t> y;
   data.epoch(0, x, y);
-  const device_vector<float> xd(x);
-  const device_vector<std::int32_t> yd(y);
-  for (int t = 0; t < steps; ++t) {
-    const std::size_t row = std::size_t(t) * batch;
-    float gpu_loss = -1;
-    if (split) {
-      expect_ok(solder_sketched_mlp_loss_and_backward(m.get(), xd.get() + row * features, yd.get() + row, batch,
-                                                    label_smoothing, &gpu_loss, nullptr),
-                "loss_and_backward");
-      expect_ok(solder_sketched_mlp_optimizer_step(m.get(), &o, nullptr), "optimizer_step");
-    } else {
-      expect_ok(solder_sketched_mlp_train_step(m.get(), xd.get() + row * features, yd.get() + row, batch, &o,
-                                             label_smoothing, &gpu_loss, nullptr),
-                "train_step");
-    }
-    const float cpu_loss = cpu.train_step(x.data() + row * features, y.data() + row, batch, s.lr, label_smoothing);
-    std::printf("  step %d: loss %.7f (GPU) %.7f (CPU)\n", t + 1, double(gpu_loss), double(cpu_loss));
-    expect(std::fabs(double(gpu_loss) - double(cpu_loss)) <= loss_tolerance * std::fabs(double(cpu_loss)),
-           "training step: the loss within 1e-5 of the CPU's");
-    expect(o.steps == t + 1, "training step: the optimizer's steps advanced by 1");
-    // The first step starts from the same weights: its gradients are the CPU's within rounding.
-    if (t == 0)
-      expect(off_gradients(cpu.grads(), m.grads()) == 0,
-             "training step: every gradient of the first step within 1e-5 of its tensor's largest");
-  }
-  const std::vector<float> trained = cpu.params();
-  expect(weights_close(trained, m.params(), 2 * moved(initial, trained), what),
-         "training step: the weights after the steps close to the CPU's");
+  compare_training_steps<sketched_mlp_api>(cpu, s, ref::model_seed, x, y, batch, label_smoothing, split, steps, what, loss_tolerance,
+                                 off_gradients);
 }
 
-/// dst[i] = src[i] = (dst[i] + src[i]) / 2: the mean of two ranks' gradients on both.
-__global__ void average_into_both(float* dst, float* src, std::size_t n) {
-  const std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) dst[i] = src[i] = 0.5f * (dst[i] + src[i]);
-}
-
-/// Two ranks, each a model holding half of every batch (the second from sample 16 on:
-/// set_first_sample), their gradients averaged in place through params() as an all-reduce would,
-/// then each steps: the mean of their losses and the averaged gradients as the CPU chain's on
-/// the whole batch, both ranks the same weights, close to the CPU's after the steps.
+/// Two data-parallel ranks of 16 samples against the CPU chain on the whole batches, AdamW, 4 steps.
 void data_parallel(const ref::digits& data) {
-  constexpr int steps = 4;
-  constexpr std::size_t half = batch / 2;
   const ref::optimizer_settings s{};
-  std::printf("two data-parallel ranks of %zu samples, AdamW, %d steps:\n", half, steps);
   ref::cpu_chain cpu(ref::model_seed, s);
-  const std::vector<float> initial = cpu.params();
-  const model r0(ref::model_seed), r1(ref::model_seed);
-  expect_ok(solder_sketched_mlp_set_first_sample(r1.get(), half), "set_first_sample");
-  solder_param_tensor t0[tensors] = {}, t1[tensors] = {};
-  expect_ok(solder_sketched_mlp_params(r0.get(), t0), "params");
-  expect_ok(solder_sketched_mlp_params(r1.get(), t1), "params");
-  solder_optimizer o0 = optimizer_of(s), o1 = o0;
   std::vector<float> x;
   std::vector<std::int32_t> y;
   data.epoch(0, x, y);
-  const device_vector<float> xd(x);
-  const device_vector<std::int32_t> yd(y);
-  for (int t = 0; t < steps; ++t) {
-    const std::size_t row = std::size_t(t) * batch;
-    float l0 = -1, l1 = -1;
-    expect_ok(solder_sketched_mlp_loss_and_backward(r0.get(), xd.get() + row * features, yd.get() + row, half, 0.0f, &l0,
-                                                  nullptr),
-              "rank 0 loss_and_backward");
-    expect_ok(solder_sketched_mlp_loss_and_backward(r1.get(), xd.get() + (row + half) * features, yd.get() + row + half,
-                                                  half, 0.0f, &l1, nullptr),
-              "rank 1 loss_and_backward");
-    for (std::size_t k = 0; k < tensors; ++k)
-      average_into_both<<<unsigned((t0[k].floats + 255) / 256), 256>>>(t0[k].grad, t1[k].grad, t0[k].floats);
-    solder::eval::cuda::check(cudaGetLastError(), "the gradients' average");
-    const float cpu_loss = cpu.train_step(x.data() + row * features, y.data() + row, batch, s.lr);
-    const double mean = 0.5 * (double(l0) + double(l1));
-    std::printf("  step %d: loss %.7f (ranks' mean) %.7f (CPU)\n", t + 1, mean, double(cpu_loss));
-    expect(std::fabs(mean - double(cpu_loss)) <= loss_tolerance * std::fabs(double(cpu_loss)),
-           "data parallel: the ranks' mean loss within 1e-5 of the CPU's on the whole batch");
-    if (t == 0)
-      expect(off_gradients(cpu.grads(), r0.grads()) == 0,
-             "data parallel: the averaged gradients of the first step within 1e-5 of the CPU's on the whole batch");
-    expect_ok(solder_sketched_mlp_optimizer_step(r0.get(), &o0, nullptr), "rank 0 optimizer_step");
-    expect_ok(solder_sketched_mlp_optimizer_step(r1.get(), &o1, nullptr), "rank 1 optimizer_step");
-  }
-  const std::vector<float> w0 = r0.params(), trained = cpu.params();
-  expect(same_bits(w0, r1.params()), "data parallel: both ranks hold the same weights, bit for bit");
-  expect(weights_close(trained, w0, 2 * moved(initial, trained), "data parallel"),
-         "data parallel: the weights after the steps close to the CPU's on the whole batches");
+  compare_data_parallel<sketched_mlp_api>(cpu, s, ref::model_seed, x, y, batch, 4, loss_tolerance, off_gradients);
 }
 
 /// Refused labels and arguments (cuda:digits_train refuses the settings) give cudaErrorInvalidValue
@@ -397,15 +186,11 @@ void refused_calls(const ref::digits& data) {
   data.epoch(0, x, y);
   const device_vector<float> xd(x), out(batch * classes);
   const device_vector<std::int32_t> yd(y);
+  m.train_step(xd.get(), yd.get(), batch, o);
   float loss = -1;
-  expect_ok(solder_sketched_mlp_train_step(m.get(), xd.get(), yd.get(), batch, &o, 0.0f, &loss, nullptr), "train_step");
   cpu.train_step(x.data(), y.data(), batch, s.lr);
   const std::vector<float> params = m.params(), grads = m.grads();
 
-  auto refused = [](int status, const char* part) {
-    return status == int(cudaErrorInvalidValue) &&
-           std::string(solder_sketched_mlp_last_error()).find(part) != std::string::npos;
-  };
   const float* x1 = xd.get() + batch * features;
   std::vector<std::int32_t> labels(y.begin() + batch, y.begin() + 2 * batch);
   labels[5] = 10;
@@ -413,28 +198,28 @@ void refused_calls(const ref::digits& data) {
   labels[5] = y[batch + 5];
   labels[0] = -1;
   const device_vector<std::int32_t> negative(labels);
-  expect(refused(solder_sketched_mlp_train_step(m.get(), x1, bad.get(), batch, &o, 0.0f, &loss, nullptr),
+  expect(refused(sketched_mlp_api::train_step(m.get(), x1, bad.get(), batch, &o, 0.0f, &loss, nullptr),
                  "label 10 of row 5"),
          "train_step: a label outside [0, 10) is refused, its row named");
-  expect(refused(solder_sketched_mlp_loss_and_backward(m.get(), x1, negative.get(), batch, 0.0f, &loss, nullptr),
+  expect(refused(sketched_mlp_api::loss_and_backward(m.get(), x1, negative.get(), batch, 0.0f, &loss, nullptr),
                  "label -1 of row 0"),
          "loss_and_backward: a negative label is refused, its row named");
 
   expect(o.steps == 1, "refused calls: the optimizer's step count not written");
 
-  expect(refused(solder_sketched_mlp_forward(m.get(), nullptr, out.get(), batch, nullptr), "x is a null pointer"),
+  expect(refused(sketched_mlp_api::forward(m.get(), nullptr, out.get(), batch, nullptr), "x is a null pointer"),
          "forward: a null x is refused, named");
-  expect(refused(solder_sketched_mlp_forward(m.get(), x1, out.get(), 0, nullptr), "batch must be at least 1"),
+  expect(refused(sketched_mlp_api::forward(m.get(), x1, out.get(), 0, nullptr), "batch must be at least 1"),
          "forward: an empty batch is refused");
-  expect(refused(solder_sketched_mlp_train_step(m.get(), x1, yd.get() + batch, batch, nullptr, 0.0f, &loss, nullptr),
+  expect(refused(sketched_mlp_api::train_step(m.get(), x1, yd.get() + batch, batch, nullptr, 0.0f, &loss, nullptr),
                  "optimizer is a null pointer"),
          "train_step: a null optimizer is refused, named");
 
   expect(same_bits(m.params(), params), "refused calls: the parameters as they were, bit for bit");
   expect(same_bits(m.grads(), grads), "refused calls: the gradients as they were, bit for bit");
-  expect_ok(solder_sketched_mlp_train_step(m.get(), x1, yd.get() + batch, batch, &o, 0.0f, &loss, nullptr), "train_step");
+  loss = m.train_step(x1, yd.get() + batch, batch, o);
   const float cpu_loss = cpu.train_step(x.data() + batch * features, y.data() + batch, batch, s.lr);
-  expect(std::fabs(double(loss) - double(cpu_loss)) <= loss_tolerance * std::fabs(double(cpu_loss)),
+  expect(close_to(loss, cpu_loss, loss_tolerance),
          "train_step after refused calls: the loss of the CPU chain that never saw them (the dropout streams as they "
          "were)");
   expect(o.steps == 2, "train_step after refused calls: the optimizer state's second step");
@@ -462,21 +247,17 @@ void example_accuracy_reached(const ref::digits& data) {
     double sum = 0;
     for (std::size_t b = 0; b < per_epoch; ++b, ++t) {
       o.lr = lr[t];
-      float loss = -1;
-      expect_ok(solder_sketched_mlp_train_step(m.get(), xd.get() + b * batch * features, yd.get() + b * batch, batch,
-                                               &o, 0.0f, &loss, nullptr),
-                "train_step");
-      sum += loss;
+      sum += m.train_step(xd.get() + b * batch * features, yd.get() + b * batch, batch, o);
       cpu.train_step(x.data() + b * batch * features, y.data() + b * batch, batch, lr[t]);
     }
     (epoch == 0 ? first : last) = sum / double(per_epoch);
   }
-  expect_ok(solder_sketched_mlp_eval(m.get()), "eval");
+  m.eval();
   const std::vector<float>& tx = data.test_x();
   const std::size_t n = data.test_y().size();
   const device_vector<float> txd(tx);
   const std::vector<float> logits = m.forward(txd.get(), n);
-  const double gpu_acc = accuracy_of(logits, data.test_y());
+  const double gpu_acc = accuracy_of(logits, data.test_y(), classes);
   const double cpu_acc = ref::accuracy(cpu.params(), tx, data.test_y());
   std::printf("example on the GPU: loss %.4f (epoch 1) -> %.4f (epoch %d); held-out accuracy %.4f (GPU), %.4f (CPU)\n",
               first, last, epochs, gpu_acc, cpu_acc);
