@@ -216,12 +216,7 @@ struct batch_norm_chunk_sums {
   SOLDER_HD SOLDER_INLINE void operator()(const R& walker, std::size_t k) const {
     float* p = partial + k * 2 * C;
     double* t = total + k * 2 * C;
-    walker.each([&](auto at) SOLDER_INLINE_LAMBDA {
-      for (std::size_t j = at.j; j < at.j + n_or(at, 1); ++j) {
-        p[j] = p[C + j] = 0.0f;
-        t[j] = t[C + j] = 0.0;
-      }
-    });
+    zero_columns(walker, p, t, C);
     const std::size_t begin = chunks.begin(k), end = chunks.end(k);
     for (std::size_t r = begin; r < end; ++r) {
       if constexpr (Grads)
@@ -229,13 +224,7 @@ struct batch_norm_chunk_sums {
       else
         batch_norm{}.add_statistics(walker, x + r * C, x, p, p + C);
       if ((r - begin + 1) % flush_rows == 0 || r + 1 == end) {
-        walker.each([&](auto at) SOLDER_INLINE_LAMBDA {
-          for (std::size_t j = at.j; j < at.j + n_or(at, 1); ++j) {
-            t[j] += double(p[j]);
-            t[C + j] += double(p[C + j]);
-            p[j] = p[C + j] = 0.0f;
-          }
-        });
+        flush_columns(walker, p, t, C);
       }
     }
   }

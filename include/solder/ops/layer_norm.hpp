@@ -148,23 +148,12 @@ struct layer_norm_backward_chunks {
   SOLDER_HD SOLDER_INLINE void operator()(const R& walker, std::size_t c) const {
     float* p = partial + c * 2 * n;
     double* t = total + c * 2 * n;
-    walker.each([&](auto at) SOLDER_INLINE_LAMBDA {
-      for (std::size_t j = at.j; j < at.j + n_or(at, 1); ++j) {
-        p[j] = p[n + j] = 0.0f;
-        t[j] = t[n + j] = 0.0;
-      }
-    });
+    zero_columns(walker, p, t, n);
     const std::size_t begin = chunks.begin(c), end = chunks.end(c);
     for (std::size_t r = begin; r < end; ++r) {
       layer_norm{}.backward(walker, x + r * n, dy + r * n, w, {mean[r * stride], rstd[r * stride]}, dx + r * n, p, p + n);
       if ((r - begin + 1) % flush_rows == 0 || r + 1 == end) {
-        walker.each([&](auto at) SOLDER_INLINE_LAMBDA {
-          for (std::size_t j = at.j; j < at.j + n_or(at, 1); ++j) {
-            t[j] += double(p[j]);
-            t[n + j] += double(p[n + j]);
-            p[j] = p[n + j] = 0.0f;
-          }
-        });
+        flush_columns(walker, p, t, n);
       }
     }
   }

@@ -48,6 +48,31 @@ SOLDER_HD SOLDER_INLINE constexpr std::size_t n_or(const X& x, std::size_t other
     return otherwise;
 }
 
+/// A chunk body's partial sums of two terms per column, in float (p) and double (t), each [2 n]
+/// (columns j and n + j): zero_columns sets both to 0, flush_columns adds p into t and zeroes p,
+/// each lane of the walker (over n columns) for its own columns.
+SOLDER_EXEC_CHECK_OFF
+template <class R>
+SOLDER_HD SOLDER_INLINE void zero_columns(const R& walker, float* p, double* t, std::size_t n) {
+  walker.each([&](auto at) SOLDER_INLINE_LAMBDA {
+    for (std::size_t j = at.j; j < at.j + n_or(at, 1); ++j) {
+      p[j] = p[n + j] = 0.0f;
+      t[j] = t[n + j] = 0.0;
+    }
+  });
+}
+SOLDER_EXEC_CHECK_OFF
+template <class R>
+SOLDER_HD SOLDER_INLINE void flush_columns(const R& walker, float* p, double* t, std::size_t n) {
+  walker.each([&](auto at) SOLDER_INLINE_LAMBDA {
+    for (std::size_t j = at.j; j < at.j + n_or(at, 1); ++j) {
+      t[j] += double(p[j]);
+      t[n + j] += double(p[n + j]);
+      p[j] = p[n + j] = 0.0f;
+    }
+  });
+}
+
 /// A producer's epilogue that runs nothing: what a body calls where no writes follow it.
 struct no_row_epilogue {
   SOLDER_HD SOLDER_INLINE void rows(std::size_t, std::size_t, std::size_t) const {}
