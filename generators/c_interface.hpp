@@ -219,8 +219,8 @@ inline std::string source_text(const chain_desc& c, const std::string& header) {
   s += detail::comment("// ", "Each function runs interop::c_chain's member of its name on the current stream "
                               "(stream_guard), every exception turned into a status and last_error's message; "
                               "docs/cuda.md describes the files.");
-  s += "\n#include \"" + c.stem + ".h\"\n\n#include <cuda_runtime.h>\n\n#include <cstdint>\n#include <initializer_list>\n"
-       "#include <memory>\n#include <string>\n#include <utility>\n\n";
+  s += "\n#include \"" + c.stem + ".h\"\n\n#include <cuda_runtime.h>\n\n#include <cstdint>\n#include <memory>\n"
+       "#include <string>\n\n";
   s += "#include \"" + header + "\"\n#include \"solder/cuda.hpp\"\n#include \"solder/eval/cuda/launcher.hpp\"\n";
   s += "#include \"solder/interop/c_chain.hpp\"\n\n";
   s += "/// The model: the chain's device form behind the handle.\nstruct " + p + " {\n";
@@ -235,12 +235,8 @@ inline std::string source_text(const chain_desc& c, const std::string& header) {
   s += "template <class Body>\nint guarded(const char* what, " + p +
        "* model, cudaStream_t stream, Body&& body) noexcept {\n";
   s += "  return solder::eval::cuda::guarded(last_error, what, [&] {\n";
-  s += "    if (model == nullptr) throw solder::error(\"model is a null pointer\");\n";
+  s += "    solder::eval::cuda::check_pointers({{\"model\", model}});\n";
   s += "    const solder::stream_guard on(stream);\n    body(model->chain);\n  });\n}\n\n";
-  s += "/// The pointers a function is given, checked before anything runs.\n";
-  s += "void check(std::initializer_list<std::pair<const char*, const void*>> pointers) {\n";
-  s += "  for (const auto& [name, pointer] : pointers)\n";
-  s += "    if (pointer == nullptr) throw solder::error(std::string(name) + \" is a null pointer\");\n}\n\n";
   s += "solder::interop::optimizer_settings settings_of(const solder_optimizer& o) {\n";
   s += "  return {o.kind, o.lr, o.weight_decay, o.momentum, o.dampening, o.nesterov != 0, o.beta1, o.beta2, o.eps};\n}\n\n";
   s += "}  // namespace\n\nextern \"C\" {\n\n";
@@ -248,7 +244,7 @@ inline std::string source_text(const chain_desc& c, const std::string& header) {
   s += "int " + p + "_create(uint64_t seed, " + p + "** model) {\n";
   s += "  if (model != nullptr) *model = nullptr;\n";
   s += "  return solder::eval::cuda::guarded(last_error, \"" + p + "_create\", [&] {\n";
-  s += "    check({{\"model\", model}});\n    solder::eval::cuda::require_device_once();\n";
+  s += "    solder::eval::cuda::check_pointers({{\"model\", model}});\n    solder::eval::cuda::require_device_once();\n";
   s += "    std::unique_ptr<" + p + "> made(new " + p + "{decltype(" + p + "::chain)(seed)});\n";
   s += "    if (made->chain.param_floats() != " + P + "_PARAM_FLOATS || made->chain.buffer_floats() != " + P +
        "_BUFFER_FLOATS)\n";
@@ -269,41 +265,41 @@ inline std::string source_text(const chain_desc& c, const std::string& header) {
   def(p + "_set_first_sample(" + m + ", uint64_t first_sample)", "nullptr",
       "    chain.model.set_first_sample(first_sample);\n");
   def(p + "_forward(" + m + ", const float* x, float* y, size_t batch, cudaStream_t stream)", "stream",
-      "    check({{\"x\", x}, {\"y\", y}});\n    chain.forward(x, y, batch);\n");
+      "    solder::eval::cuda::check_pointers({{\"x\", x}, {\"y\", y}});\n    chain.forward(x, y, batch);\n");
   def(p + "_backward(" + m + ", const float* dy, size_t batch, cudaStream_t stream)", "stream",
-      "    check({{\"dy\", dy}});\n    chain.backward(dy, batch);\n");
+      "    solder::eval::cuda::check_pointers({{\"dy\", dy}});\n    chain.backward(dy, batch);\n");
   if (c.flat_output) {
     def(p + "_loss_and_backward(" + m +
             ", const float* x, const int32_t* labels, size_t batch, float label_smoothing,\n"
             "    float* loss, cudaStream_t stream)",
         "stream",
-        "    check({{\"x\", x}, {\"labels\", labels}, {\"loss\", loss}});\n"
+        "    solder::eval::cuda::check_pointers({{\"x\", x}, {\"labels\", labels}, {\"loss\", loss}});\n"
         "    *loss = chain.loss_and_backward(x, labels, batch, label_smoothing);\n");
     def(p + "_train_step(" + m +
             ", const float* x, const int32_t* labels, size_t batch, solder_optimizer* optimizer,\n"
             "    float label_smoothing, float* loss, cudaStream_t stream)",
         "stream",
-        "    check({{\"x\", x}, {\"labels\", labels}, {\"optimizer\", optimizer}, {\"loss\", loss}});\n"
+        "    solder::eval::cuda::check_pointers({{\"x\", x}, {\"labels\", labels}, {\"optimizer\", optimizer}, {\"loss\", loss}});\n"
         "    const auto step = chain.train_step(x, labels, batch, settings_of(*optimizer), label_smoothing);\n"
         "    *loss = step.loss;\n    optimizer->steps = step.steps;\n");
   }
   def(p + "_optimizer_step(" + m + ", solder_optimizer* optimizer, cudaStream_t stream)", "stream",
-      "    check({{\"optimizer\", optimizer}});\n"
+      "    solder::eval::cuda::check_pointers({{\"optimizer\", optimizer}});\n"
       "    optimizer->steps = chain.optimizer_step(settings_of(*optimizer));\n");
   def(p + "_reset_optimizer(" + m + ")", "nullptr", "    chain.reset_optimizer();\n");
   def(p + "_params(" + m + ", solder_param_tensor* tensors)", "nullptr",
-      "    check({{\"tensors\", tensors}});\n"
+      "    solder::eval::cuda::check_pointers({{\"tensors\", tensors}});\n"
       "    for (const auto& t : chain.tensors()) *tensors++ = {t.name, t.value, t.grad, t.floats};\n");
   def(p + "_read_params(" + m + ", float* params, cudaStream_t stream)", "stream",
-      "    check({{\"params\", params}});\n    chain.read_params(params);\n");
+      "    solder::eval::cuda::check_pointers({{\"params\", params}});\n    chain.read_params(params);\n");
   def(p + "_write_params(" + m + ", const float* params, cudaStream_t stream)", "stream",
-      "    check({{\"params\", params}});\n    chain.write_params(params);\n");
+      "    solder::eval::cuda::check_pointers({{\"params\", params}});\n    chain.write_params(params);\n");
   def(p + "_read_grads(" + m + ", float* grads, cudaStream_t stream)", "stream",
-      "    check({{\"grads\", grads}});\n    chain.read_grads(grads);\n");
+      "    solder::eval::cuda::check_pointers({{\"grads\", grads}});\n    chain.read_grads(grads);\n");
   def(p + "_read_buffers(" + m + ", float* buffers, cudaStream_t stream)", "stream",
-      "    check({{\"buffers\", buffers}});\n    chain.read_buffers(buffers);\n");
+      "    solder::eval::cuda::check_pointers({{\"buffers\", buffers}});\n    chain.read_buffers(buffers);\n");
   def(p + "_write_buffers(" + m + ", const float* buffers, cudaStream_t stream)", "stream",
-      "    check({{\"buffers\", buffers}});\n    chain.write_buffers(buffers);\n");
+      "    solder::eval::cuda::check_pointers({{\"buffers\", buffers}});\n    chain.write_buffers(buffers);\n");
   s += "const char* " + p + "_last_error(void) { return last_error.c_str(); }\n\n}  // extern \"C\"\n";
   return s;
 }

@@ -13,10 +13,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
 #include <string>
-#include <utility>
 
 #include "chains.hpp"
 #include "solder/cuda.hpp"
@@ -40,16 +38,10 @@ thread_local std::string last_error;
 template <class Body>
 int guarded(const char* what, solder_conv_bn_relu* model, cudaStream_t stream, Body&& body) noexcept {
   return solder::eval::cuda::guarded(last_error, what, [&] {
-    if (model == nullptr) throw solder::error("model is a null pointer");
+    solder::eval::cuda::check_pointers({{"model", model}});
     const solder::stream_guard on(stream);
     body(model->chain);
   });
-}
-
-/// The pointers a function is given, checked before anything runs.
-void check(std::initializer_list<std::pair<const char*, const void*>> pointers) {
-  for (const auto& [name, pointer] : pointers)
-    if (pointer == nullptr) throw solder::error(std::string(name) + " is a null pointer");
 }
 
 solder::interop::optimizer_settings settings_of(const solder_optimizer& o) {
@@ -63,7 +55,7 @@ extern "C" {
 int solder_conv_bn_relu_create(uint64_t seed, solder_conv_bn_relu** model) {
   if (model != nullptr) *model = nullptr;
   return solder::eval::cuda::guarded(last_error, "solder_conv_bn_relu_create", [&] {
-    check({{"model", model}});
+    solder::eval::cuda::check_pointers({{"model", model}});
     solder::eval::cuda::require_device_once();
     std::unique_ptr<solder_conv_bn_relu> made(new solder_conv_bn_relu{decltype(solder_conv_bn_relu::chain)(seed)});
     if (made->chain.param_floats() != SOLDER_CONV_BN_RELU_PARAM_FLOATS || made->chain.buffer_floats() != SOLDER_CONV_BN_RELU_BUFFER_FLOATS)
@@ -100,21 +92,21 @@ int solder_conv_bn_relu_set_first_sample(solder_conv_bn_relu* model, uint64_t fi
 
 int solder_conv_bn_relu_forward(solder_conv_bn_relu* model, const float* x, float* y, size_t batch, cudaStream_t stream) {
   return guarded("solder_conv_bn_relu_forward", model, stream, [&](auto& chain) {
-    check({{"x", x}, {"y", y}});
+    solder::eval::cuda::check_pointers({{"x", x}, {"y", y}});
     chain.forward(x, y, batch);
   });
 }
 
 int solder_conv_bn_relu_backward(solder_conv_bn_relu* model, const float* dy, size_t batch, cudaStream_t stream) {
   return guarded("solder_conv_bn_relu_backward", model, stream, [&](auto& chain) {
-    check({{"dy", dy}});
+    solder::eval::cuda::check_pointers({{"dy", dy}});
     chain.backward(dy, batch);
   });
 }
 
 int solder_conv_bn_relu_optimizer_step(solder_conv_bn_relu* model, solder_optimizer* optimizer, cudaStream_t stream) {
   return guarded("solder_conv_bn_relu_optimizer_step", model, stream, [&](auto& chain) {
-    check({{"optimizer", optimizer}});
+    solder::eval::cuda::check_pointers({{"optimizer", optimizer}});
     optimizer->steps = chain.optimizer_step(settings_of(*optimizer));
   });
 }
@@ -127,42 +119,42 @@ int solder_conv_bn_relu_reset_optimizer(solder_conv_bn_relu* model) {
 
 int solder_conv_bn_relu_params(solder_conv_bn_relu* model, solder_param_tensor* tensors) {
   return guarded("solder_conv_bn_relu_params", model, nullptr, [&](auto& chain) {
-    check({{"tensors", tensors}});
+    solder::eval::cuda::check_pointers({{"tensors", tensors}});
     for (const auto& t : chain.tensors()) *tensors++ = {t.name, t.value, t.grad, t.floats};
   });
 }
 
 int solder_conv_bn_relu_read_params(solder_conv_bn_relu* model, float* params, cudaStream_t stream) {
   return guarded("solder_conv_bn_relu_read_params", model, stream, [&](auto& chain) {
-    check({{"params", params}});
+    solder::eval::cuda::check_pointers({{"params", params}});
     chain.read_params(params);
   });
 }
 
 int solder_conv_bn_relu_write_params(solder_conv_bn_relu* model, const float* params, cudaStream_t stream) {
   return guarded("solder_conv_bn_relu_write_params", model, stream, [&](auto& chain) {
-    check({{"params", params}});
+    solder::eval::cuda::check_pointers({{"params", params}});
     chain.write_params(params);
   });
 }
 
 int solder_conv_bn_relu_read_grads(solder_conv_bn_relu* model, float* grads, cudaStream_t stream) {
   return guarded("solder_conv_bn_relu_read_grads", model, stream, [&](auto& chain) {
-    check({{"grads", grads}});
+    solder::eval::cuda::check_pointers({{"grads", grads}});
     chain.read_grads(grads);
   });
 }
 
 int solder_conv_bn_relu_read_buffers(solder_conv_bn_relu* model, float* buffers, cudaStream_t stream) {
   return guarded("solder_conv_bn_relu_read_buffers", model, stream, [&](auto& chain) {
-    check({{"buffers", buffers}});
+    solder::eval::cuda::check_pointers({{"buffers", buffers}});
     chain.read_buffers(buffers);
   });
 }
 
 int solder_conv_bn_relu_write_buffers(solder_conv_bn_relu* model, const float* buffers, cudaStream_t stream) {
   return guarded("solder_conv_bn_relu_write_buffers", model, stream, [&](auto& chain) {
-    check({{"buffers", buffers}});
+    solder::eval::cuda::check_pointers({{"buffers", buffers}});
     chain.write_buffers(buffers);
   });
 }

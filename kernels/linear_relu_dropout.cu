@@ -13,10 +13,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
 #include <string>
-#include <utility>
 
 #include "chains.hpp"
 #include "solder/cuda.hpp"
@@ -40,16 +38,10 @@ thread_local std::string last_error;
 template <class Body>
 int guarded(const char* what, solder_linear_relu_dropout* model, cudaStream_t stream, Body&& body) noexcept {
   return solder::eval::cuda::guarded(last_error, what, [&] {
-    if (model == nullptr) throw solder::error("model is a null pointer");
+    solder::eval::cuda::check_pointers({{"model", model}});
     const solder::stream_guard on(stream);
     body(model->chain);
   });
-}
-
-/// The pointers a function is given, checked before anything runs.
-void check(std::initializer_list<std::pair<const char*, const void*>> pointers) {
-  for (const auto& [name, pointer] : pointers)
-    if (pointer == nullptr) throw solder::error(std::string(name) + " is a null pointer");
 }
 
 solder::interop::optimizer_settings settings_of(const solder_optimizer& o) {
@@ -63,7 +55,7 @@ extern "C" {
 int solder_linear_relu_dropout_create(uint64_t seed, solder_linear_relu_dropout** model) {
   if (model != nullptr) *model = nullptr;
   return solder::eval::cuda::guarded(last_error, "solder_linear_relu_dropout_create", [&] {
-    check({{"model", model}});
+    solder::eval::cuda::check_pointers({{"model", model}});
     solder::eval::cuda::require_device_once();
     std::unique_ptr<solder_linear_relu_dropout> made(new solder_linear_relu_dropout{decltype(solder_linear_relu_dropout::chain)(seed)});
     if (made->chain.param_floats() != SOLDER_LINEAR_RELU_DROPOUT_PARAM_FLOATS || made->chain.buffer_floats() != SOLDER_LINEAR_RELU_DROPOUT_BUFFER_FLOATS)
@@ -100,14 +92,14 @@ int solder_linear_relu_dropout_set_first_sample(solder_linear_relu_dropout* mode
 
 int solder_linear_relu_dropout_forward(solder_linear_relu_dropout* model, const float* x, float* y, size_t batch, cudaStream_t stream) {
   return guarded("solder_linear_relu_dropout_forward", model, stream, [&](auto& chain) {
-    check({{"x", x}, {"y", y}});
+    solder::eval::cuda::check_pointers({{"x", x}, {"y", y}});
     chain.forward(x, y, batch);
   });
 }
 
 int solder_linear_relu_dropout_backward(solder_linear_relu_dropout* model, const float* dy, size_t batch, cudaStream_t stream) {
   return guarded("solder_linear_relu_dropout_backward", model, stream, [&](auto& chain) {
-    check({{"dy", dy}});
+    solder::eval::cuda::check_pointers({{"dy", dy}});
     chain.backward(dy, batch);
   });
 }
@@ -115,7 +107,7 @@ int solder_linear_relu_dropout_backward(solder_linear_relu_dropout* model, const
 int solder_linear_relu_dropout_loss_and_backward(solder_linear_relu_dropout* model, const float* x, const int32_t* labels, size_t batch, float label_smoothing,
     float* loss, cudaStream_t stream) {
   return guarded("solder_linear_relu_dropout_loss_and_backward", model, stream, [&](auto& chain) {
-    check({{"x", x}, {"labels", labels}, {"loss", loss}});
+    solder::eval::cuda::check_pointers({{"x", x}, {"labels", labels}, {"loss", loss}});
     *loss = chain.loss_and_backward(x, labels, batch, label_smoothing);
   });
 }
@@ -123,7 +115,7 @@ int solder_linear_relu_dropout_loss_and_backward(solder_linear_relu_dropout* mod
 int solder_linear_relu_dropout_train_step(solder_linear_relu_dropout* model, const float* x, const int32_t* labels, size_t batch, solder_optimizer* optimizer,
     float label_smoothing, float* loss, cudaStream_t stream) {
   return guarded("solder_linear_relu_dropout_train_step", model, stream, [&](auto& chain) {
-    check({{"x", x}, {"labels", labels}, {"optimizer", optimizer}, {"loss", loss}});
+    solder::eval::cuda::check_pointers({{"x", x}, {"labels", labels}, {"optimizer", optimizer}, {"loss", loss}});
     const auto step = chain.train_step(x, labels, batch, settings_of(*optimizer), label_smoothing);
     *loss = step.loss;
     optimizer->steps = step.steps;
@@ -132,7 +124,7 @@ int solder_linear_relu_dropout_train_step(solder_linear_relu_dropout* model, con
 
 int solder_linear_relu_dropout_optimizer_step(solder_linear_relu_dropout* model, solder_optimizer* optimizer, cudaStream_t stream) {
   return guarded("solder_linear_relu_dropout_optimizer_step", model, stream, [&](auto& chain) {
-    check({{"optimizer", optimizer}});
+    solder::eval::cuda::check_pointers({{"optimizer", optimizer}});
     optimizer->steps = chain.optimizer_step(settings_of(*optimizer));
   });
 }
@@ -145,42 +137,42 @@ int solder_linear_relu_dropout_reset_optimizer(solder_linear_relu_dropout* model
 
 int solder_linear_relu_dropout_params(solder_linear_relu_dropout* model, solder_param_tensor* tensors) {
   return guarded("solder_linear_relu_dropout_params", model, nullptr, [&](auto& chain) {
-    check({{"tensors", tensors}});
+    solder::eval::cuda::check_pointers({{"tensors", tensors}});
     for (const auto& t : chain.tensors()) *tensors++ = {t.name, t.value, t.grad, t.floats};
   });
 }
 
 int solder_linear_relu_dropout_read_params(solder_linear_relu_dropout* model, float* params, cudaStream_t stream) {
   return guarded("solder_linear_relu_dropout_read_params", model, stream, [&](auto& chain) {
-    check({{"params", params}});
+    solder::eval::cuda::check_pointers({{"params", params}});
     chain.read_params(params);
   });
 }
 
 int solder_linear_relu_dropout_write_params(solder_linear_relu_dropout* model, const float* params, cudaStream_t stream) {
   return guarded("solder_linear_relu_dropout_write_params", model, stream, [&](auto& chain) {
-    check({{"params", params}});
+    solder::eval::cuda::check_pointers({{"params", params}});
     chain.write_params(params);
   });
 }
 
 int solder_linear_relu_dropout_read_grads(solder_linear_relu_dropout* model, float* grads, cudaStream_t stream) {
   return guarded("solder_linear_relu_dropout_read_grads", model, stream, [&](auto& chain) {
-    check({{"grads", grads}});
+    solder::eval::cuda::check_pointers({{"grads", grads}});
     chain.read_grads(grads);
   });
 }
 
 int solder_linear_relu_dropout_read_buffers(solder_linear_relu_dropout* model, float* buffers, cudaStream_t stream) {
   return guarded("solder_linear_relu_dropout_read_buffers", model, stream, [&](auto& chain) {
-    check({{"buffers", buffers}});
+    solder::eval::cuda::check_pointers({{"buffers", buffers}});
     chain.read_buffers(buffers);
   });
 }
 
 int solder_linear_relu_dropout_write_buffers(solder_linear_relu_dropout* model, const float* buffers, cudaStream_t stream) {
   return guarded("solder_linear_relu_dropout_write_buffers", model, stream, [&](auto& chain) {
-    check({{"buffers", buffers}});
+    solder::eval::cuda::check_pointers({{"buffers", buffers}});
     chain.write_buffers(buffers);
   });
 }

@@ -18,7 +18,7 @@
 namespace solder {
 
 /// B' [K, N] packed once into the GEMM's layout (a weight reused by every call); defined by
-/// the backend that packs it (the CPU backend's GEMM packing).
+/// the backend that packs it.
 template <std::size_t N, std::size_t K, bool TransB>
 class packed_matrix;
 
@@ -104,8 +104,8 @@ im2col<G, C, Space> image_columns(tensor_ref<T, S, Space> x, std::size_t n, std:
 /// (G::patch_at, 0 in the padding), torch's order of a weight [Cout, C, Kh, Kw], so
 /// matmul(patches, transpose(w)) is the convolution's output channels-last [batch Ho Wo, Cout].
 /// Its rows are the run-time batch Ho Wo. Staged from the images while a product reads it; no
-/// patch matrix is stored. A backend that stages it maps it in its product (the CUDA backend:
-/// eval/cuda/product.hpp); the CPU runs convolutions by kernels of its own and takes none.
+/// patch matrix is stored. A backend that stages it maps it in its product; one that runs
+/// convolutions by kernels of its own may refuse it.
 template <class G, std::size_t C, class Space>
 struct image_patches {
   static_assert(C >= 1, "solder::image_patches: an image has at least one channel");
@@ -190,9 +190,6 @@ struct operand_traits<im2col<G, C, Space>> {
 };
 template <class G, std::size_t C, class Space>
 struct operand_traits<image_patches<G, C, Space>> {
-  static_assert(!std::is_same_v<Space, host>,
-                "solder::image_patches: the CPU backend has no packing of a batch's image patches; on the host "
-                "a convolution runs executor<cpu>::conv2d (nn::conv2d), not a product over image_patches");
   static constexpr std::size_t rank = 2;
   static constexpr std::size_t rows = dyn, cols = image_patches<G, C, Space>::cols;
   static constexpr bool trans = false;

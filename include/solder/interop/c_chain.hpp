@@ -7,7 +7,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -134,22 +133,14 @@ class c_chain {
   void read_grads(float* out) const { read(params_, out, true); }
   /// The parameters from host memory, param_floats() of them.
   void write_params(const float* in) {
-    std::size_t at = 0;
-    for (const auto& p : params_) {
-      exec::copy_from_host(p.value.data(), in + at, p.value.size());
-      at += p.value.size();
-    }
+    write(params_, in);
     model.parameters_changed();
   }
   /// The buffers (batch_norm's running statistics), buffer_floats() of them, to or from host
   /// memory.
   void read_buffers(float* out) const { read(buffers_, out, false); }
   void write_buffers(const float* in) {
-    std::size_t at = 0;
-    for (const auto& b : buffers_) {
-      exec::copy_from_host(b.value.data(), in + at, b.value.size());
-      at += b.value.size();
-    }
+    write(buffers_, in);
     model.parameters_changed();
   }
 
@@ -163,14 +154,16 @@ class c_chain {
       optimizer;
 
   /// Every label in [0, out_floats), checked before the forward moves anything (dropout
-  /// streams, running statistics); labels in device memory are read back for it.
+  /// streams, running statistics), as the loss checks them; labels outside host memory are read
+  /// back for it.
   void check_labels(const std::int32_t* labels, std::size_t batch) {
-    label_copy.resize(batch);
-    exec::copy_to_host(label_copy.data(), labels, batch);
-    for (std::size_t r = 0; r < batch; ++r)
-      if (label_copy[r] < 0 || std::size_t(label_copy[r]) >= out_floats)
-        solder::detail::fail("label " + std::to_string(label_copy[r]) + " of row " + std::to_string(r) +
-                             " is outside [0, " + std::to_string(out_floats) + "); nothing was run");
+    std::span<const std::int32_t> readable(labels, batch);
+    if constexpr (!std::is_same_v<space, host>) {
+      label_copy.resize(batch);
+      exec::copy_to_host(label_copy.data(), labels, batch);
+      readable = label_copy;
+    }
+    nn::detail::check_labels("loss_and_backward", readable, batch, out_floats);
   }
   static void check_kind(const optimizer_settings& s) {
     if (s.kind != optimizer_settings::sgd && s.kind != optimizer_settings::adam && s.kind != optimizer_settings::adamw)
@@ -244,6 +237,15 @@ class c_chain {
       }();
       exec::copy_to_host(out + at, view.data(), view.size());
       at += view.size();
+    }
+  }
+  /// The values of every tensor of `list` from the host array `in`, laid out in order.
+  template <class List>
+  static void write(const List& list, const float* in) {
+    std::size_t at = 0;
+    for (const auto& t : list) {
+      exec::copy_from_host(t.value.data(), in + at, t.value.size());
+      at += t.value.size();
     }
   }
 };

@@ -142,12 +142,12 @@ class batch_norm : public block_defaults<Space> {
   template <class SX, class SY, class W0, class... Ws>
   void forward_with(tensor_ref<const float, SX, Space> x, tensor_ref<float, SY, Space> y, const W0& w0,
                     const Ws&... ws) {
-    if constexpr (std::is_same_v<epilogue, ops::no_row_epilogue>) {
-      run_forward(x, y, epilogue{});
-      exec::run(w0, ws...);
-    } else {
+    if constexpr (detail::has_row_epilogue<exec>) {
       const auto writes = exec::template row_writes<SY>(y.batch(), w0, ws...);
       run_forward(x, y, writes.epilogue());
+    } else {
+      run_forward(x, y, epilogue{});
+      exec::run(w0, ws...);
     }
   }
 

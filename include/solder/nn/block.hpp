@@ -76,11 +76,13 @@ namespace detail {
 /// written, so writes that follow run while those rows are in cache), or ops::no_row_epilogue
 /// where the backend has none.
 template <class E>
+inline constexpr bool has_row_epilogue = requires { typename E::row_epilogue; };
+template <class E>
 struct row_epilogue_of {
   using type = ops::no_row_epilogue;
 };
 template <class E>
-  requires requires { typename E::row_epilogue; }
+  requires has_row_epilogue<E>
 struct row_epilogue_of<E> {
   using type = typename E::row_epilogue;
 };

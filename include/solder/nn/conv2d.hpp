@@ -202,13 +202,13 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
       };
       check_out(w0);
       (check_out(ws), ...);
-      if constexpr (std::is_same_v<typename detail::row_epilogue_of<exec>::type, ops::no_row_epilogue>) {
-        kernels.template forward<geometry_of<SX>>(weight.data(), bias_data(), x.data(), z.data(), samples(x));
-        exec::run(w0, ws...);
-      } else {
+      if constexpr (detail::has_row_epilogue<exec>) {
         const auto writes = exec::template row_writes<SY>(z.batch(), w0, ws...);
         kernels.template forward<geometry_of<SX>>(weight.data(), bias_data(), x.data(), z.data(), samples(x),
                                                   detail::conv2d_identity{}, writes.epilogue());
+      } else {
+        kernels.template forward<geometry_of<SX>>(weight.data(), bias_data(), x.data(), z.data(), samples(x));
+        exec::run(w0, ws...);
       }
     }
   }

@@ -4,8 +4,8 @@
 // reads (0 in the padding), and which entries read a given input element; and the executor
 // bodies of a convolution run as products over the patches (nn/conv2d_product.hpp): the
 // reorders between NCHW and the products' channels-last layout, the per-channel sums, the
-// gather of dx. Backend-free SOLDER_HD code: the CPU's packers and loops, every backend's
-// verbs and the CUDA kernels run the same bodies.
+// gather of dx. Backend-free SOLDER_HD code: every backend's packers, loops, verbs and kernels
+// run the same bodies.
 #pragma once
 
 #include <cstddef>
@@ -35,7 +35,7 @@ struct conv2d_identity {
 
 /// Where the windows of a convolution of one [C, H, W] sample fall: a Kh x Kw kernel with
 /// stride S, zero padding P and dilation D on each side gives [Ho, Wo] outputs. The per-element
-/// bodies below are functions of their coordinates only, for the CPU loops and device code alike.
+/// bodies below are functions of their coordinates only, for host loops and device code alike.
 template <std::size_t H, std::size_t W, std::size_t Kh, std::size_t Kw, std::size_t S, std::size_t P, std::size_t D>
 struct conv2d_geometry {
   static constexpr std::size_t height = H;
@@ -178,12 +178,11 @@ struct conv2d_geometry {
 // The product c = patches(x) W^T leaves the output channels-last, [batch Ho Wo, Cout]; its
 // backward takes the output gradient in that layout. These bodies move images between the
 // layouts, sum a gradient per channel and gather dx, each shaped for an executor verb
-// (executor.hpp), so every backend runs the same index maps (eval/cuda/layout.hpp and
-// col2im.hpp hand them to their kernels).
+// (executor.hpp), so every backend runs the same index maps.
 
 /// y [batch, C, HW] (NCHW) = op(x [batch, HW, C] (NHWC) + bias[c]), the add skipped where bias
 /// is null: a convolution's output leaving the product's layout with its bias and activation (op
-/// as eval::cpu::conv2d takes it: conv2d_identity or an activation of ops/activations.hpp). A
+/// as a backend's convolution takes it: conv2d_identity or an activation of ops/activations.hpp). A
 /// plane body of planes(batch, C, HW): body(n, c, p) writes y[(n C + c) HW + p], so y is
 /// written in order. Without bias and op the bits are copied (NaN payloads included); with a
 /// bias, x + bias[c] is IEEE addition.

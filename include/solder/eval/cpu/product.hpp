@@ -219,11 +219,37 @@ bool same_product(const C& x, const C& y) {
 
 }  // namespace contract_detail
 
+namespace contract_detail {
+/// Whether the product C reads a batch's image patches, which this backend does not pack: it
+/// runs convolutions by kernels of its own (conv2d.hpp).
+template <class X>
+inline constexpr bool is_patches = false;
+template <class G, std::size_t C, class Space>
+inline constexpr bool is_patches<image_patches<G, C, Space>> = true;
+template <class C>
+inline constexpr bool reads_patches = is_patches<typename C::a_type> || is_patches<typename C::b_type>;
+}  // namespace contract_detail
+
 /// assign_all for writes holding a product: one GEMM (eval::cpu::gemm) whose epilogue evaluates every
 /// write on each tile. Every write holding a product must hold the same one; the outputs may
 /// not overlap the product's operands (tiles are stored while other threads still read them).
 template <class W0, class... Ws>
+void assign_product(const W0& w0, const Ws&... ws);
+
+template <class W0, class... Ws>
 void assign_contract(const W0& w0, const Ws&... ws) {
+  using C = typename solder::detail::first_non_void<typename find_contract<write_expr_t<W0>>::type,
+                                    typename find_contract<write_expr_t<Ws>>::type...>::type;
+  if constexpr (contract_detail::reads_patches<C>)
+    static_assert(never<"solder::image_patches: the CPU backend has no packing of a batch's image patches; on the "
+                        "host a convolution runs executor<cpu>::conv2d (nn::conv2d), not a product over image_patches",
+                        C>);
+  else
+    assign_product(w0, ws...);
+}
+
+template <class W0, class... Ws>
+void assign_product(const W0& w0, const Ws&... ws) {
   static_assert(((contracts_in<W0> <= 1) && ... && (contracts_in<Ws> <= 1)),
                 "solder::assign: an expression may hold one matrix product; assign the others to tensors first");
   static_assert(!write_traits<W0>::reduces && (!write_traits<Ws>::reduces && ...),

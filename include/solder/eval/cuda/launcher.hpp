@@ -1,6 +1,5 @@
-// eval/cuda/launcher.hpp: what solder-gen's extern "C" launchers are made of (nvcc only): the
-// guard that turns every exception into a status and a message, the argument checks, and
-// running a tuple of writes as one pass.
+// eval/cuda/launcher.hpp: what solder-gen's extern "C" functions are made of (nvcc only): the
+// guard that turns every exception into a status and a message, and the pointer checks.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,13 +9,10 @@
 #include <initializer_list>
 #include <new>
 #include <string>
-#include <tuple>
 #include <utility>
 
 #include "solder/config.hpp"
 #include "solder/eval/cuda/error.hpp"
-#include "solder/eval/cuda/assign.hpp"
-#include "solder/eval/cuda/pass.hpp"
 
 namespace solder::eval::cuda {
 
@@ -53,33 +49,11 @@ int guarded(std::string& last_error, const char* launcher, Body&& body) noexcept
   }
 }
 
-/// Throws solder::error for an empty batch or a null pointer, naming it.
-inline void check_arguments(std::size_t batch, std::initializer_list<std::pair<const char*, const void*>> pointers) {
-  if (batch == 0) throw error("batch must be at least 1");
+/// Throws solder::error for the first null pointer, naming it: what a C function checks of the
+/// pointers it is given before anything runs.
+inline void check_pointers(std::initializer_list<std::pair<const char*, const void*>> pointers) {
   for (const auto& [name, pointer] : pointers)
     if (pointer == nullptr) throw error(std::string(name) + " is a null pointer");
-}
-
-/// The return type of a function type.
-template <class F>
-struct returned;
-template <class R, class... A>
-struct returned<R(A...)> {
-  using type = R;
-};
-
-/// The pass of a tuple of writes (pass.hpp), with 16-byte accesses or without.
-template <bool Vec, class Writes>
-struct pass_of;
-template <bool Vec, class... Ws>
-struct pass_of<Vec, std::tuple<Ws...>> {
-  using type = typename pass_for<Vec, Ws...>::type;
-};
-
-/// Runs a tuple of writes as one pass on `stream`.
-template <class Writes>
-void run(cudaStream_t stream, const Writes& writes) {
-  std::apply([&](const auto&... w) { run_writes(stream, w...); }, writes);
 }
 
 }  // namespace solder::eval::cuda
