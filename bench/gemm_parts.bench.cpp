@@ -33,17 +33,17 @@ constexpr std::size_t M = 64, N = 1024, K = 1024;
 
 /// Packs A into the calling thread's workspace as every GEMM call does; returns it.
 const float* pack_a_only(const float* A) {
-  constexpr std::size_t MR = cpu::gemm_blocking<N, K>::mr;
+  constexpr std::size_t MR = cpu::gemm_blocking::mr;
   const gd::row_tiles tiling(M, MR);
   float* packed_a = gd::thread_workspace(gd::workspace_slot::packed_a, tiling.count * MR * K);
-  gd::pack_a<MR, false>(A, K, tiling, 0, tiling.count, gd::static_k<K>{}, packed_a);
+  gd::pack_a<MR>(A, K, false, tiling, 0, tiling.count, K, packed_a);
   benchmark::DoNotOptimize(packed_a);
   return packed_a;
 }
 
 /// The "kernel" call above: panel-major, each tile over all of K, B always panel 0.
 void kernel_rate(const float* A, const float* packed_b, solder::test::bias_relu_epilogue epi) {
-  using blocking = cpu::gemm_blocking<N, K>;
+  using blocking = cpu::gemm_blocking;
   constexpr std::size_t MR = blocking::mr, NV = blocking::nv, NR = blocking::nr;
   static_assert(N % NR == 0, "every panel is full at this shape");
   const gd::row_tiles tiling(M, MR);

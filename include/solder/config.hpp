@@ -85,6 +85,12 @@ struct error : std::runtime_error {
 namespace detail {
 [[noreturn]] inline void fail(const char* msg) { throw error(msg); }
 [[noreturn]] inline void fail(const std::string& msg) { throw error(msg); }
+/// fail(first + a + second + b + last) with the counts written in decimal: the message is built
+/// out of line, so a check in a template leaves a call, not string code, in every instantiation.
+[[noreturn, gnu::cold, gnu::noinline]] inline void fail_counts(const char* first, std::size_t a, const char* second,
+                                                            std::size_t b, const char* last = "") {
+  fail(first + std::to_string(a) + second + std::to_string(b) + last);
+}
 }  // namespace detail
 
 /// Bytes of alignment of every solder buffer: one cache line, one AVX-512 register.

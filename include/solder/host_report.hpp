@@ -35,7 +35,7 @@ inline std::ostream& operator<<(std::ostream& os, host_report) {
   namespace cpu = eval::cpu;
   const host_cpu& h = this_host();
   const cpu::cpu_tuning& t = cpu::tuning();
-  using blocking = cpu::gemm_blocking<1, 1>;
+  using blocking = cpu::gemm_blocking;
 
   os << "solder host: " << (h.name.empty() ? std::string("(CPU name not reported)") : h.name) << "\n";
   os << "  vendor " << (h.vendor_id.empty() ? vendor_name(h.vendor) : h.vendor_id.c_str()) << ", family "

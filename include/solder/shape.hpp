@@ -90,15 +90,22 @@ constexpr void append_shape(fixed_string& out) {
 
 }  // namespace detail
 
+namespace detail {
+/// The text of a shape's extents, one function for every shape.
+inline std::string shape_text(const std::size_t* extents, std::size_t rank, std::size_t batch) {
+  std::string s = "[";
+  for (std::size_t d = 0; d < rank; ++d) {
+    if (d) s += ", ";
+    s += extents[d] == dyn ? (batch ? std::to_string(batch) : std::string("?")) : std::to_string(extents[d]);
+  }
+  return s + "]";
+}
+}  // namespace detail
+
 /// Shape text for runtime messages: "[32, 4096]" (the batch filled in for dynamic shapes).
 template <class S>
 std::string to_string(std::size_t batch = 0) {
-  std::string s = "[";
-  for (std::size_t d = 0; d < S::rank; ++d) {
-    if (d) s += ", ";
-    s += S::extents[d] == dyn ? (batch ? std::to_string(batch) : std::string("?")) : std::to_string(S::extents[d]);
-  }
-  return s + "]";
+  return detail::shape_text(S::extents.data(), S::rank, batch);
 }
 
 /// Concept: a well-formed shape (every extent >= 1, `dyn` only in front).

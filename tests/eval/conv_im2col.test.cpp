@@ -59,13 +59,13 @@ void check_operand() {
 
   // Every block of panels over a few K ranges, against the same block packed from the stored
   // columns (packing is exact: the same bits).
-  using L = eval::cpu::gemm_detail::b_panels<N>;
-  const std::size_t panels = (N + L::nr - 1) / L::nr;
+  constexpr eval::cpu::gemm_detail::b_panels L(N);
+  const std::size_t panels = L.panels;
   std::size_t wrong = 0;
   for (std::size_t p0 = 0; p0 < panels; ++p0)
     for (std::size_t p1 = p0 + 1; p1 <= panels; ++p1)
       for (const auto& [k0, k1] : {std::pair<std::size_t, std::size_t>{0, K}, {K / 3, K - K / 4}, {K - 1, K}}) {
-        std::vector<float> a((p1 - p0) * (k1 - k0) * L::nr, 7.0f), b(a.size(), 7.0f);
+        std::vector<float> a((p1 - p0) * (k1 - k0) * L.nr, 7.0f), b(a.size(), 7.0f);
         eval::cpu::pack_b_block_of<N>(operand, a.data(), p0, p1, k0, k1);
         eval::cpu::pack_b_block_of<N>(stored, b.data(), p0, p1, k0, k1);
         wrong += bit_differences(a.data(), b.data(), a.size());
@@ -78,9 +78,9 @@ void check_operand() {
   const std::vector<float> w = values(M * K, 2);
   std::vector<float> y(M * N), y_stored(M * N);
   using epilogue = eval::cpu::conv_detail::conv2d_store_epilogue<false>;
-  eval::cpu::gemm_from<N>(M, eval::cpu::gemm_detail::static_k<K>{}, eval::cpu::gemm_detail::a_strided<false>{w.data(), K},
+  eval::cpu::gemm_from<N>(M, K, eval::cpu::gemm_detail::a_strided{w.data(), K, false},
                           eval::cpu::b_block_packer<N, X>{operand}, epilogue{nullptr, y.data(), N}, 1);
-  eval::cpu::gemm_from<N>(M, eval::cpu::gemm_detail::static_k<K>{}, eval::cpu::gemm_detail::a_strided<false>{w.data(), K},
+  eval::cpu::gemm_from<N>(M, K, eval::cpu::gemm_detail::a_strided{w.data(), K, false},
                           eval::cpu::b_block_packer<N, decltype(stored)>{stored}, epilogue{nullptr, y_stored.data(), N}, 1);
   CHECK(bit_differences(y.data(), y_stored.data(), y.size()) == 0);
   std::size_t far = 0;

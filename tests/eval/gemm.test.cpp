@@ -2,6 +2,7 @@
 // double-precision triple loop, for all four transpose variants, edge tiles in every dimension,
 // the three epilogues, pre-packed and per-call B, padded leading dimensions, and bit-for-bit
 // equality between the two paths and across thread counts and cache blockings.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -130,35 +131,27 @@ void check_all_variants(std::size_t M) {
 }
 
 /// A cache blocking far smaller than any real one, so small problems cross every loop of the
-/// driver: several M blocks, N blocks and K blocks, and the L2 prefetch between them.
-template <std::size_t N, std::size_t K>
-struct tiny_blocking : eval::cpu::gemm_blocking<N, K> {
-  static constexpr std::size_t kc = 5;
-  static constexpr std::size_t nc = 2;
-  static constexpr std::size_t mc_max = 2;
-};
+/// driver: K blocks of 5, N blocks of 2 panels, M blocks of 2 tiles, and the L2 prefetch
+/// between them.
+constexpr eval::cpu::gemm_blocking tiny_blocking{5, 2, 2};
 
-/// The same kind of blocking for the runtime-K path: K blocks of 5, N blocks of 2 panels, M
-/// blocks of 2 tiles.
-constexpr eval::cpu::gemm_dyn_k_blocking tiny_dyn_k_blocking{5, 2, 2};
-
-/// The runtime-K blocking is the static one, computed at run time.
-template <std::size_t N, std::size_t K>
-bool same_blocking() {
-  return eval::cpu::gemm_dyn_k_blocking::for_k(K).kc == eval::cpu::gemm_blocking<N, K>::kc &&
-         eval::cpu::gemm_dyn_k_blocking::for_k(K).nc == eval::cpu::gemm_blocking<N, K>{}.nc &&
-         eval::cpu::gemm_dyn_k_blocking::for_k(K).mc_max == eval::cpu::gemm_blocking<N, K>::mc_max;
-}
-
-TEST_CASE("gemm_dyn_k_blocking::for_k(K) equals gemm_blocking<N, K>", "[gemm]") {
-  CHECK(same_blocking<1, 1>());
-  CHECK(same_blocking<17, 3>());
-  CHECK(same_blocking<257, 255>());
-  CHECK(same_blocking<37, 512>());
-  CHECK(same_blocking<37, 513>());
-  CHECK(same_blocking<37, 1031>());
-  CHECK(same_blocking<1024, 4096>());
-  CHECK(same_blocking<3, 100000>());
+/// gemm_blocking::for_k(K) against its formulas written out: K blocks of equal length at most
+/// 512, an N block of B filling the L2 budget, an M block of A within 16 MiB.
+TEST_CASE("gemm_blocking::for_k cuts K into equal blocks of at most kc_max", "[gemm]") {
+  using B = eval::cpu::gemm_blocking;
+  for (const std::size_t K : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{255}, std::size_t{512},
+                              std::size_t{513}, std::size_t{1031}, std::size_t{4096}, std::size_t{100000}}) {
+    const B b = B::for_k(K);
+    const std::size_t k = std::max<std::size_t>(K, 1), blocks = (k + 511) / 512;
+    INFO("K " << K);
+    CHECK(B::kc_max == 512);
+    CHECK(b.kc == (k + blocks - 1) / blocks);
+    CHECK(b.kc <= 512);
+    CHECK(b.kc * blocks >= k);
+    CHECK((b.kc - 1) * blocks < k);
+    CHECK(b.nc == std::max<std::size_t>(1, eval::cpu::tuning().gemm_l2_b_bytes / (b.kc * B::nr * sizeof(float))));
+    CHECK(b.mc_max == std::max<std::size_t>(1, (std::size_t{16} << 20) / (B::mr * k * sizeof(float))));
+  }
 }
 
 /// C of one problem after an accumulating call: the valid part holds `before` values (any
@@ -252,10 +245,10 @@ TEST_CASE("gemm gives the same bits for 1 and 2 threads and for any cache blocki
   // Every element is one FMA chain in increasing k whatever the blocking (partial sums are
   // stored as the floats they are), so even a different K block length gives the same bits.
   solder::test::store_epilogue e1{tiny_one.data(), p.ldc}, e2{tiny_two.data(), p.ldc};
-  constexpr eval::cpu::gemm_detail::static_k<K> k{};
-  const tiny_blocking<N, K> tiny{};
-  eval::cpu::gemm_detail::gemm_packed<N, false>(M, k, tiny, p.A.data(), p.lda, packed.data(), e1, 1);
-  eval::cpu::gemm_detail::gemm_packed<N, false>(M, k, tiny, p.A.data(), p.lda, packed.data(), e2, 2);
+  namespace gd = eval::cpu::gemm_detail;
+  const gd::a_strided a{p.A.data(), p.lda, false};
+  gd::gemm_packed_from(M, gd::b_panels(N), K, tiny_blocking, a, gd::b_packed_whole{packed.data()}, e1, 1);
+  gd::gemm_packed_from(M, gd::b_panels(N), K, tiny_blocking, a, gd::b_packed_whole{packed.data()}, e2, 2);
   CHECK(bitwise_equal(one, two));
   CHECK(bitwise_equal(one, tiny_one));
   CHECK(bitwise_equal(one, tiny_two));
@@ -269,8 +262,9 @@ TEST_CASE("gemm crosses every block of the driver with a tiny cache blocking", "
   const solder::packed_matrix<N, K, true> packed(p.B.data(), p.ldb);
   auto C = p.output();
   solder::test::bias_relu_epilogue e{p.bias.data(), C.data(), p.ldc};
-  eval::cpu::gemm_detail::gemm_packed<N, true>(M, eval::cpu::gemm_detail::static_k<K>{}, tiny_blocking<N, K>{}, p.A.data(), p.lda,
-                                         packed.data(), e, 2);
+  namespace gd = eval::cpu::gemm_detail;
+  gd::gemm_packed_from(M, gd::b_panels(N), K, tiny_blocking, gd::a_strided{p.A.data(), p.lda, true},
+                       gd::b_packed_whole{packed.data()}, e, 2);
   check_against_reference(p, C, true);
 }
 
@@ -325,10 +319,9 @@ TEST_CASE("gemm_dyn_k gives the same bits for 1 and 2 threads, any blocking, and
       e4{tiny_two.data(), p.ldc};
   eval::cpu::gemm_dyn_k<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e1, 1);
   eval::cpu::gemm_dyn_k<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e2, 2);
-  eval::cpu::gemm_detail::gemm_dyn_k_run<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e3, 1,
-                                                   tiny_dyn_k_blocking);
-  eval::cpu::gemm_detail::gemm_dyn_k_run<N, true, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e4, 2,
-                                                   tiny_dyn_k_blocking);
+  namespace gd = eval::cpu::gemm_detail;
+  gd::gemm_stored(M, N, K, gd::a_strided{p.A.data(), p.lda, true}, p.B.data(), p.ldb, false, e3, 1, tiny_blocking);
+  gd::gemm_stored(M, N, K, gd::a_strided{p.A.data(), p.lda, true}, p.B.data(), p.ldb, false, e4, 2, tiny_blocking);
   CHECK(bitwise_equal(one, fixed));
   CHECK(bitwise_equal(one, two));
   CHECK(bitwise_equal(one, tiny_one));
@@ -366,12 +359,8 @@ TEST_CASE("gemm_dyn_k crosses every block of the driver with a tiny cache blocki
   const problem p(M, N, K, false, trans_b, 11);
   auto C = p.output();
   solder::test::bias_relu_epilogue e{p.bias.data(), C.data(), p.ldc};
-  if (trans_b)
-    eval::cpu::gemm_detail::gemm_dyn_k_run<N, false, true>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e, 2,
-                                                     tiny_dyn_k_blocking);
-  else
-    eval::cpu::gemm_detail::gemm_dyn_k_run<N, false, false>(M, K, p.A.data(), p.lda, p.B.data(), p.ldb, e, 2,
-                                                      tiny_dyn_k_blocking);
+  namespace gd = eval::cpu::gemm_detail;
+  gd::gemm_stored(M, N, K, gd::a_strided{p.A.data(), p.lda, false}, p.B.data(), p.ldb, trans_b, e, 2, tiny_blocking);
   check_against_reference(p, C, true);
 }
 

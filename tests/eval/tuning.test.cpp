@@ -121,7 +121,7 @@ TEST_CASE("tuning: set_tuning replaces the choice and keeps the streaming floor"
   CHECK(previous.stream_min_bytes == before.stream_min_bytes);
   CHECK(cpu::tuning().stream_min_bytes == cpu::stream_min_bytes_floor);
   CHECK(cpu::tuning().gemm_l2_b_bytes == 256 * KiB);
-  CHECK(cpu::gemm_blocking<1024, 1024>{}.nc == 256 * KiB / (512 * cpu::gemm_blocking<1024, 1024>::nr * sizeof(float)));
+  CHECK(cpu::gemm_blocking::for_k(1024).nc == 256 * KiB / (512 * cpu::gemm_blocking::nr * sizeof(float)));
   cpu::set_tuning(previous);
   CHECK(cpu::tuning().gemm_l2_b_bytes == before.gemm_l2_b_bytes);
 }

@@ -92,12 +92,16 @@ using space_of = typename std::remove_cvref_t<E>::space_type;
 
 namespace detail {
 
+[[noreturn, gnu::cold, gnu::noinline]] inline void fail_batches_differ(const std::size_t* extents, std::size_t rank,
+                                                                     std::size_t a, std::size_t b) {
+  fail("solder: batch sizes differ between operands of an expression of shape " + shape_text(extents, rank, 0) + ": " +
+       std::to_string(a) + " vs " + std::to_string(b));
+}
+
 /// The batch two operands share; a mismatch of two runtime batches is a clear error.
 template <class S>
 std::size_t common_batch(std::size_t a, bool a_known, std::size_t b, bool b_known) {
-  if (a_known && b_known && a != b)
-    fail("solder: batch sizes differ between operands of an expression of shape " + to_string<S>() + ": " +
-         std::to_string(a) + " vs " + std::to_string(b));
+  if (a_known && b_known && a != b) fail_batches_differ(S::extents.data(), S::rank, a, b);
   return a_known ? a : b_known ? b : 1;
 }
 

@@ -291,8 +291,7 @@ class basic_chain {
                   "keep it in a variable (or call forward, which keeps a temporary batch)");
     run(as_input(x));
     if (out.batch() != batch)
-      solder::detail::fail("solder::chain::forward_into: out has " + std::to_string(out.batch()) +
-                           " rows, the batch has " + std::to_string(batch));
+      solder::detail::fail_counts("solder::chain::forward_into: out has ", out.batch(), " rows, the batch has ", batch);
     exec::copy(out.data(), output_view(batch).data(), batch * out_features);
   }
 
@@ -310,8 +309,7 @@ class basic_chain {
     const typename exec::flush_denormals guard(flush);
     const std::size_t n = dy.batch();
     if (n != batch)
-      solder::detail::fail("solder::chain::backward: dy has " + std::to_string(n) + " rows, the last forward had " +
-                           std::to_string(batch));
+      solder::detail::fail_counts("solder::chain::backward: dy has ", n, " rows, the last forward had ", batch);
     upstream = dy.data();
     // Backward reads every block's input as NCHW: a forward that kept images channels-last
     // runs again without.

@@ -363,8 +363,8 @@ class linear_block
                                                           tensor_ref<const float, SY, space> dy) {
     const std::size_t batch = dy.batch();
     if (saved_batch != batch)
-      solder::detail::fail("solder::nn::linear_block::backward: the last forward had " + std::to_string(saved_batch) +
-                           " samples, dy has " + std::to_string(batch) + "; run forward on this batch first");
+      solder::detail::fail_counts("solder::nn::linear_block::backward: the last forward had ", saved_batch,
+                                  " samples, dy has ", batch, "; run forward on this batch first");
     const auto z = this->template workspace<SY>(z_buf, batch);
     const auto gz = this->template workspace<SY>(gz_buf, batch);
     // A folded forward left neither z nor the normalization's state of this batch, nor the

@@ -47,6 +47,27 @@ struct basic_param {
 /// A parameter in host memory, what the CPU layers give.
 using param = basic_param<host>;
 
+namespace detail {
+/// make_param's work for flat arrays, one function per memory space: dims are the `rank`
+/// extents from `extents` (the batch as `batch` where an extent is dyn) where `shaped`, else
+/// {values}.
+template <class Space>
+basic_param<Space> flat_param(std::string name, float* value, std::size_t values, float* grad, std::size_t grads,
+                              bool shaped, const std::size_t* extents, std::size_t rank, std::size_t batch) {
+  if (values != grads)
+    solder::detail::fail("solder::optim::make_param: '" + name + "' has " + std::to_string(values) + " values but " +
+                         std::to_string(grads) + " gradients");
+  std::vector<std::size_t> dims{values};
+  if (shaped) {
+    dims.assign(extents, extents + rank);
+    for (std::size_t& d : dims)
+      if (d == dyn) d = batch;
+  }
+  using view = typename basic_param<Space>::view;
+  return {std::move(name), view(value, values), view(grad, grads), std::move(dims)};
+}
+}  // namespace detail
+
 /// A param viewing a tensor (or writable view) and its gradient, of any shape, flattened; in
 /// the tensor's memory space.
 template <class V, class G>
@@ -60,17 +81,16 @@ basic_param<memory_space_t<V>> make_param(std::string name, V& value, G& grad) {
   using Space = memory_space_t<V>;
   static_assert(std::is_same_v<Space, memory_space_t<G>>,
                 "solder::optim::make_param: a value and its gradient must live in the same memory space");
-  if (value.size() != grad.size())
-    solder::detail::fail("solder::optim::make_param: '" + name + "' has " + std::to_string(value.size()) +
-                         " values but " + std::to_string(grad.size()) + " gradients");
-  std::vector<std::size_t> dims{value.size()};
   if constexpr (requires { typename V::shape_type; }) {
     using S = typename V::shape_type;
-    dims.assign(S::extents.begin(), S::extents.end());
-    if constexpr (S::dynamic) dims[0] = value.batch();
+    std::size_t batch = 1;
+    if constexpr (S::dynamic) batch = value.batch();
+    return detail::flat_param<Space>(std::move(name), value.data(), value.size(), grad.data(), grad.size(),
+                                     true, S::extents.data(), S::rank, batch);
+  } else {
+    return detail::flat_param<Space>(std::move(name), value.data(), value.size(), grad.data(), grad.size(), false, nullptr,
+                                     0, 1);
   }
-  return {std::move(name), tensor_ref<float, shape<dyn>, Space>(value.data(), value.size()),
-          tensor_ref<float, shape<dyn>, Space>(grad.data(), grad.size()), std::move(dims)};
 }
 
 /// One tensor of an optimizer's state, named as torch's optimizer.state_dict() names it

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <type_traits>
 
 #include "solder/eval/cpu/product.hpp"
@@ -24,8 +23,8 @@ void assign_elementwise(const W0& w0, const Ws&... ws) {
 
   const std::size_t batch = eval::cpu::write_traits<W0>::batch(w0);
   ((Iter::dynamic && eval::cpu::write_traits<Ws>::batch(ws) != batch
-        ? solder::detail::fail("solder::assign_all: the writes' batch sizes differ: " + std::to_string(batch) + " vs " +
-                       std::to_string(eval::cpu::write_traits<Ws>::batch(ws)))
+        ? solder::detail::fail_counts("solder::assign_all: the writes' batch sizes differ: ", batch, " vs ",
+                                      eval::cpu::write_traits<Ws>::batch(ws))
         : void()),
    ...);
   const std::size_t elements = Iter::elements(batch);

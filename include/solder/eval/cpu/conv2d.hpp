@@ -261,7 +261,7 @@ class conv2d {
           gemm<N, K, false, false>(group_out, wg, K, xg, N, epi, threads);
         else  // a product over the image's columns (an im2col operand), packed panel by panel
               // from the image as the product needs them: no column matrix is stored
-          gemm_from<N>(group_out, gemm_detail::static_k<K>{}, gemm_detail::a_strided<false>{wg, K},
+          gemm_from<N>(group_out, K, gemm_detail::a_strided{wg, K, false},
                        b_block_packer<N, sample_columns<G>>{sample_columns<G>{xg}}, epi, threads);
       }
     }

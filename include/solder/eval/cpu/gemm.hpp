@@ -1,11 +1,12 @@
-// eval/cpu/gemm.hpp: C = A' B' on the CPU for a static N and a static or runtime K: the driver
-// (the loops over the blocks of gemm_blocking.hpp, the packing of gemm_packing.hpp, the
-// micro-kernel of gemm_kernel.hpp, the split over threads) and its entry points. Each tile of
-// C goes to an epilogue once (gemm_epilogue.hpp). The design, the parameters and measured
-// numbers are in docs/gemm.md.
+// eval/cpu/gemm.hpp: C = A' B' on the CPU: the driver (the loops over the blocks of
+// gemm_blocking.hpp, the packing of gemm_packing.hpp, the micro-kernel of gemm_kernel.hpp, the
+// split over threads), which takes N and K as values so that one instantiation serves every
+// shape, and its entry points. Each tile of C goes to an epilogue once (gemm_epilogue.hpp). The
+// design, the parameters and measured numbers are in docs/gemm.md.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -42,11 +43,10 @@ struct gemm_part {
 /// whole block, so without this the first tile would fetch it all from memory at once, faster
 /// than one core's memory bandwidth; spread over all the calls of the previous block, the
 /// fetch asks for a few lines per 100 cycles.
-template <std::size_t N, class KArg>
 struct l2_prefetch_plan {
-  using L = b_panels<N>;
+  const b_panels* L;
+  std::size_t K;
   const float* packed_b = nullptr;
-  [[no_unique_address]] KArg k_arg;
   std::size_t p = 0, np = 0, k0 = 0, kc = 0;  // the next block; np = 0: none
   std::size_t parts = 1, part_lines = 0;      // calls per panel, lines per call
 
@@ -54,7 +54,7 @@ struct l2_prefetch_plan {
   void plan(std::size_t calls, std::size_t kc_now) {
     if (np == 0) return;
     parts = std::max<std::size_t>(1, calls / np);
-    const std::size_t lines = ceil_div(kc * L::nr * sizeof(float), 64);
+    const std::size_t lines = ceil_div(kc * b_panels::nr * sizeof(float), 64);
     part_lines = std::min(ceil_div(lines, parts), ceil_div(kc_now, 2));
   }
   /// The lines call `c` of the current block prefetches.
@@ -64,11 +64,10 @@ struct l2_prefetch_plan {
     const std::size_t q = c / parts, part = c % parts;
     if (q >= np) return;
     const std::size_t panel = p + q;
-    const std::size_t lines = ceil_div(kc * L::width(panel) * sizeof(float), 64);
+    const std::size_t lines = ceil_div(kc * L->width(panel) * sizeof(float), 64);
     const std::size_t first = part * part_lines;
     if (first >= lines) return;
-    const std::size_t K = k_of(k_arg);
-    job.b_next = reinterpret_cast<const char*>(packed_b + panel * K * L::nr + k0 * L::width(panel)) + first * 64;
+    job.b_next = reinterpret_cast<const char*>(packed_b + panel * K * b_panels::nr + k0 * L->width(panel)) + first * 64;
     job.b_next_lines = std::min(part_lines, lines - first);
   }
 };
@@ -148,34 +147,41 @@ struct b_packed_per_block {
   }
 };
 
-/// Computes one thread's part of C with the cache blocking `blocking` (gemm_blocking<N, K>,
-/// gemm_dyn_k_blocking, or a test's smaller one): for each M block, A is packed once over all
-/// of K (with a single N block, per tile and K block right before use instead, or read where
-/// it lies); for each N block, each K block runs over every tile of the M block, each tile over
-/// every panel of the N block (so a kc x mr panel of A stays in L1 across the panels, and the
-/// kc x nc block of B in L2 across the tiles). Meanwhile the next block of B (l2_prefetch_plan,
-/// or the rows it is packed from: row_prefetch_plan) and the next panel of A are prefetched
-/// into L2. A narrow B is run tile by tile over all of K instead (tile_major below).
-template <std::size_t N, class Blocking, class KArg, class ASource, class BSource, class Epi>
-void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking blocking, KArg k_arg, const ASource& a,
-                   BSource b_source, Epi& epi) {
-  const std::size_t K = k_of(k_arg);
-  using L = b_panels<N>;
-  constexpr std::size_t MR = Blocking::mr;
-  constexpr std::size_t NV = Blocking::nv;
-  constexpr std::size_t NR = Blocking::nr;
+/// Computes one thread's part of C (N columns laid out as L, inner extent K) with the cache
+/// blocking `blocking` (gemm_blocking::for_k, or a test's smaller one): for each M block, A is
+/// packed once over all of K (with a single N block, per tile and K block right before use
+/// instead, or read where it lies); for each N block, each K block runs over every tile of the
+/// M block, each tile over every panel of the N block (so a kc x mr panel of A stays in L1
+/// across the panels, and the kc x nc block of B in L2 across the tiles). Meanwhile the next
+/// block of B (l2_prefetch_plan, or the rows it is packed from: row_prefetch_plan) and the next
+/// panel of A are prefetched into L2. A narrow B is run tile by tile over all of K instead
+/// (tile_major below).
+template <class ASource, class BSource, class Epi>
+void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const gemm_blocking& blocking, const b_panels& L,
+                   std::size_t K, const ASource& a, BSource b_source, Epi& epi) {
+  constexpr std::size_t MR = gemm_blocking::mr;
+  constexpr std::size_t NV = gemm_blocking::nv;
+  constexpr std::size_t NR = gemm_blocking::nr;
+  const std::size_t N = L.n;
   const std::size_t KC = blocking.kc;
-  // K = 0 (runtime K only) is one empty K block: the epilogue still gets every tile.
+  // K = 0 is one empty K block: the epilogue still gets every tile.
   const std::size_t k_blocks = std::max<std::size_t>(1, ceil_div(K, KC));
-  constexpr auto& full = kernel_table<NV, MR, Epi>;
-  constexpr auto& edge = kernel_table<L::edge_nv, MR, Epi>;
   // A read where it lies (a_rows) where it would be packed per tile; 0: always packed.
   constexpr std::size_t a_row = [] {
     if constexpr (requires { ASource::row_stride; }) return ASource::row_stride;
     else return std::size_t{0};
   }();
-  constexpr auto& full_rows = kernel_table<NV, MR, Epi, a_row>;
-  constexpr auto& edge_rows = kernel_table<L::edge_nv, MR, Epi, a_row>;
+  // The kernels of the full panels and of the last one (edge_nv vectors wide).
+  constexpr auto tables = []<std::size_t... V>(std::index_sequence<V...>) {
+    return std::array{&kernel_table<V + 1, MR, Epi>...};
+  }(std::make_index_sequence<NV>{});
+  const auto& full = *tables[NV - 1];
+  const auto& edge = *tables[L.edge_nv() - 1];
+  constexpr auto row_tables = []<std::size_t... V>(std::index_sequence<V...>) {
+    return std::array{&kernel_table<V + 1, MR, Epi, a_row>...};
+  }(std::make_index_sequence<NV>{});
+  const auto& full_rows = *row_tables[NV - 1];
+  const auto& edge_rows = *row_tables[L.edge_nv() - 1];
 
   const std::size_t tiles = part.t1 - part.t0;
   const std::size_t panels = part.p1 - part.p0;
@@ -235,7 +241,7 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
           job.last = kb + 1 == k_blocks;
           job.a = a_panel(ti + i, job.m0, k0, job.kc);
           for (std::size_t j = 0; j < panels; ++j) {
-            const std::size_t p = part.p0 + j, width = L::width(p);
+            const std::size_t p = part.p0 + j, width = L.width(p);
             job.n0 = p * NR;
             job.nr = std::min(NR, N - job.n0);
             job.b = b_source.template panel<NR>(p, k0, width, K);
@@ -246,7 +252,7 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
       }
       continue;
     }
-    if (!a_per_tile) a.template pack<MR>(tiling, ti, ti + mt, k_arg, packed_a);
+    if (!a_per_tile) a.template pack<MR>(tiling, ti, ti + mt, K, packed_a);
 
     for (std::size_t pj = part.p0; pj < part.p1; pj += nc) {
       const std::size_t np = std::min(nc, part.p1 - pj);
@@ -260,7 +266,7 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
         // The block this thread reads next: the next K block, else the first K block of the
         // next N block, else that of the first N block for the next M block.
         b_source.prepare(pj, np, k0, job.kc);
-        l2_prefetch_plan<N, KArg> next{nullptr, k_arg};
+        l2_prefetch_plan next{&L, K};
         if (!job.last)
           next.p = pj, next.np = np, next.k0 = k0 + KC, next.kc = std::min(KC, K - k0 - KC);
         else if (pj + nc < part.p1)
@@ -299,7 +305,7 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, Blocking bloc
           const std::size_t a_per_call = std::min(ceil_div(a_lines, np), ceil_div(job.kc, 2));
           for (std::size_t j = 0; j < np; ++j) {
             const std::size_t p = pj + j;
-            const std::size_t width = L::width(p);
+            const std::size_t width = L.width(p);
             job.n0 = p * NR;
             job.nr = std::min(NR, N - job.n0);
             job.b = b_source.template panel<NR>(p, k0, width, K);
@@ -329,76 +335,66 @@ inline constexpr double parallel_min_flops = 4.0e6;
 /// Splits C into `threads` parts of tm x tn (row tiles x column panels), choosing the split
 /// with the least work on the busiest thread. A thread's work is counted as rows x (columns +
 /// 32): packing a row of A costs about as much as 32 columns of its products.
-template <std::size_t N, std::size_t NR, std::size_t Panels>
-std::pair<std::size_t, std::size_t> choose_split(const row_tiles& tiling, int threads) {
+inline std::pair<std::size_t, std::size_t> choose_split(const row_tiles& tiling, const b_panels& L, int threads) {
   std::size_t best_tm = 1, best_tn = 1;
   double best = -1;
   for (std::size_t tm = 1; tm <= std::size_t(threads); ++tm) {
     const std::size_t tn = std::size_t(threads) / tm;
-    if (tm > tiling.count || tn > Panels) continue;
+    if (tm > tiling.count || tn > L.panels) continue;
     const double rows = double(tiling.begin(ceil_div(tiling.count, tm)));  // the first part is the largest
-    const double cols = double(std::min(N, ceil_div(Panels, tn) * NR));
+    const double cols = double(std::min(L.n, ceil_div(L.panels, tn) * b_panels::nr));
     const double cost = rows * (cols + 32.0);
     if (best < 0 || cost < best) best = cost, best_tm = tm, best_tn = tn;
   }
   return {best_tm, best_tn};
 }
 
-/// C = A' B' with B' read from `b` (b_packed_whole: already packed, b_panels<N>; or
-/// b_packed_per_block) and A' packed per M block by `a` (a_strided, or an operand's packer), on
-/// up to `threads` threads.
-template <std::size_t N, class Blocking, class KArg, class ASource, class BSource, class Epi>
-void gemm_packed_from(std::size_t M, KArg k_arg, Blocking blocking, const ASource& a, const BSource& b, Epi& epi,
-                      int threads) {
+/// C = A' B' (N columns laid out as L, inner extent K) with B' read from `b` (b_packed_whole:
+/// already packed as L; or b_packed_per_block) and A' packed per M block by `a` (a_strided, or
+/// an operand's packer), on up to `threads` threads. One instantiation per kind of operand
+/// source and epilogue, whatever the shapes.
+template <class ASource, class BSource, class Epi>
+void gemm_packed_from(std::size_t M, const b_panels& L, std::size_t K, const gemm_blocking& blocking, const ASource& a,
+                      const BSource& b, Epi& epi, int threads) {
   if (M == 0) return;
-  const std::size_t K = k_of(k_arg);
-  constexpr std::size_t panels = b_panels<N>::panels;
-  const row_tiles tiling(M, Blocking::mr);
-  const double flops = 2.0 * double(M) * double(N) * double(K);
+  const row_tiles tiling(M, gemm_blocking::mr);
+  const double flops = 2.0 * double(M) * double(L.n) * double(K);
   if (threads <= 1 || flops < parallel_min_flops) {
-    gemm_part_run<N>(gemm_part{0, tiling.count, 0, panels}, tiling, blocking, k_arg, a, b, epi);
+    gemm_part_run(gemm_part{0, tiling.count, 0, L.panels}, tiling, blocking, L, K, a, b, epi);
     return;
   }
-  const auto [tm, tn] = choose_split<N, Blocking::nr, panels>(tiling, threads);
+  const auto [tm, tn] = choose_split(tiling, L, threads);
   parallel_for(tm * tn, int(tm * tn), [&](std::size_t t) {
     const std::size_t i = t / tn, j = t % tn;
-    const std::size_t tiles = tiling.count;
+    const std::size_t tiles = tiling.count, panels = L.panels;
     const gemm_part part{tiles * i / tm, tiles * (i + 1) / tm, panels * j / tn, panels * (j + 1) / tn};
-    gemm_part_run<N>(part, tiling, blocking, k_arg, a, b, epi);
+    gemm_part_run(part, tiling, blocking, L, K, a, b, epi);
   });
 }
 
-/// gemm_packed_from for A stored [M, K] (or, TransA, [K, M]) with leading dimension lda.
-template <std::size_t N, bool TransA, class Blocking, class KArg, class Epi>
-void gemm_packed(std::size_t M, KArg k_arg, Blocking blocking, const float* A, std::size_t lda,
-                 const float* packed_b, Epi& epi, int threads) {
-  gemm_packed_from<N>(M, k_arg, blocking, a_strided<TransA>{A, lda}, b_packed_whole{packed_b}, epi, threads);
-}
-
-/// Packs B' for a call that was not given a packed_b: into the calling thread's workspace,
-/// panels spread over the threads.
-template <std::size_t N, bool TransB, class KArg>
-const float* pack_b_for_call(const float* B, std::size_t ldb, KArg k_arg, int threads) {
-  const std::size_t K = k_of(k_arg);
-  using L = b_panels<N>;
-  float* dst = thread_workspace(workspace_slot::packed_b, L::floats(K));
-  const double bytes = double(N) * double(K) * sizeof(float);
+/// Packs B' (laid out as L) for a call that was not given a packed_b: into the calling thread's
+/// workspace, panels spread over the threads.
+inline const float* pack_b_for_call(const b_panels& L, const float* B, std::size_t ldb, bool trans, std::size_t K,
+                                    int threads) {
+  float* dst = thread_workspace(workspace_slot::packed_b, L.floats(K));
+  const double bytes = double(L.n) * double(K) * sizeof(float);
   const int t = threads > 1 && bytes >= (1 << 20) ? threads : 1;
-  const std::size_t chunks = std::min<std::size_t>(L::panels, std::size_t(t));
+  const std::size_t chunks = std::min<std::size_t>(L.panels, std::size_t(t));
   parallel_for(chunks, t, [&](std::size_t c) {
-    pack_b_panels<N, TransB>(B, ldb, k_arg, dst, L::panels * c / chunks, L::panels * (c + 1) / chunks);
+    pack_b_panels(L, B, ldb, trans, K, dst, L.panels * c / chunks, L.panels * (c + 1) / chunks);
   });
   return dst;
 }
 
-/// C = A' B' for a runtime K with the cache blocking `blocking`: B' packed per call, then the
-/// driver of the static K.
-template <std::size_t N, bool TransA, bool TransB, class Epi>
-void gemm_dyn_k_run(std::size_t M, std::size_t K, const float* A, std::size_t lda, const float* B, std::size_t ldb,
-                    Epi& epi, int threads, const gemm_dyn_k_blocking& blocking) {
+/// C [M, N] = A' B' for stored A (a_strided) and stored B [K, N] or (trans_b) [N, K]: B' packed
+/// on this call, then the driver. Every product of two stored matrices runs this one function.
+template <class Epi>
+void gemm_stored(std::size_t M, std::size_t N, std::size_t K, const a_strided& a, const float* B, std::size_t ldb,
+                 bool trans_b, Epi& epi, int threads, const gemm_blocking& blocking) {
   if (M == 0) return;
-  const float* packed = pack_b_for_call<N, TransB>(B, ldb, K, threads);
-  gemm_packed<N, TransA>(M, K, blocking, A, lda, packed, epi, threads);
+  const b_panels L(N);
+  const float* packed = pack_b_for_call(L, B, ldb, trans_b, K, threads);
+  gemm_packed_from(M, L, K, blocking, a, b_packed_whole{packed}, epi, threads);
 }
 
 }  // namespace gemm_detail
@@ -416,8 +412,9 @@ template <std::size_t N, std::size_t K, bool TransA, bool TransB, class Epilogue
 void gemm(std::size_t M, const float* A, std::size_t lda, const packed_matrix<N, K, TransB>& B, Epilogue&& epi,
           int threads = solder::num_threads()) {
   SOLDER_ASSERT(lda >= (TransA ? M : K), "solder::eval::cpu::gemm: lda is smaller than a row of A");
-  gemm_detail::gemm_packed<N, TransA>(M, gemm_detail::static_k<K>{}, gemm_blocking<N, K>{}, A, lda, B.data(), epi,
-                                      threads);
+  gemm_detail::gemm_packed_from(M, gemm_detail::b_panels(N), K, gemm_blocking::for_k(K),
+                                gemm_detail::a_strided{A, lda, TransA}, gemm_detail::b_packed_whole{B.data()}, epi,
+                                threads);
 }
 
 /// C[M, N] = A' B' as above, B' = B [K, N] or (TransB) B^T for B stored [N, K], leading
@@ -425,29 +422,28 @@ void gemm(std::size_t M, const float* A, std::size_t lda, const packed_matrix<N,
 template <std::size_t N, std::size_t K, bool TransA, bool TransB, class Epilogue>
 void gemm(std::size_t M, const float* A, std::size_t lda, const float* B, std::size_t ldb, Epilogue&& epi,
           int threads = solder::num_threads()) {
+  static_assert(N >= 1 && K >= 1, "solder::eval::cpu::gemm: N and K must be at least 1");
   SOLDER_ASSERT(lda >= (TransA ? M : K), "solder::eval::cpu::gemm: lda is smaller than a row of A");
   SOLDER_ASSERT(ldb >= (TransB ? K : N), "solder::eval::cpu::gemm: ldb is smaller than a row of B");
-  if (M == 0) return;
-  const float* packed = gemm_detail::pack_b_for_call<N, TransB>(B, ldb, gemm_detail::static_k<K>{}, threads);
-  gemm_detail::gemm_packed<N, TransA>(M, gemm_detail::static_k<K>{}, gemm_blocking<N, K>{}, A, lda, packed, epi,
-                                      threads);
+  gemm_detail::gemm_stored(M, N, K, gemm_detail::a_strided{A, lda, TransA}, B, ldb, TransB, epi, threads,
+                           gemm_blocking::for_k(K));
 }
 
 /// C[M, N] = A' B' as above with K a runtime value (K = 0 gives the epilogue a zero sum):
 /// A' = A [M, K] or (TransA) A^T for A stored [K, M]; B' = B [K, N] or (TransB) B^T for B
 /// stored [N, K]. For products whose inner length is the batch, e.g. a linear layer's
 /// dW [Out, In] = dy^T x: gemm_dyn_k<In, true, false>(Out, batch, dy, Out, x, In, epi).
-/// The same packing, driver, micro-kernels and epilogue hook as gemm, so the same bits as gemm
-/// for the same K, for any `threads`; B' is packed on every call (into a buffer the calling
-/// thread keeps), A' per M block.
+/// The same packing, driver, micro-kernels and epilogue hook as gemm (the very same
+/// instantiation), so the same bits as gemm for the same K, for any `threads`; B' is packed on
+/// every call (into a buffer the calling thread keeps), A' per M block.
 template <std::size_t N, bool TransA, bool TransB, class Epilogue>
 void gemm_dyn_k(std::size_t M, std::size_t K, const float* A, std::size_t lda, const float* B, std::size_t ldb,
                 Epilogue&& epi, int threads = solder::num_threads()) {
   if constexpr (N >= 1) {
     SOLDER_ASSERT(lda >= (TransA ? M : K), "solder::eval::cpu::gemm_dyn_k: lda is smaller than a row of A");
     SOLDER_ASSERT(ldb >= (TransB ? K : N), "solder::eval::cpu::gemm_dyn_k: ldb is smaller than a row of B");
-    gemm_detail::gemm_dyn_k_run<N, TransA, TransB>(M, K, A, lda, B, ldb, epi, threads,
-                                                   gemm_dyn_k_blocking::for_k(K));
+    gemm_detail::gemm_stored(M, N, K, gemm_detail::a_strided{A, lda, TransA}, B, ldb, TransB, epi, threads,
+                             gemm_blocking::for_k(K));
   } else {
     static_assert(N >= 1, "solder::eval::cpu::gemm_dyn_k: N must be at least 1; N is the number of columns of C");
   }
@@ -456,23 +452,18 @@ void gemm_dyn_k(std::size_t M, std::size_t K, const float* A, std::size_t lda, c
 /// C[M, N] = A' B' for operands packed by rule (eval/cpu/operand_packing.hpp): `a` packs tiles
 /// of A' per M block (gemm_detail::a_strided, or an operand's packer); pack_b(dst, p0, p1, k0,
 /// k1) packs panels [p0, p1) of B' over K range [k0, k1), panel p - p0 at (p - p0) (k1 - k0) nr
-/// and row k - k0 at (k - k0) width (gemm_detail::b_panels<N>), one cache block at a time as
-/// the tiles need it (gemm_detail::b_packed_per_block). K is static (gemm_detail::static_k) or
-/// a run-time value. The same driver, micro-kernels and epilogue hook as gemm, so the same bits
-/// as gemm for the same packed values.
-template <std::size_t N, class KArg, class ASource, class PackB, class Epilogue>
-void gemm_from(std::size_t M, KArg k_arg, const ASource& a, const PackB& pack_b, Epilogue&& epi,
+/// and row k - k0 at (k - k0) width (gemm_detail::b_panels(N)), one cache block at a time as
+/// the tiles need it (gemm_detail::b_packed_per_block). The same driver, micro-kernels and
+/// epilogue hook as gemm, so the same bits as gemm for the same packed values.
+template <std::size_t N, class ASource, class PackB, class Epilogue>
+void gemm_from(std::size_t M, std::size_t K, const ASource& a, const PackB& pack_b, Epilogue&& epi,
                int threads = solder::num_threads()) {
+  static_assert(N >= 1, "solder::eval::cpu::gemm_from: N must be at least 1");
   if (M == 0) return;
-  auto run = [&](auto blocking) {
-    constexpr std::size_t nr = decltype(blocking)::nr;
-    const gemm_detail::b_packed_per_block<PackB> b{&pack_b, blocking.nc * blocking.kc * nr, nr};
-    gemm_detail::gemm_packed_from<N>(M, k_arg, blocking, a, b, epi, threads);
-  };
-  if constexpr (std::is_same_v<KArg, std::size_t>)
-    run(gemm_dyn_k_blocking::for_k(k_arg));
-  else
-    run(gemm_blocking<N, KArg::value>{});
+  const gemm_blocking blocking = gemm_blocking::for_k(K);
+  const gemm_detail::b_packed_per_block<PackB> b{&pack_b, blocking.nc * blocking.kc * gemm_blocking::nr,
+                                                 gemm_blocking::nr};
+  gemm_detail::gemm_packed_from(M, gemm_detail::b_panels(N), K, blocking, a, b, epi, threads);
 }
 
 }  // namespace solder::eval::cpu

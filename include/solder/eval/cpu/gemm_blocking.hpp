@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <type_traits>
 
 #include "solder/eval/cpu/batch.hpp"
 #include "solder/eval/cpu/gemm_kernel.hpp"
@@ -18,7 +17,7 @@ inline std::size_t gemm_n_block_panels(std::size_t kc, std::size_t nr) {
   return std::max<std::size_t>(1, tuning().gemm_l2_b_bytes / (kc * nr * sizeof(float)));
 }
 
-/// How C = A' B' is cut for static N and K on solder's arch (docs/gemm.md explains each choice
+/// How C = A' B' is cut for the caches on solder's arch (docs/gemm.md explains each choice
 /// and the measurements behind it). GotoBLAS's loops with the roles of A and B exchanged,
 /// because the micro-kernel's vectors run along N:
 ///   mr x nr   the register tile (gemm_tile), nr = nv * W columns
@@ -27,9 +26,9 @@ inline std::size_t gemm_n_block_panels(std::size_t kc, std::size_t nr) {
 ///             the M block passes over it
 ///   mc_max    M block, in tiles of mr: the rows of A packed at once (over all of K); B is read
 ///             from memory once per M block, so it is as large as its memory budget allows
-template <std::size_t N, std::size_t K>
+/// The blocks depend on K alone and are values, not template arguments: the driver is compiled
+/// once for every shape (for_k when the call starts; a test passes smaller ones).
 struct gemm_blocking {
-  static_assert(N >= 1 && K >= 1, "solder::eval::cpu::gemm: N and K must be at least 1");
   using tile = gemm_tile<arch>;
   static constexpr std::size_t lanes = float_lanes;
   static constexpr std::size_t mr = tile::mr;
@@ -40,40 +39,22 @@ struct gemm_blocking {
   /// stream (AVX2: 6 x 512, 12 KiB). Measured against 256: 3-5% faster at 64 x 1024 x 1024 and
   /// 256 x 1024 x 2048 (half the partial-sum round trips and block switches).
   static constexpr std::size_t kc_max = 512;
-  static constexpr std::size_t k_blocks = (K + kc_max - 1) / kc_max;
-  /// K blocks of equal length (the last one shorter by less than k_blocks).
-  static constexpr std::size_t kc = (K + k_blocks - 1) / k_blocks;
-
-  static constexpr std::size_t panels = (N + nr - 1) / nr;
-  /// N block, in panels: a kc x nc block of B fills this host's L2 budget for it
-  /// (cpu_tuning::gemm_l2_b_bytes; 8 panels at kc = 512 with 2 MiB of L2). It cuts N only, so
-  /// no sum depends on it.
-  std::size_t nc = gemm_n_block_panels(kc, nr);
-
   /// Bytes of packed A one M block may take: 16 MiB (1024 rows of K = 4096). It is read once
   /// per N block, from memory; B is read from memory once per M block.
   static constexpr std::size_t a_block_bytes = std::size_t{16} << 20;
-  static constexpr std::size_t mc_max = std::max<std::size_t>(1, a_block_bytes / (mr * K * sizeof(float)));  // tiles
-};
-
-/// gemm_blocking for a K known only at run time (gemm_dyn_k): the same register tile, budgets
-/// and formulas, evaluated when the call starts (for_k(K) equals gemm_blocking<N, K>).
-struct gemm_dyn_k_blocking {
-  using tile = gemm_tile<arch>;
-  static constexpr std::size_t mr = tile::mr;
-  static constexpr std::size_t nv = tile::nv;
-  static constexpr std::size_t nr = nv * float_lanes;
 
   std::size_t kc;      // K block (at least 1; K = 0 is one empty block)
   std::size_t nc;      // N block, panels
   std::size_t mc_max;  // M block, tiles
 
-  static gemm_dyn_k_blocking for_k(std::size_t K) {
-    using budgets = gemm_blocking<1, 1>;  // kc_max and the byte budgets depend on neither N nor K
+  /// K blocks of equal length (the last one shorter by less than their count); an N block of B
+  /// fills this host's L2 budget for it (cpu_tuning::gemm_l2_b_bytes; 8 panels at kc = 512
+  /// with 2 MiB of L2), cutting N only, so no sum depends on it.
+  static gemm_blocking for_k(std::size_t K) {
     const std::size_t k = std::max<std::size_t>(1, K);
-    const std::size_t k_blocks = (k + budgets::kc_max - 1) / budgets::kc_max;
+    const std::size_t k_blocks = (k + kc_max - 1) / kc_max;
     const std::size_t kc = (k + k_blocks - 1) / k_blocks;
-    return {kc, gemm_n_block_panels(kc, nr), std::max<std::size_t>(1, budgets::a_block_bytes / (mr * k * sizeof(float)))};
+    return {kc, gemm_n_block_panels(kc, nr), std::max<std::size_t>(1, a_block_bytes / (mr * k * sizeof(float)))};
   }
 };
 
@@ -81,17 +62,6 @@ namespace gemm_detail {
 
 /// Ceiling of a / b.
 constexpr std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
-
-/// K as the packing and the driver below take it: std::integral_constant<std::size_t, K> for a
-/// static K (one instantiation per K, every expression of K folded as before), std::size_t for
-/// a runtime one (one instantiation for all K).
-template <std::size_t K>
-using static_k = std::integral_constant<std::size_t, K>;
-
-/// The value of a K argument (for static_k, a constant the compiler folds).
-template <std::size_t K>
-constexpr std::size_t k_of(static_k<K>) { return K; }
-constexpr std::size_t k_of(std::size_t k) { return k; }
 
 /// The rows of C cut into tiles of nearly equal height: `count` = ceil(M / MR) tiles, tile t
 /// holding rows [M t / count, M (t + 1) / count), MR or a row fewer. (Cutting MR rows at a time

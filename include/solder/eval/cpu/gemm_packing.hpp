@@ -24,24 +24,19 @@ namespace solder::eval::cpu::gemm_detail {
 /// The packed layout of B' [K, N] (independent of the cache blocking): panels of nr columns,
 /// panel p at p * K * nr, holding B'[k][p * nr + j] at k * width + j, where width = nr except in
 /// the last panel, which is only as wide as the vectors it needs (edge_nv * W), zero-padded.
-template <std::size_t N>
+/// N is a value (at least 1), so one driver serves every shape.
 struct b_panels {
   static constexpr std::size_t lanes = float_lanes;
   static constexpr std::size_t nr = gemm_tile<arch>::nv * lanes;
-  static constexpr std::size_t panels = ceil_div(N, nr);
-  static constexpr std::size_t edge_cols = N - (panels - 1) * nr;  // columns of the last panel
-  static constexpr std::size_t edge_nv = ceil_div(edge_cols, lanes);
-  static constexpr std::size_t edge_width = edge_nv * lanes;
-  static constexpr std::size_t width(std::size_t p) { return p + 1 == panels ? edge_width : nr; }
+  std::size_t n;           // columns of B'
+  std::size_t panels;      // panels of nr columns, the last one narrower
+  std::size_t edge_width;  // floats per k step of the last panel: edge_nv whole vectors
+  constexpr explicit b_panels(std::size_t N)
+      : n(N), panels(ceil_div(N, nr)), edge_width(ceil_div(N - (panels - 1) * nr, lanes) * lanes) {}
+  constexpr std::size_t edge_nv() const { return edge_width / lanes; }
+  constexpr std::size_t width(std::size_t p) const { return p + 1 == panels ? edge_width : nr; }
   /// Floats B' takes packed.
-  static constexpr std::size_t floats(std::size_t K) { return (panels - 1) * K * nr + K * edge_width; }
-};
-
-/// b_panels for a static K, with its size.
-template <std::size_t N, std::size_t K>
-struct b_layout : b_panels<N> {
-  using blocking = gemm_blocking<N, K>;
-  static constexpr std::size_t size = b_panels<N>::floats(K);  // floats
+  constexpr std::size_t floats(std::size_t K) const { return (panels - 1) * K * nr + K * edge_width; }
 };
 
 #if defined(__AVX512F__)
@@ -74,13 +69,11 @@ SOLDER_INLINE void transpose16(__m512 (&r)[16]) {
 }
 #endif
 
-/// out[k * Stride + r] = src[r * ld + k] for k < K, r < Rows: `rows` (<= Rows) rows of a
-/// row-major matrix, transposed into panel layout. Lanes r in [rows, Rows) are written as 0
-/// when ZeroFill, else left alone.
-template <std::size_t Rows, std::size_t Stride, bool ZeroFill, class KArg>
-void pack_transposed(const float* src, std::size_t ld, std::size_t rows, KArg k_arg, float* out) {
-  const std::size_t K = k_of(k_arg);
-  static_assert(Rows <= Stride, "solder::eval::cpu::pack_transposed: Rows must fit in Stride");
+/// out[k * stride + r] = src[r * ld + k] for k < K, r < Rows: `rows` (<= Rows) rows of a
+/// row-major matrix, transposed into panel layout (stride >= Rows). Lanes r in [rows, Rows) are
+/// written as 0 when ZeroFill, else left alone.
+template <std::size_t Rows, bool ZeroFill>
+void pack_transposed(const float* src, std::size_t ld, std::size_t rows, std::size_t K, float* out, std::size_t stride) {
 #if defined(__AVX512F__)
   if constexpr (std::is_base_of_v<xsimd::avx512f, arch> && Rows <= 16) {
     // 16 k at a time: load the row segments, transpose 16 x 16 in registers, store Rows
@@ -94,7 +87,7 @@ void pack_transposed(const float* src, std::size_t ld, std::size_t rows, KArg k_
         r[i] = i < rows ? _mm512_maskz_loadu_ps(k_mask, src + i * ld + k0) : _mm512_setzero_ps();
       transpose16(r);
       const __mmask16 store_mask = ZeroFill ? lane_mask : __mmask16(lane_mask & ((1u << rows) - 1u));
-      for (std::size_t j = 0; j < kn; ++j) _mm512_mask_storeu_ps(out + (k0 + j) * Stride, store_mask, r[j]);
+      for (std::size_t j = 0; j < kn; ++j) _mm512_mask_storeu_ps(out + (k0 + j) * stride, store_mask, r[j]);
     }
     return;
   }
@@ -104,77 +97,74 @@ void pack_transposed(const float* src, std::size_t ld, std::size_t rows, KArg k_
   for (std::size_t k0 = 0; k0 < K; k0 += chunk) {
     const std::size_t k1 = std::min(K, k0 + chunk);
     for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t k = k0; k < k1; ++k) out[k * Stride + r] = src[r * ld + k];
+      for (std::size_t k = k0; k < k1; ++k) out[k * stride + r] = src[r * ld + k];
     if constexpr (ZeroFill)
       for (std::size_t r = rows; r < Rows; ++r)
-        for (std::size_t k = k0; k < k1; ++k) out[k * Stride + r] = 0.0f;
+        for (std::size_t k = k0; k < k1; ++k) out[k * stride + r] = 0.0f;
   }
 }
 
 /// Packs tiles [t0, t1) of A' (all K columns) into dst: tile t0 + i holds A'[m][k] for its rows
 /// m = begin + r at i * K * MR + k * MR + r. Lanes past a tile's rows are not written (the
 /// micro-kernel for a shorter tile never reads them).
-///   TransA = false: A stored [M, K], A'[m][k] = A[m * lda + k] (a transpose)
-///   TransA = true:  A stored [K, M], A'[m][k] = A[k * lda + m] (rows of a tile are copies)
-template <std::size_t MR, bool TransA, class KArg>
-void pack_a(const float* A, std::size_t lda, const row_tiles& tiling, std::size_t t0, std::size_t t1, KArg k_arg,
-            float* dst) {
-  const std::size_t K = k_of(k_arg);
+///   trans = false: A stored [M, K], A'[m][k] = A[m * lda + k] (a transpose)
+///   trans = true:  A stored [K, M], A'[m][k] = A[k * lda + m] (rows of a tile are copies)
+template <std::size_t MR>
+void pack_a(const float* A, std::size_t lda, bool trans, const row_tiles& tiling, std::size_t t0, std::size_t t1,
+            std::size_t K, float* dst) {
   if (K == 0) return;  // nothing to pack; A may be null, and no offset may be added to it
   for (std::size_t t = t0; t < t1; ++t) {
     const std::size_t m0 = tiling.begin(t), rows = tiling.rows(t);
     float* out = dst + (t - t0) * K * MR;
-    if constexpr (TransA) {
+    if (trans) {
       for (std::size_t k = 0; k < K; ++k) std::memcpy(out + k * MR, A + k * lda + m0, rows * sizeof(float));
     } else {
-      pack_transposed<MR, MR, false>(A + m0 * lda, lda, rows, k_arg, out);
+      pack_transposed<MR, false>(A + m0 * lda, lda, rows, K, out, MR);
     }
   }
 }
 
-/// A' read from memory, A [M, K] or (TransA) [K, M] with leading dimension lda: packed per M
+/// A' read from memory, A [M, K] or (trans) [K, M] with leading dimension lda: packed per M
 /// block by pack_a (the GEMM driver's A source; eval/cpu/operand_packing.hpp has the others).
-template <bool TransA>
 struct a_strided {
   const float* A;
   std::size_t lda;
-  template <std::size_t MR, class KArg>
-  void pack(const row_tiles& tiling, std::size_t t0, std::size_t t1, KArg k_arg, float* dst) const {
-    pack_a<MR, TransA>(A, lda, tiling, t0, t1, k_arg, dst);
+  bool trans;
+  template <std::size_t MR>
+  void pack(const row_tiles& tiling, std::size_t t0, std::size_t t1, std::size_t K, float* dst) const {
+    pack_a<MR>(A, lda, trans, tiling, t0, t1, K, dst);
   }
   /// Tiles [t0, t1) over K range [k0, k0 + kc) only, tile t at (t - t0) kc MR.
   template <std::size_t MR>
   void pack_k(const row_tiles& tiling, std::size_t t0, std::size_t t1, std::size_t k0, std::size_t kc, float* dst) const {
-    pack_a<MR, TransA>(TransA ? A + k0 * lda : A + k0, lda, tiling, t0, t1, kc, dst);
+    pack_a<MR>(trans ? A + k0 * lda : A + k0, lda, trans, tiling, t0, t1, kc, dst);
   }
 };
 
-/// a_strided<false> for A stored [M, K] with rows Lda floats apart, Lda known at compile time:
-/// where each tile's panel of A would be packed right before its one use (gemm_part_run's
-/// narrow B), the micro-kernels read A where it lies instead (`row_stride`, `at`).
+/// a_strided for A stored [M, K] with rows Lda floats apart, Lda known at compile time: where
+/// each tile's panel of A would be packed right before its one use (gemm_part_run's narrow B),
+/// the micro-kernels read A where it lies instead (`row_stride`, `at`).
 template <std::size_t Lda>
-struct a_rows : a_strided<false> {
+struct a_rows : a_strided {
   static constexpr std::size_t row_stride = Lda;
-  explicit a_rows(const float* a) : a_strided<false>{a, Lda} {}
+  explicit a_rows(const float* a) : a_strided{a, Lda, false} {}
   const float* at(std::size_t m, std::size_t k) const { return A + m * Lda + k; }
 };
 
-/// Packs panels [p0, p1) of B' into `dst` (b_panels<N>), zero-padded to the panel width.
-///   TransB = false: B stored [K, N], B'[k][n] = B[k * ldb + n] (rows of a panel are copies)
-///   TransB = true:  B stored [N, K], B'[k][n] = B[n * ldb + k] (a transpose, 16 columns at
-///                   a time)
-template <std::size_t N, bool TransB, class KArg>
-void pack_b_panels(const float* B, std::size_t ldb, KArg k_arg, float* dst, std::size_t p0, std::size_t p1) {
-  const std::size_t K = k_of(k_arg);
+/// Packs panels [p0, p1) of B' (laid out as L) into `dst`, zero-padded to the panel width.
+///   trans = false: B stored [K, N], B'[k][n] = B[k * ldb + n] (rows of a panel are copies)
+///   trans = true:  B stored [N, K], B'[k][n] = B[n * ldb + k] (a transpose, 16 columns at
+///                  a time)
+inline void pack_b_panels(const b_panels& L, const float* B, std::size_t ldb, bool trans, std::size_t K, float* dst,
+                          std::size_t p0, std::size_t p1) {
   if (K == 0) return;  // nothing to pack; B may be null, and no offset may be added to it
-  using L = b_panels<N>;
-  constexpr std::size_t W = L::lanes;
+  constexpr std::size_t W = b_panels::lanes;
   for (std::size_t p = p0; p < p1; ++p) {
-    const std::size_t n0 = p * L::nr;
-    const std::size_t width = L::width(p);
-    const std::size_t cols = std::min(width, N - n0);
-    float* out = dst + p * K * L::nr;
-    if constexpr (!TransB) {
+    const std::size_t n0 = p * L.nr;
+    const std::size_t width = L.width(p);
+    const std::size_t cols = std::min(width, L.n - n0);
+    float* out = dst + p * K * L.nr;
+    if (!trans) {
       for (std::size_t k = 0; k < K; ++k) {
         std::memcpy(out + k * width, B + k * ldb + n0, cols * sizeof(float));
         std::fill(out + k * width + cols, out + (k + 1) * width, 0.0f);
@@ -183,10 +173,7 @@ void pack_b_panels(const float* B, std::size_t ldb, KArg k_arg, float* dst, std:
       // One vector's worth of columns at a time (16 with AVX-512, 8 with AVX2).
       for (std::size_t j = 0; j < width; j += W) {
         const std::size_t n = j < cols ? std::min(W, cols - j) : 0;
-        if (width == L::nr)
-          pack_transposed<W, L::nr, true>(B + (n0 + j) * ldb, ldb, n, k_arg, out + j);
-        else
-          pack_transposed<W, L::edge_width, true>(B + (n0 + j) * ldb, ldb, n, k_arg, out + j);
+        pack_transposed<W, true>(B + (n0 + j) * ldb, ldb, n, K, out + j, width);
       }
     }
   }
@@ -222,9 +209,9 @@ namespace solder {
 template <std::size_t N, std::size_t K, bool TransB>
 class packed_matrix {
  public:
-  using layout = eval::cpu::gemm_detail::b_layout<N, K>;
+  static_assert(N >= 1 && K >= 1, "solder::packed_matrix: N and K must be at least 1");
   /// Floats the packed panels take (N and K rounded up to whole vectors per panel).
-  static constexpr std::size_t size = layout::size;
+  static constexpr std::size_t size = eval::cpu::gemm_detail::b_panels(N).floats(K);
 
   packed_matrix() = default;
   packed_matrix(const float* B, std::size_t ldb) : packed_matrix() { pack(B, ldb); }
@@ -232,10 +219,11 @@ class packed_matrix {
   /// Packs B' from B (leading dimension ldb: at least K when TransB, else at least N).
   void pack(const float* B, std::size_t ldb) {
     SOLDER_ASSERT(ldb >= (TransB ? K : N), "solder::packed_matrix: ldb is smaller than a row of B");
-    eval::cpu::gemm_detail::pack_b_panels<N, TransB>(B, ldb, eval::cpu::gemm_detail::static_k<K>{}, data_.get(), 0, layout::panels);
+    constexpr eval::cpu::gemm_detail::b_panels layout(N);
+    eval::cpu::gemm_detail::pack_b_panels(layout, B, ldb, TransB, K, data_.get(), 0, layout.panels);
   }
 
-  /// The packed panels (eval::cpu::gemm_detail::b_layout<N, K>), 64-byte aligned.
+  /// The packed panels (eval::cpu::gemm_detail::b_panels(N)), 64-byte aligned.
   const float* data() const { return data_.get(); }
 
  private:

@@ -38,14 +38,13 @@ inline void copy_rows(const float* src, std::size_t lds, std::size_t k0, std::si
   for (std::size_t k = k0; k < k1; ++k) copy_short(src + k * lds + n0, out + (k - k0) * ld, n1 - n0);
 }
 
-/// copy_transposed for ld = Stride, W rows of src at a time through the GEMM's in-register
-/// transpose.
-template <std::size_t Stride>
-void copy_transposed_vectors(const float* src, std::size_t lds, std::size_t k0, std::size_t k1, std::size_t n0,
-                             std::size_t n1, float* out) {
+/// copy_transposed for ld at least a vector, W rows of src at a time through the GEMM's
+/// in-register transpose.
+inline void copy_transposed_vectors(const float* src, std::size_t lds, std::size_t k0, std::size_t k1, std::size_t n0,
+                                    std::size_t n1, float* out, std::size_t ld) {
   constexpr std::size_t W = float_lanes;
   for (std::size_t n = n0; n < n1; n += W)
-    gemm_detail::pack_transposed<W, Stride, false>(src + n * lds + k0, lds, std::min(W, n1 - n), k1 - k0, out + (n - n0));
+    gemm_detail::pack_transposed<W, false>(src + n * lds + k0, lds, std::min(W, n1 - n), k1 - k0, out + (n - n0), ld);
 }
 
 /// out[(k - k0) * ld + (n - n0)] = src[n * lds + k]: a stored matrix read transposed. Where ld
@@ -55,11 +54,7 @@ void copy_transposed_vectors(const float* src, std::size_t lds, std::size_t k0, 
 inline void copy_transposed(const float* src, std::size_t lds, std::size_t k0, std::size_t k1, std::size_t n0,
                             std::size_t n1, float* out, std::size_t ld) {
   constexpr std::size_t W = float_lanes;
-  static_assert(gemm_detail::b_panels<1>::nr <= 2 * W, "solder: a register tile wider than two vectors needs more strides here");
-  // Two strides spelled out, not a fold over an index sequence: with the fold, nvcc 13's front
-  // end printed its index sequence into the types of unrelated kernels of a .cu (a bad type).
-  if (ld == W) return copy_transposed_vectors<W>(src, lds, k0, k1, n0, n1, out);
-  if (ld == 2 * W) return copy_transposed_vectors<2 * W>(src, lds, k0, k1, n0, n1, out);
+  if (ld >= W && ld % W == 0 && ld <= gemm_detail::b_panels::nr) return copy_transposed_vectors(src, lds, k0, k1, n0, n1, out, ld);
   constexpr std::size_t chunk = 64;
   for (std::size_t c0 = k0; c0 < k1; c0 += chunk) {
     const std::size_t c1 = std::min(k1, c0 + chunk);
@@ -253,17 +248,17 @@ bool plain_sketch_in(const operand_concat<A, B, Axis>& x, std::size_t k0, std::s
 
 /// Panels [p0, p1) of B' = x over K range [k0, k1) into dst, as the GEMM's driver reads a cache
 /// block (gemm_from): panel p at (p - p0) (k1 - k0) nr, row k at (k - k0) width, zero-padded to
-/// the panel width (gemm_detail::b_panels<N>). Each panel is packed on its own, except the
+/// the panel width (gemm_detail::b_panels(N)). Each panel is packed on its own, except the
 /// panels holding a sketch read as it is: those go row by row, each row of them whole into a
 /// buffer (long runs, where consecutive rows share Philox groups), then cut into the panels.
 template <std::size_t N, class X>
 void pack_b_block_of(const X& x, float* dst, std::size_t p0, std::size_t p1, std::size_t k0, std::size_t k1) {
-  using L = gemm_detail::b_panels<N>;
+  constexpr gemm_detail::b_panels L(N);
   const std::size_t kc = k1 - k0;
   std::size_t first = p1, last = p0;  // the panels with a plain sketch: [first, last)
   for (std::size_t p = p0; p < p1; ++p) {
-    const std::size_t n0 = p * L::nr, width = L::width(p), cols = std::min(width, N - n0);
-    float* out = dst + (p - p0) * kc * L::nr;
+    const std::size_t n0 = p * L.nr, width = L.width(p), cols = std::min(width, N - n0);
+    float* out = dst + (p - p0) * kc * L.nr;
     if (operand_detail::plain_sketch_in(x, k0, k1, n0, n0 + cols)) {
       first = std::min(first, p);
       last = p + 1;
@@ -274,14 +269,14 @@ void pack_b_block_of(const X& x, float* dst, std::size_t p0, std::size_t p1, std
       for (std::size_t k = 0; k < kc; ++k) std::fill(out + k * width + cols, out + (k + 1) * width, 0.0f);
   }
   if (first >= last) return;
-  const std::size_t n_begin = first * L::nr, n_end = std::min(N, last * L::nr);
+  const std::size_t n_begin = first * L.nr, n_end = std::min(N, last * L.nr);
   thread_local growing_buffer<float> row_buffer;
   float* row = row_buffer.get(n_end - n_begin);
   for (std::size_t k = k0; k < k1; ++k) {
     pack_block(x, k, k + 1, n_begin, n_end, row, n_end - n_begin);
     for (std::size_t p = first; p < last; ++p) {
-      const std::size_t n0 = p * L::nr, width = L::width(p), cols = std::min(width, N - n0);
-      operand_detail::copy_short(row + (n0 - n_begin), dst + (p - p0) * kc * L::nr + (k - k0) * width, cols);
+      const std::size_t n0 = p * L.nr, width = L.width(p), cols = std::min(width, N - n0);
+      operand_detail::copy_short(row + (n0 - n_begin), dst + (p - p0) * kc * L.nr + (k - k0) * width, cols);
     }
   }
 }
@@ -349,8 +344,8 @@ struct b_block_packer {
     pack_b_block_of<N>(x, dst, p0, p1, k0, k1);
   }
   gemm_detail::row_lines_walk source(std::size_t p0, std::size_t p1, std::size_t k0, std::size_t k1) const {
-    using L = gemm_detail::b_panels<N>;
-    return operand_detail::stored_rows(x, k0, k1, p0 * L::nr, std::min(N, p1 * L::nr));
+    constexpr std::size_t nr = gemm_detail::b_panels::nr;
+    return operand_detail::stored_rows(x, k0, k1, p0 * nr, std::min(N, p1 * nr));
   }
 };
 
@@ -359,9 +354,9 @@ struct b_block_packer {
 template <class X>
 struct a_operand {
   X x;
-  template <std::size_t MR, class KArg>
-  void pack(const gemm_detail::row_tiles& tiling, std::size_t t0, std::size_t t1, KArg k_arg, float* dst) const {
-    pack_k<MR>(tiling, t0, t1, 0, gemm_detail::k_of(k_arg), dst);
+  template <std::size_t MR>
+  void pack(const gemm_detail::row_tiles& tiling, std::size_t t0, std::size_t t1, std::size_t K, float* dst) const {
+    pack_k<MR>(tiling, t0, t1, 0, K, dst);
   }
   /// Tiles [t0, t1) over K range [k0, k0 + kc) only, tile t at (t - t0) kc MR.
   template <std::size_t MR>

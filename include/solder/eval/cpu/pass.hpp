@@ -9,7 +9,6 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
-#include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -334,8 +333,8 @@ struct write_traits<write_target<T, S, E>> {
   static std::size_t batch(const write_target<T, S, E>& w) {
     if constexpr (S::dynamic && shape_of<E>::dynamic) {
       if (w.out.batch() != w.expr.batch())
-        solder::detail::fail("solder::assign: the output's batch size (" + std::to_string(w.out.batch()) +
-                     ") differs from the expression's (" + std::to_string(w.expr.batch()) + ")");
+        solder::detail::fail_counts("solder::assign: the output's batch size (", w.out.batch(),
+                                    ") differs from the expression's (", w.expr.batch(), ")");
     }
     return w.out.batch();
   }
@@ -365,8 +364,8 @@ struct write_traits<write_target<T, S, reduce_node<C, K, R, E>>> {
   static std::size_t batch(const write_target<T, S, reduce_node<C, K, R, E>>& w) {
     if constexpr (S::dynamic) {
       if (w.out.batch() != w.expr.operand.batch())
-        solder::detail::fail("solder::assign: the output's batch size (" + std::to_string(w.out.batch()) +
-                     ") differs from the reduction's (" + std::to_string(w.expr.operand.batch()) + ")");
+        solder::detail::fail_counts("solder::assign: the output's batch size (", w.out.batch(),
+                                    ") differs from the reduction's (", w.expr.operand.batch(), ")");
     }
     return w.expr.operand.batch();
   }

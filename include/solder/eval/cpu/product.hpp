@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -283,8 +282,8 @@ void assign_product(const W0& w0, const Ws&... ws) {
   (check_same(ws), ...);
   const std::size_t batch = write_traits<W0>::batch(w0);
   ((Iter::dynamic && write_traits<Ws>::batch(ws) != batch
-        ? solder::detail::fail("solder::assign_all: the writes' batch sizes differ: " + std::to_string(batch) + " vs " +
-                               std::to_string(write_traits<Ws>::batch(ws)))
+        ? solder::detail::fail_counts("solder::assign_all: the writes' batch sizes differ: ", batch, " vs ",
+                                      write_traits<Ws>::batch(ws))
         : void()),
    ...);
   const std::size_t M = c.rows();
@@ -316,23 +315,22 @@ void assign_product(const W0& w0, const Ws&... ws) {
     // Generated operands (sketches, concatenations): each packed by its rule, then the same
     // driver. Their extents are static, so K is too.
     static_assert(K != dyn);
-    const gemm_detail::static_k<K> k_arg;
     const auto a_source = [&] {
       if constexpr (C::a_traits::form == operand_form::stored && !TA)
         return gemm_detail::a_rows<AV::ld()>{AV::data(c.a)};
       else if constexpr (C::a_traits::form == operand_form::stored)
-        return gemm_detail::a_strided<TA>{AV::data(c.a), AV::ld()};
+        return gemm_detail::a_strided{AV::data(c.a), AV::ld(), TA};
       else
         return a_operand<A>{c.a};
     }();
-    gemm_from<N>(M, k_arg, a_source, b_block_packer<N, std::remove_cvref_t<decltype(c.b)>>{c.b}, epi);
+    gemm_from<N>(M, K, a_source, b_block_packer<N, std::remove_cvref_t<decltype(c.b)>>{c.b}, epi);
   } else if constexpr (K == dyn) {
     // K is the batch of both operands (dW = g^T x): one run-time inner extent.
     using BV = contract_detail::operand_view<std::remove_cvref_t<decltype(c.b)>>;
     const std::size_t k = c.inner();
     if (C::b_traits::batch(c.b) != k)
-      solder::detail::fail("solder::matmul: the operands' batch sizes differ (" + std::to_string(k) + " vs " +
-                           std::to_string(C::b_traits::batch(c.b)) + "); the product sums over the batch");
+      solder::detail::fail_counts("solder::matmul: the operands' batch sizes differ (", k, " vs ",
+                                  C::b_traits::batch(c.b), "); the product sums over the batch");
     gemm_dyn_k<N, TA, BV::trans>(M, k, AV::data(c.a), AV::ld(), BV::data(c.b), BV::ld(), epi);
   } else if constexpr (C::b_traits::form == operand_form::prepacked) {
     gemm<N, K, TA, C::b_traits::trans>(M, AV::data(c.a), AV::ld(), *c.b.packed, epi);

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -56,8 +55,8 @@ class row_writes {
   explicit row_writes(std::size_t batch, const Ws&... ws)
       : evals(make_eval<Lay, V>(ws)...), sinks(sink<Ws>(ws.out.data())...), batch(batch) {
     ((S::dynamic && write_traits<Ws>::batch(ws) != batch
-          ? solder::detail::fail("solder: a row epilogue's writes have batch " +
-                                 std::to_string(write_traits<Ws>::batch(ws)) + ", its product " + std::to_string(batch))
+          ? solder::detail::fail_counts("solder: a row epilogue's writes have batch ", write_traits<Ws>::batch(ws),
+                                        ", its product ", batch)
           : void()),
      ...);
   }
