@@ -88,8 +88,8 @@ basic_param<memory_space_t<V>> make_param(std::string name, V& value, G& grad) {
     return detail::flat_param<Space>(std::move(name), value.data(), value.size(), grad.data(), grad.size(),
                                      true, S::extents.data(), S::rank, batch);
   } else {
-    return detail::flat_param<Space>(std::move(name), value.data(), value.size(), grad.data(), grad.size(), false, nullptr,
-                                     0, 1);
+    return detail::flat_param<Space>(std::move(name), value.data(), value.size(), grad.data(), grad.size(), false,
+                                     nullptr, 0, 1);
   }
 }
 

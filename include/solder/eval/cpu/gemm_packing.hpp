@@ -70,25 +70,31 @@ SOLDER_INLINE void transpose16(__m512 (&r)[16]) {
 #endif
 
 /// out[k * stride + r] = src[r * ld + k] for k < K, r < Rows: `rows` (<= Rows) rows of a
-/// row-major matrix, transposed into panel layout (stride >= Rows). Lanes r in [rows, Rows) are
-/// written as 0 when ZeroFill, else left alone.
-template <std::size_t Rows, bool ZeroFill>
-void pack_transposed(const float* src, std::size_t ld, std::size_t rows, std::size_t K, float* out, std::size_t stride) {
+/// row-major matrix, transposed into panel layout (stride >= Rows: a std::size_t, or an
+/// std::integral_constant where the stores' offsets should be constants, as in A's tiles).
+/// Lanes r in [rows, Rows) are written as 0 when ZeroFill, else left alone.
+template <std::size_t Rows, bool ZeroFill, class Stride = std::size_t>
+void pack_transposed(const float* src, std::size_t ld, std::size_t rows, std::size_t K, float* out, Stride stride) {
 #if defined(__AVX512F__)
   if constexpr (std::is_base_of_v<xsimd::avx512f, arch> && Rows <= 16) {
     // 16 k at a time: load the row segments, transpose 16 x 16 in registers, store Rows
     // lanes of each column.
     constexpr __mmask16 lane_mask = __mmask16((1u << Rows) - 1u);
-    for (std::size_t k0 = 0; k0 < K; k0 += 16) {
-      const std::size_t kn = std::min<std::size_t>(16, K - k0);
+    const __mmask16 store_mask = ZeroFill ? lane_mask : __mmask16(lane_mask & ((1u << rows) - 1u));
+    // Whole blocks of 16 k with the count a constant (unmasked loads, the 16 stores unrolled),
+    // then the tail masked.
+    auto block = [&](std::size_t k0, auto count) SOLDER_INLINE_LAMBDA {
+      const std::size_t kn = count;
       const __mmask16 k_mask = __mmask16((1u << kn) - 1u);
       __m512 r[16];
       for (std::size_t i = 0; i < 16; ++i)
         r[i] = i < rows ? _mm512_maskz_loadu_ps(k_mask, src + i * ld + k0) : _mm512_setzero_ps();
       transpose16(r);
-      const __mmask16 store_mask = ZeroFill ? lane_mask : __mmask16(lane_mask & ((1u << rows) - 1u));
       for (std::size_t j = 0; j < kn; ++j) _mm512_mask_storeu_ps(out + (k0 + j) * stride, store_mask, r[j]);
-    }
+    };
+    std::size_t k0 = 0;
+    for (; k0 + 16 <= K; k0 += 16) block(k0, std::integral_constant<std::size_t, 16>{});
+    if (k0 < K) block(k0, K - k0);
     return;
   }
 #endif
@@ -119,7 +125,7 @@ void pack_a(const float* A, std::size_t lda, bool trans, const row_tiles& tiling
     if (trans) {
       for (std::size_t k = 0; k < K; ++k) std::memcpy(out + k * MR, A + k * lda + m0, rows * sizeof(float));
     } else {
-      pack_transposed<MR, false>(A + m0 * lda, lda, rows, K, out, MR);
+      pack_transposed<MR, false>(A + m0 * lda, lda, rows, K, out, std::integral_constant<std::size_t, MR>{});
     }
   }
 }
@@ -164,7 +170,15 @@ inline void pack_b_panels(const b_panels& L, const float* B, std::size_t ldb, bo
     const std::size_t width = L.width(p);
     const std::size_t cols = std::min(width, L.n - n0);
     float* out = dst + p * K * L.nr;
-    if (!trans) {
+    if (!trans && cols == b_panels::nr) {
+      // A whole panel: rows of a constant number of vectors, copied inline (a call to memcpy
+      // per 128-byte row costs as much as the copy).
+      using V = vec<float>;
+      for (std::size_t k = 0; k < K; ++k)
+#pragma GCC unroll 8
+        for (std::size_t v = 0; v < b_panels::nr; v += W)
+          V::load_unaligned(B + k * ldb + n0 + v).store_unaligned(out + k * width + v);
+    } else if (!trans) {
       for (std::size_t k = 0; k < K; ++k) {
         std::memcpy(out + k * width, B + k * ldb + n0, cols * sizeof(float));
         std::fill(out + k * width + cols, out + (k + 1) * width, 0.0f);
@@ -173,7 +187,11 @@ inline void pack_b_panels(const b_panels& L, const float* B, std::size_t ldb, bo
       // One vector's worth of columns at a time (16 with AVX-512, 8 with AVX2).
       for (std::size_t j = 0; j < width; j += W) {
         const std::size_t n = j < cols ? std::min(W, cols - j) : 0;
-        pack_transposed<W, true>(B + (n0 + j) * ldb, ldb, n, K, out + j, width);
+        constexpr std::integral_constant<std::size_t, b_panels::nr> full_width;
+        if (width == b_panels::nr)
+          pack_transposed<W, true>(B + (n0 + j) * ldb, ldb, n, K, out + j, full_width);
+        else
+          pack_transposed<W, true>(B + (n0 + j) * ldb, ldb, n, K, out + j, width);
       }
     }
   }

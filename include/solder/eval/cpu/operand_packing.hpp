@@ -38,13 +38,15 @@ inline void copy_rows(const float* src, std::size_t lds, std::size_t k0, std::si
   for (std::size_t k = k0; k < k1; ++k) copy_short(src + k * lds + n0, out + (k - k0) * ld, n1 - n0);
 }
 
-/// copy_transposed for ld at least a vector, W rows of src at a time through the GEMM's
-/// in-register transpose.
-inline void copy_transposed_vectors(const float* src, std::size_t lds, std::size_t k0, std::size_t k1, std::size_t n0,
-                                    std::size_t n1, float* out, std::size_t ld) {
+/// copy_transposed for ld = Stride (a whole number of vectors), W rows of src at a time through
+/// the GEMM's in-register transpose.
+template <std::size_t Stride>
+void copy_transposed_vectors(const float* src, std::size_t lds, std::size_t k0, std::size_t k1, std::size_t n0,
+                             std::size_t n1, float* out) {
   constexpr std::size_t W = float_lanes;
+  constexpr std::integral_constant<std::size_t, Stride> stride;
   for (std::size_t n = n0; n < n1; n += W)
-    gemm_detail::pack_transposed<W, false>(src + n * lds + k0, lds, std::min(W, n1 - n), k1 - k0, out + (n - n0), ld);
+    gemm_detail::pack_transposed<W, false>(src + n * lds + k0, lds, std::min(W, n1 - n), k1 - k0, out + (n - n0), stride);
 }
 
 /// out[(k - k0) * ld + (n - n0)] = src[n * lds + k]: a stored matrix read transposed. Where ld
@@ -54,7 +56,9 @@ inline void copy_transposed_vectors(const float* src, std::size_t lds, std::size
 inline void copy_transposed(const float* src, std::size_t lds, std::size_t k0, std::size_t k1, std::size_t n0,
                             std::size_t n1, float* out, std::size_t ld) {
   constexpr std::size_t W = float_lanes;
-  if (ld >= W && ld % W == 0 && ld <= gemm_detail::b_panels::nr) return copy_transposed_vectors(src, lds, k0, k1, n0, n1, out, ld);
+  static_assert(gemm_detail::b_panels::nr == 2 * W, "solder: the register tile is two vectors wide");
+  if (ld == W) return copy_transposed_vectors<W>(src, lds, k0, k1, n0, n1, out);
+  if (ld == 2 * W) return copy_transposed_vectors<2 * W>(src, lds, k0, k1, n0, n1, out);
   constexpr std::size_t chunk = 64;
   for (std::size_t c0 = k0; c0 < k1; c0 += chunk) {
     const std::size_t c1 = std::min(k1, c0 + chunk);
@@ -122,7 +126,9 @@ SOLDER_INLINE void expand_signs16(std::uint32_t bits, const vec<float>& plus, co
 
 /// out[i * stride] = +scale or -scale, the signs of elements [e0, e0 + count) of the term `src`
 /// generates; contiguous runs 16 at a time (a compare and a blend per vector).
-inline void fill_signs(sign_bits& src, std::uint64_t e0, std::size_t count, float scale, float* out, std::size_t stride) {
+/// Always inlined: a sketch row's caller passes stride 1, which folds its loops away.
+SOLDER_INLINE void fill_signs(sign_bits& src, std::uint64_t e0, std::size_t count, float scale, float* out,
+                              std::size_t stride) {
   std::uint64_t e = e0;
   const std::uint64_t end = e0 + count;
   if (stride == 1) {
