@@ -165,7 +165,7 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const gemm_bl
   const std::size_t N = L.n;
   const std::size_t KC = blocking.kc;
   // K = 0 is one empty K block: the epilogue still gets every tile.
-  const std::size_t k_blocks = std::max<std::size_t>(1, ceil_div(K, KC));
+  const std::size_t k_blocks = blocks_of(std::max<std::size_t>(1, K), KC);
   // A read where it lies (a_rows) where it would be packed per tile; 0: always packed.
   constexpr std::size_t a_row = [] {
     if constexpr (requires { ASource::row_stride; }) return ASource::row_stride;
@@ -187,10 +187,10 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const gemm_bl
   const std::size_t panels = part.p1 - part.p0;
   if (tiles == 0 || panels == 0) return;
   // Blocks of equal size (within one tile or panel), at most mc_max tiles and nc panels.
-  const std::size_t m_blocks = ceil_div(tiles, blocking.mc_max);
-  const std::size_t mc = ceil_div(tiles, m_blocks);
-  const std::size_t n_blocks = ceil_div(panels, blocking.nc);
-  const std::size_t nc = ceil_div(panels, n_blocks);
+  const std::size_t m_blocks = blocks_of(tiles, blocking.mc_max);
+  const std::size_t mc = m_blocks == 1 ? tiles : ceil_div(tiles, m_blocks);
+  const std::size_t n_blocks = blocks_of(panels, blocking.nc);
+  const std::size_t nc = n_blocks == 1 ? panels : ceil_div(panels, n_blocks);
 
   // With one N block each tile's A panel of a K block is used by that block's panels right
   // away and never again: it is packed then, into L1, instead of the whole M block into memory

@@ -12,6 +12,14 @@
 
 namespace solder::eval::cpu {
 
+namespace gemm_detail {
+/// Ceiling of a / b.
+constexpr std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
+/// Blocks of at most `most` that n is cut into: ceil_div, without a division where one block
+/// holds n (small products, where the driver's divisions are a visible part of the call).
+constexpr std::size_t blocks_of(std::size_t n, std::size_t most) { return n <= most ? 1 : ceil_div(n, most); }
+}  // namespace gemm_detail
+
 /// Panels of nr columns in an N block whose kc x nc block of B fills this host's L2 budget.
 inline std::size_t gemm_n_block_panels(std::size_t kc, std::size_t nr) {
   return std::max<std::size_t>(1, tuning().gemm_l2_b_bytes / (kc * nr * sizeof(float)));
@@ -52,16 +60,12 @@ struct gemm_blocking {
   /// with 2 MiB of L2), cutting N only, so no sum depends on it.
   static gemm_blocking for_k(std::size_t K) {
     const std::size_t k = std::max<std::size_t>(1, K);
-    const std::size_t k_blocks = (k + kc_max - 1) / kc_max;
-    const std::size_t kc = (k + k_blocks - 1) / k_blocks;
+    const std::size_t kc = k <= kc_max ? k : gemm_detail::ceil_div(k, gemm_detail::ceil_div(k, kc_max));
     return {kc, gemm_n_block_panels(kc, nr), std::max<std::size_t>(1, a_block_bytes / (mr * k * sizeof(float)))};
   }
 };
 
 namespace gemm_detail {
-
-/// Ceiling of a / b.
-constexpr std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
 /// The rows of C cut into tiles of nearly equal height: `count` = ceil(M / MR) tiles, tile t
 /// holding rows [M t / count, M (t + 1) / count), MR or a row fewer. (Cutting MR rows at a time
