@@ -49,20 +49,16 @@ using param = basic_param<host>;
 
 namespace detail {
 /// make_param's work for flat arrays, one function per memory space: dims are the `rank`
-/// extents from `extents` (the batch as `batch` where an extent is dyn) where `shaped`, else
-/// {values}.
+/// extents from `extents`, the batch as `batch` where an extent is dyn.
 template <class Space>
 basic_param<Space> flat_param(std::string name, float* value, std::size_t values, float* grad, std::size_t grads,
-                              bool shaped, const std::size_t* extents, std::size_t rank, std::size_t batch) {
+                              const std::size_t* extents, std::size_t rank, std::size_t batch) {
   if (values != grads)
     solder::detail::fail("solder::optim::make_param: '" + name + "' has " + std::to_string(values) + " values but " +
                          std::to_string(grads) + " gradients");
-  std::vector<std::size_t> dims{values};
-  if (shaped) {
-    dims.assign(extents, extents + rank);
-    for (std::size_t& d : dims)
-      if (d == dyn) d = batch;
-  }
+  std::vector<std::size_t> dims(extents, extents + rank);
+  for (std::size_t& d : dims)
+    if (d == dyn) d = batch;
   using view = typename basic_param<Space>::view;
   return {std::move(name), view(value, values), view(grad, grads), std::move(dims)};
 }
@@ -86,10 +82,11 @@ basic_param<memory_space_t<V>> make_param(std::string name, V& value, G& grad) {
     std::size_t batch = 1;
     if constexpr (S::dynamic) batch = value.batch();
     return detail::flat_param<Space>(std::move(name), value.data(), value.size(), grad.data(), grad.size(),
-                                     true, S::extents.data(), S::rank, batch);
+                                     S::extents.data(), S::rank, batch);
   } else {
-    return detail::flat_param<Space>(std::move(name), value.data(), value.size(), grad.data(), grad.size(), false,
-                                     nullptr, 0, 1);
+    const std::size_t flat = value.size();
+    return detail::flat_param<Space>(std::move(name), value.data(), value.size(), grad.data(), grad.size(), &flat, 1,
+                                     1);
   }
 }
 

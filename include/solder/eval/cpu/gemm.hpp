@@ -6,7 +6,6 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -172,16 +171,10 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const gemm_bl
     else return std::size_t{0};
   }();
   // The kernels of the full panels and of the last one (edge_nv vectors wide).
-  constexpr auto tables = []<std::size_t... V>(std::index_sequence<V...>) {
-    return std::array{&kernel_table<V + 1, MR, Epi>...};
-  }(std::make_index_sequence<NV>{});
-  const auto& full = *tables[NV - 1];
-  const auto& edge = *tables[L.edge_nv() - 1];
-  constexpr auto row_tables = []<std::size_t... V>(std::index_sequence<V...>) {
-    return std::array{&kernel_table<V + 1, MR, Epi, a_row>...};
-  }(std::make_index_sequence<NV>{});
-  const auto& full_rows = *row_tables[NV - 1];
-  const auto& edge_rows = *row_tables[L.edge_nv() - 1];
+  constexpr auto& full = kernel_table<NV, MR, Epi>;
+  const auto& edge = *kernel_tables<NV, MR, Epi>[L.edge_nv() - 1];
+  constexpr auto& full_rows = kernel_table<NV, MR, Epi, a_row>;
+  const auto& edge_rows = *kernel_tables<NV, MR, Epi, a_row>[L.edge_nv() - 1];
 
   const std::size_t tiles = part.t1 - part.t0;
   const std::size_t panels = part.p1 - part.p0;

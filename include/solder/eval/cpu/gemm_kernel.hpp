@@ -169,5 +169,12 @@ template <std::size_t NV, std::size_t MR, class Epilogue, std::size_t ARow = 0>
 inline constexpr std::array<micro_kernel_fn<Epilogue>, MR> kernel_table =
     make_kernel_table<NV, ARow == 0 ? MR : 1, Epilogue, ARow == 0 ? 1 : ARow>(std::make_index_sequence<MR>{});
 
+/// kernel_table for every panel width: kernel_tables<NV, ...>[v - 1] is the table of panels v
+/// vectors wide (the last panel of B may be narrower than the others).
+template <std::size_t NV, std::size_t MR, class Epilogue, std::size_t ARow = 0>
+inline constexpr auto kernel_tables = []<std::size_t... V>(std::index_sequence<V...>) {
+  return std::array{&kernel_table<V + 1, MR, Epilogue, ARow>...};
+}(std::make_index_sequence<NV>{});
+
 }  // namespace gemm_detail
 }  // namespace solder::eval::cpu

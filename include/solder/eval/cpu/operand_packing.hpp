@@ -46,7 +46,8 @@ void copy_transposed_vectors(const float* src, std::size_t lds, std::size_t k0, 
   constexpr std::size_t W = float_lanes;
   constexpr std::integral_constant<std::size_t, Stride> stride;
   for (std::size_t n = n0; n < n1; n += W)
-    gemm_detail::pack_transposed<W, false>(src + n * lds + k0, lds, std::min(W, n1 - n), k1 - k0, out + (n - n0), stride);
+    gemm_detail::pack_transposed<W, false>(src + n * lds + k0, lds, std::min(W, n1 - n), k1 - k0, out + (n - n0),
+                                           stride);
 }
 
 /// out[(k - k0) * ld + (n - n0)] = src[n * lds + k]: a stored matrix read transposed. Where ld

@@ -26,6 +26,10 @@ using write_expr_t = std::remove_cvref_t<decltype(std::declval<W>().expr)>;
 template <class W>
 inline constexpr std::size_t contracts_in = find_contract<write_expr_t<W>>::count;
 
+/// The product the writes hold (the first write's that holds one).
+template <class... Ws>
+using product_of_t = typename solder::detail::first_non_void<typename find_contract<write_expr_t<Ws>>::type...>::type;
+
 /// True when some write of a pass holds a product: assign_all then runs assign_contract.
 template <class... Ws>
 inline constexpr bool has_contract = ((contracts_in<Ws> + ...) > 0);
@@ -216,9 +220,6 @@ bool same_product(const C& x, const C& y) {
   return same_operand(x.a, y.a) && same_operand(x.b, y.b) && x.rows() == y.rows();
 }
 
-}  // namespace contract_detail
-
-namespace contract_detail {
 /// Whether the product C reads a batch's image patches, which this backend does not pack: it
 /// runs convolutions by kernels of its own (conv2d.hpp).
 template <class X>
@@ -233,29 +234,13 @@ inline constexpr bool reads_patches = is_patches<typename C::a_type> || is_patch
 /// write on each tile. Every write holding a product must hold the same one; the outputs may
 /// not overlap the product's operands (tiles are stored while other threads still read them).
 template <class W0, class... Ws>
-void assign_product(const W0& w0, const Ws&... ws);
-
-template <class W0, class... Ws>
-void assign_contract(const W0& w0, const Ws&... ws) {
-  using C = typename solder::detail::first_non_void<typename find_contract<write_expr_t<W0>>::type,
-                                    typename find_contract<write_expr_t<Ws>>::type...>::type;
-  if constexpr (contract_detail::reads_patches<C>)
-    static_assert(never<"solder::image_patches: the CPU backend has no packing of a batch's image patches; on the "
-                        "host a convolution runs executor<cpu>::conv2d (nn::conv2d), not a product over image_patches",
-                        C>);
-  else
-    assign_product(w0, ws...);
-}
-
-template <class W0, class... Ws>
 void assign_product(const W0& w0, const Ws&... ws) {
   static_assert(((contracts_in<W0> <= 1) && ... && (contracts_in<Ws> <= 1)),
                 "solder::assign: an expression may hold one matrix product; assign the others to tensors first");
   static_assert(!write_traits<W0>::reduces && (!write_traits<Ws>::reduces && ...),
                 "solder::assign_all: a reduction of a matrix product is not fused into the product; assign the "
                 "product to a tensor first, then reduce it");
-  using C = typename solder::detail::first_non_void<typename find_contract<write_expr_t<W0>>::type,
-                                    typename find_contract<write_expr_t<Ws>>::type...>::type;
+  using C = product_of_t<W0, Ws...>;
   using Iter = typename write_traits<W0>::iter_shape;
   static_assert(std::is_same_v<Iter, typename C::shape_type>,
                 "solder::assign: an output holding a matrix product must have the product's shape");
@@ -338,6 +323,19 @@ void assign_product(const W0& w0, const Ws&... ws) {
     using BV = contract_detail::operand_view<std::remove_cvref_t<decltype(c.b)>>;
     gemm<N, K, TA, BV::trans>(M, AV::data(c.a), AV::ld(), BV::data(c.b), BV::ld(), epi);
   }
+}
+
+/// assign_all for writes holding a product, the CPU's products: refuses a batch's image
+/// patches (this backend runs convolutions by kernels of its own, conv2d.hpp) with one error.
+template <class W0, class... Ws>
+void assign_contract(const W0& w0, const Ws&... ws) {
+  using C = product_of_t<W0, Ws...>;
+  if constexpr (contract_detail::reads_patches<C>)
+    static_assert(never<"solder::image_patches: the CPU backend has no packing of a batch's image patches; on the "
+                        "host a convolution runs executor<cpu>::conv2d (nn::conv2d), not a product over image_patches",
+                        C>);
+  else
+    assign_product(w0, ws...);
 }
 
 }  // namespace solder::eval::cpu
