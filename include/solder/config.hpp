@@ -3,8 +3,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 /// SOLDER_HAS_CUDA: defined when the translation unit is compiled by nvcc.
 #if defined(__CUDACC__)
@@ -85,11 +88,59 @@ struct error : std::runtime_error {
 namespace detail {
 [[noreturn]] inline void fail(const char* msg) { throw error(msg); }
 [[noreturn]] inline void fail(const std::string& msg) { throw error(msg); }
-/// fail(first + a + second + b + last) with the counts written in decimal: the message is built
-/// out of line, so a check in a template leaves a call, not string code, in every instantiation.
+
+/// One piece of an error message: text, or a number, written as std::to_string writes it. A
+/// check keeps only the pieces at its call site; the message is put together out of line
+/// (fail_message), so that a check costs its caller a few stores and one call.
+class message_part {
+ public:
+  message_part(const char* s) : kind_(kind::text), text_(s) {}
+  message_part(std::string_view s) : kind_(kind::text), text_(s) {}
+  message_part(const std::string& s) : kind_(kind::text), text_(s) {}
+  template <class T>
+    requires std::is_integral_v<T> && (!std::is_same_v<T, bool>) && (!std::is_same_v<T, char>)
+  message_part(T v) {
+    if constexpr (std::is_signed_v<T>) {
+      kind_ = kind::signed_number;
+      signed_ = v;
+    } else {
+      kind_ = kind::unsigned_number;
+      unsigned_ = v;
+    }
+  }
+  message_part(double v) : kind_(kind::real), real_(v) {}
+  message_part(float v) : kind_(kind::real), real_(v) {}
+
+  void append_to(std::string& out) const {
+    switch (kind_) {
+      case kind::text: out += text_; break;
+      case kind::signed_number: out += std::to_string(signed_); break;
+      case kind::unsigned_number: out += std::to_string(unsigned_); break;
+      case kind::real: out += std::to_string(real_); break;
+    }
+  }
+
+ private:
+  enum class kind { text, signed_number, unsigned_number, real } kind_;
+  union {
+    std::string_view text_;
+    long long signed_;
+    unsigned long long unsigned_;
+    double real_;
+  };
+};
+
+/// fail() with the message the parts spell, in order.
+[[noreturn, gnu::cold, gnu::noinline]] inline void fail_message(std::initializer_list<message_part> parts) {
+  std::string msg;
+  for (const message_part& p : parts) p.append_to(msg);
+  fail(msg);
+}
+
+/// fail(first + a + second + b + last) with the counts written in decimal.
 [[noreturn, gnu::cold, gnu::noinline]] inline void fail_counts(const char* first, std::size_t a, const char* second,
                                                             std::size_t b, const char* last = "") {
-  fail(first + std::to_string(a) + second + std::to_string(b) + last);
+  fail_message({first, a, second, b, last});
 }
 }  // namespace detail
 

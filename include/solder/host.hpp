@@ -6,13 +6,14 @@
 
 #include <cstddef>
 #include <string>
-#include <thread>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
 #if defined(__unix__)
 #include <unistd.h>
+#else
+#include <thread>
 #endif
 
 namespace solder {
@@ -62,6 +63,17 @@ inline std::size_t sysconf_bytes([[maybe_unused]] int name) {
   return v > 0 ? std::size_t(v) : 0;
 #else
   return 0;
+#endif
+}
+
+/// The logical CPUs online, as std::thread::hardware_concurrency() counts them (0 where the
+/// system does not say); POSIX's count where there is one, so that <thread> is not parsed.
+inline unsigned online_cpus() {
+#if defined(__unix__)
+  const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? unsigned(n) : 0;
+#else
+  return std::thread::hardware_concurrency();
 #endif
 }
 
@@ -128,7 +140,7 @@ inline host_cpu detect_host() {
   if (h.l2_bytes == 0) h.l2_bytes = sysconf_bytes(_SC_LEVEL2_CACHE_SIZE);
   if (h.l3_bytes == 0) h.l3_bytes = sysconf_bytes(_SC_LEVEL3_CACHE_SIZE);
 #endif
-  h.logical_cpus = std::thread::hardware_concurrency();
+  h.logical_cpus = online_cpus();
   return h;
 }
 

@@ -6,12 +6,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <iomanip>
+#include <iosfwd>
 #include <memory>
 #include <new>
-#include <ostream>
 #include <type_traits>
 #include <utility>
 
@@ -44,13 +44,26 @@ void check_batch(std::size_t batch) {
     SOLDER_ASSERT(batch >= 1, "solder::tensor: a dynamic batch size must be at least 1");
 }
 
-template <class T, class S>
-void print(std::ostream& os, const T* data, std::size_t batch) {
+/// One element as a std::ostream writes it by default (six significant digits), right-aligned
+/// in ten characters. (Formatted here so that printing needs only <iosfwd> of the stream.)
+template <class T>
+void format_element(char (&text)[32], T v) {
+  if constexpr (std::is_floating_point_v<T>)
+    std::snprintf(text, sizeof text, "%10g", double(v));
+  else if constexpr (std::is_signed_v<T>)
+    std::snprintf(text, sizeof text, "%10lld", static_cast<long long>(v));
+  else
+    std::snprintf(text, sizeof text, "%10llu", static_cast<unsigned long long>(v));
+}
+
+template <class T, class S, class Stream>
+void print(Stream& os, const T* data, std::size_t batch) {
   constexpr std::size_t last = S::last;
   const std::size_t n = S::elements(batch);
   const std::size_t rows = n / last;
   constexpr std::size_t show = 6;  // rows and columns shown at each end, as NumPy abbreviates
-  os << "tensor" << to_string<S>(batch) << "\n";
+  os << "tensor" << to_string<S>(batch).c_str() << "\n";
+  char text[32];
   auto row = [&](std::size_t r) {
     os << "  [";
     for (std::size_t j = 0; j < last; ++j) {
@@ -58,7 +71,8 @@ void print(std::ostream& os, const T* data, std::size_t batch) {
         os << ", ...";
         j = last - show;
       }
-      os << (j ? ", " : "") << std::setw(10) << data[r * last + j];
+      format_element(text, data[r * last + j]);
+      os << (j ? ", " : "") << text;
     }
     os << "]\n";
   };
@@ -140,7 +154,8 @@ class tensor_ref {
     return *this;
   }
 
-  friend std::ostream& operator<<(std::ostream& os, const tensor_ref& t)
+  template <class Char, class Traits>
+  friend std::basic_ostream<Char, Traits>& operator<<(std::basic_ostream<Char, Traits>& os, const tensor_ref& t)
     requires std::is_same_v<Space, host>
   {
     detail::print<value_type, S>(os, t.data_, t.batch_);
@@ -254,7 +269,10 @@ class tensor {
 
   void fill(T v) { std::fill(begin(), end(), v); }
 
-  friend std::ostream& operator<<(std::ostream& os, const tensor& t) { return os << t.ref(); }
+  template <class Char, class Traits>
+  friend std::basic_ostream<Char, Traits>& operator<<(std::basic_ostream<Char, Traits>& os, const tensor& t) {
+    return os << t.ref();
+  }
 
  private:
   static tensor make_like(const tensor& other) {

@@ -76,6 +76,47 @@ TEST_CASE("chain: the plan names its kernels and prints", "[chain]") {
   static_assert(odd::in_features == 5);
 }
 
+TEST_CASE("chain: the profile times each kernel and prints a table", "[chain]") {
+  mlp model(1);
+  const std::size_t batch = 8;
+  std::vector<float> x(batch * mlp::in_features, 0.25f);
+  std::vector<float> dy(batch * mlp::out_features, 0.5f);
+  model.enable_profiling();
+  for (int i = 0; i < 2; ++i) {
+    model.forward(mlp::input_ref(x.data(), batch));
+    model.backward(mlp::output_ref(dy.data(), batch));
+  }
+  REQUIRE(model.profile().size() == 3);
+  for (const nn::profile_entry& e : model.profile()) {
+    CHECK(e.forward_calls == 2);
+    CHECK(e.backward_calls == 2);
+    CHECK(e.forward_seconds > 0);
+    CHECK(e.forward_flops > 0);
+  }
+  std::ostringstream os;
+  model.print_profile(os);
+  std::vector<std::string> lines;
+  std::istringstream in(os.str());
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  REQUIRE(lines.size() == 1 + 3 + 3);  // header, each kernel forward, then backward in reverse
+  // The columns: the name left-aligned in 34, then time/call in 14, share in 10, rate in 17.
+  CHECK(lines[0] == "  kernel" + std::string(28, ' ') + "     time/call     share             rate");
+  CHECK(lines[1].rfind("  linear+relu+dropout (fwd)", 0) == 0);
+  CHECK(lines[3].rfind("  linear (fwd)", 0) == 0);
+  CHECK(lines[4].rfind("  linear (bwd)", 0) == 0);
+  CHECK(lines[6].rfind("  linear+relu+dropout (bwd)", 0) == 0);
+  double share = 0;
+  for (std::size_t i = 1; i < lines.size(); ++i) {
+    const std::string& l = lines[i];
+    INFO(l);
+    CHECK(l.size() == 2 + 34 + 11 + 3 + 8 + 2 + 10 + 8);
+    CHECK(l.substr(l.size() - 8) == " GFLOP/s");
+    CHECK(l.substr(2 + 34 + 11, 3) == " us");
+    share += std::stod(l.substr(2 + 34 + 11 + 3, 8));
+  }
+  CHECK(share == Approx(100.0).margin(0.5));  // the shares, rounded to 0.1 each, add up to 100
+}
+
 TEST_CASE("chain: parameters carry PyTorch's names and shapes", "[chain]") {
   mlp model(1);
   const auto params = model.params();

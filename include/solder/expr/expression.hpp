@@ -94,8 +94,8 @@ namespace detail {
 
 [[noreturn, gnu::cold, gnu::noinline]] inline void fail_batches_differ(const std::size_t* extents, std::size_t rank,
                                                                      std::size_t a, std::size_t b) {
-  fail("solder: batch sizes differ between operands of an expression of shape " + shape_text(extents, rank, 0) + ": " +
-       std::to_string(a) + " vs " + std::to_string(b));
+  fail_message({"solder: batch sizes differ between operands of an expression of shape ", shape_text(extents, rank, 0),
+                ": ", a, " vs ", b});
 }
 
 /// The batch two operands share; a mismatch of two runtime batches is a clear error.

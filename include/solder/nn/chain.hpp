@@ -20,13 +20,11 @@
 //   using gpu_mlp = nn::chain_in<device, nn::linear<64, 256>, nn::relu, nn::linear<256, 10>>;
 #pragma once
 
-#include <chrono>
 #include <concepts>
 #include <cstdint>
-#include <iomanip>
-#include <ostream>
+#include <cstdio>
+#include <ctime>
 #include <span>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -47,6 +45,14 @@ template <class T>
 inline constexpr bool is_owning_tensor = false;
 template <class T, class S, class Space>
 inline constexpr bool is_owning_tensor<tensor<T, S, Space>> = true;
+
+/// Seconds on the monotonic clock, for the profile (POSIX's clock: <chrono> would bring the
+/// iostreams into every translation unit that includes a chain).
+inline double seconds_now() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
 }  // namespace detail
 
 /// Per-kernel timings of a chain's forward and backward (chain::profile()).
@@ -388,7 +394,8 @@ class basic_chain {
   }
 
   // ---- profiling --------------------------------------------------------------------------
-  /// Times every kernel of forward and backward from now on (steady_clock around each call).
+  /// Times every kernel of forward and backward from now on (the monotonic clock around each
+  /// call).
   void enable_profiling(bool on = true) {
     profiling = on;
     if (on) reset_profile();
@@ -399,8 +406,10 @@ class basic_chain {
     for_each_block([&]<class G>(auto&, std::type_identity<G>) { timings[k++].name = kernel_name<G>(); });
   }
   const std::vector<profile_entry>& profile() const { return timings; }
-  /// The profile as a table: time per call, share of the total, GFLOP/s per kernel.
-  void print_profile(std::ostream& os) const;
+  /// The profile as a table: time per call, share of the total, GFLOP/s per kernel, written
+  /// to os (a std::ostream, or any stream taking C strings with <<).
+  template <class Stream>
+  void print_profile(Stream& os) const;
 
   /// The name of the kernel group G runs as, e.g. "linear+relu+dropout".
   template <class G>
@@ -574,9 +583,9 @@ class basic_chain {
   template <class F>
   void timed(std::size_t k, bool fwd, double flops, F&& f) {
     if (!profiling) return f();
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = detail::seconds_now();
     f();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = detail::seconds_now() - t0;
     auto& e = timings[k];
     (fwd ? e.forward_seconds : e.backward_seconds) += s;
     (fwd ? e.forward_calls : e.backward_calls) += 1;
@@ -669,21 +678,22 @@ template <class Space, class... Layers>
 using chain_in = typename detail::chain_of<true, Space, Layers...>::type;
 
 template <class Config, class... Layers>
-void basic_chain<Config, Layers...>::print_profile(std::ostream& os) const {
+template <class Stream>
+void basic_chain<Config, Layers...>::print_profile(Stream& os) const {
   double total = 0;
   for (const auto& e : timings) total += e.forward_seconds + e.backward_seconds;
+  char line[160];
   auto row = [&](const std::string& name, double s, std::size_t calls, double flops) {
     if (calls == 0) return;
-    os << "  " << std::left << std::setw(34) << name << std::right << std::setw(11) << std::fixed << std::setprecision(2)
-       << 1e6 * s / double(calls) << " us" << std::setw(8) << std::setprecision(1) << (total > 0 ? 100.0 * s / total : 0.0)
-       << " %" << std::setw(10) << std::setprecision(2) << (s > 0 ? flops / s * 1e-9 : 0.0) << " GFLOP/s\n";
+    std::snprintf(line, sizeof line, "  %-34s%11.2f us%8.1f %%%10.2f GFLOP/s\n", name.c_str(), 1e6 * s / double(calls),
+                  total > 0 ? 100.0 * s / total : 0.0, s > 0 ? flops / s * 1e-9 : 0.0);
+    os << line;
   };
-  os << "  " << std::left << std::setw(34) << "kernel" << std::right << std::setw(14) << "time/call" << std::setw(10)
-     << "share" << std::setw(18) << "rate\n";
+  std::snprintf(line, sizeof line, "  %-34s%14s%10s%18s", "kernel", "time/call", "share", "rate\n");
+  os << line;
   for (const auto& e : timings) row(e.name + " (fwd)", e.forward_seconds, e.forward_calls, e.forward_flops);
   for (auto it = timings.rbegin(); it != timings.rend(); ++it)
     row(it->name + " (bwd)", it->backward_seconds, it->backward_calls, it->backward_flops);
-  os.unsetf(std::ios::floatfield);
 }
 
 }  // namespace solder::nn

@@ -79,18 +79,16 @@ constexpr bool check_rank2() {
 /// A dynamic batch is checked at run time: every argument must have the first one's.
 inline void check_batches(const char* who, std::size_t want, std::size_t got, const char* what) {
   if (want != got)
-    solder::detail::fail(std::string(who) + ": " + what + " has a batch of " + std::to_string(got) + " rows but the input has " +
-                         std::to_string(want));
+    solder::detail::fail_message({who, ": ", what, " has a batch of ", got, " rows but the input has ", want});
 }
 
 inline void check_labels(const char* who, std::span<const std::int32_t> labels, std::size_t rows, std::size_t classes) {
   if (labels.size() != rows)
-    solder::detail::fail(std::string(who) + ": got " + std::to_string(labels.size()) + " labels for a batch of " +
-                         std::to_string(rows) + " rows; give one label per row");
+    solder::detail::fail_message(
+        {who, ": got ", labels.size(), " labels for a batch of ", rows, " rows; give one label per row"});
   for (std::size_t r = 0; r < rows; ++r)
     if (labels[r] < 0 || std::size_t(labels[r]) >= classes)
-      solder::detail::fail(std::string(who) + ": label " + std::to_string(labels[r]) + " of row " + std::to_string(r) +
-                           " is outside [0, " + std::to_string(classes) + ")");
+      solder::detail::fail_message({who, ": label ", labels[r], " of row ", r, " is outside [0, ", classes, ")"});
 }
 
 
@@ -106,7 +104,7 @@ float softmax_cross_entropy(const float* x, std::size_t batch, std::span<const s
   constexpr std::size_t classes = S::last;
   const std::size_t rows = S::elements(batch) / classes;
   if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
-    solder::detail::fail(std::string(who) + ": label_smoothing must be in [0, 1], got " + std::to_string(label_smoothing));
+    solder::detail::fail_message({who, ": label_smoothing must be in [0, 1], got ", label_smoothing});
   if constexpr (std::is_same_v<Space, host>) {
     check_labels(who, labels, rows, classes);
   } else {

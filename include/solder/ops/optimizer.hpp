@@ -26,7 +26,7 @@ namespace detail {
 /// Throws solder::error, naming the optimizer `who`, for a learning rate torch refuses
 /// (negative or NaN).
 inline void check_lr(const char* who, float lr) {
-  if (!(lr >= 0.0f)) solder::detail::fail(std::string(who) + ": lr must be >= 0, got " + std::to_string(lr));
+  if (!(lr >= 0.0f)) solder::detail::fail_message({who, ": lr must be >= 0, got ", lr});
 }
 }  // namespace detail
 
@@ -59,13 +59,12 @@ struct sgd_options {
   /// needs momentum > 0 and zero dampening).
   static void check(const sgd_options& opt) {
     check_lr(opt.lr);
-    if (!(opt.momentum >= 0.0f))
-      solder::detail::fail(std::string(name) + ": momentum must be >= 0, got " + std::to_string(opt.momentum));
+    if (!(opt.momentum >= 0.0f)) solder::detail::fail_message({name, ": momentum must be >= 0, got ", opt.momentum});
     if (!(opt.weight_decay >= 0.0f))
-      solder::detail::fail(std::string(name) + ": weight_decay must be >= 0, got " + std::to_string(opt.weight_decay));
-    if (!(opt.dampening == opt.dampening)) solder::detail::fail(std::string(name) + ": dampening is NaN");
+      solder::detail::fail_message({name, ": weight_decay must be >= 0, got ", opt.weight_decay});
+    if (!(opt.dampening == opt.dampening)) solder::detail::fail_message({name, ": dampening is NaN"});
     if (opt.nesterov && (opt.momentum <= 0.0f || opt.dampening != 0.0f))
-      solder::detail::fail(std::string(name) + ": Nesterov momentum requires momentum > 0 and dampening = 0");
+      solder::detail::fail_message({name, ": Nesterov momentum requires momentum > 0 and dampening = 0"});
   }
 };
 
@@ -99,12 +98,12 @@ struct adam_options {
   static void check(const adam_options& opt) {
     check_lr(opt.lr);
     if (!(opt.beta1 >= 0.0f && opt.beta1 < 1.0f))
-      solder::detail::fail(std::string(name) + ": beta1 must be in [0, 1), got " + std::to_string(opt.beta1));
+      solder::detail::fail_message({name, ": beta1 must be in [0, 1), got ", opt.beta1});
     if (!(opt.beta2 >= 0.0f && opt.beta2 < 1.0f))
-      solder::detail::fail(std::string(name) + ": beta2 must be in [0, 1), got " + std::to_string(opt.beta2));
-    if (!(opt.eps >= 0.0f)) solder::detail::fail(std::string(name) + ": eps must be >= 0, got " + std::to_string(opt.eps));
+      solder::detail::fail_message({name, ": beta2 must be in [0, 1), got ", opt.beta2});
+    if (!(opt.eps >= 0.0f)) solder::detail::fail_message({name, ": eps must be >= 0, got ", opt.eps});
     if (!(opt.weight_decay >= 0.0f))
-      solder::detail::fail(std::string(name) + ": weight_decay must be >= 0, got " + std::to_string(opt.weight_decay));
+      solder::detail::fail_message({name, ": weight_decay must be >= 0, got ", opt.weight_decay});
   }
 };
 

@@ -80,7 +80,7 @@ class basic_adam {
   std::int64_t steps() const { return steps_; }
   /// Sets the step count t (restoring a checkpoint); the next step is t + 1, bias-corrected so.
   void set_steps(std::int64_t t) {
-    if (t < 0) solder::detail::fail(std::string(name) + "::set_steps: the step count must be >= 0, got " + std::to_string(t));
+    if (t < 0) solder::detail::fail_message({name, "::set_steps: the step count must be >= 0, got ", t});
     steps_ = t;
   }
   std::span<const param_type> params() const { return params_; }
@@ -105,8 +105,7 @@ class basic_adam {
   using state_buffers = std::vector<tensor<float, shape<dyn>, Space>>;
   static tensor_ref<const float, shape<dyn>, Space> state_of(const state_buffers& s, std::size_t k) {
     if (k >= s.size())
-      solder::detail::fail(std::string(name) + ": parameter index " + std::to_string(k) + " is out of range (" +
-                           std::to_string(s.size()) + " parameters)");
+      solder::detail::fail_message({name, ": parameter index ", k, " is out of range (", s.size(), " parameters)"});
     return s[k].ref();
   }
 

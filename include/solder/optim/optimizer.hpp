@@ -54,8 +54,7 @@ template <class Space>
 basic_param<Space> flat_param(std::string name, float* value, std::size_t values, float* grad, std::size_t grads,
                               const std::size_t* extents, std::size_t rank, std::size_t batch) {
   if (values != grads)
-    solder::detail::fail("solder::optim::make_param: '" + name + "' has " + std::to_string(values) + " values but " +
-                         std::to_string(grads) + " gradients");
+    solder::detail::fail_message({"solder::optim::make_param: '", name, "' has ", values, " values but ", grads, " gradients"});
   std::vector<std::size_t> dims(extents, extents + rank);
   for (std::size_t& d : dims)
     if (d == dyn) d = batch;
@@ -136,13 +135,13 @@ inline std::string state_name(std::size_t k, std::string_view what) {
 /// Every param non-empty, with as many gradients as values; `who` names the caller.
 template <class Space>
 void check_params(const char* who, std::span<const basic_param<Space>> params) {
-  if (params.empty()) solder::detail::fail(std::string(who) + ": got an empty parameter list");
+  if (params.empty()) solder::detail::fail_message({who, ": got an empty parameter list"});
   for (const basic_param<Space>& p : params) {
     if (!p.value.data() || !p.grad.data())
-      solder::detail::fail(std::string(who) + ": parameter '" + p.name + "' has no value or no gradient tensor");
+      solder::detail::fail_message({who, ": parameter '", p.name, "' has no value or no gradient tensor"});
     if (p.value.size() != p.grad.size())
-      solder::detail::fail(std::string(who) + ": parameter '" + p.name + "' has " + std::to_string(p.value.size()) +
-                           " values but " + std::to_string(p.grad.size()) + " gradients");
+      solder::detail::fail_message(
+          {who, ": parameter '", p.name, "' has ", p.value.size(), " values but ", p.grad.size(), " gradients"});
   }
 }
 
@@ -175,23 +174,22 @@ void restore_state(Optimizer& opt, std::span<const saved_state> saved, std::int6
   using space = typename Optimizer::space;
   using state_type = basic_state_tensor<space>;
   const std::string who = "solder::optim::restore_state (" + std::string(std::string_view(Optimizer::kind)) + ")";
-  if (steps < 0) solder::detail::fail(who + ": the step count must be >= 0, got " + std::to_string(steps));
+  if (steps < 0) solder::detail::fail_message({who, ": the step count must be >= 0, got ", steps});
   const std::vector<state_type> state = opt.state();
   std::vector<const saved_state*> source(state.size(), nullptr);
   for (const saved_state& s : saved) {
     const auto it = std::find_if(state.begin(), state.end(), [&](const state_type& t) { return t.name == s.name; });
     if (it == state.end())
-      solder::detail::fail(who + ": the optimizer has no state tensor '" + s.name + "' (it has " +
-                           std::to_string(state.size()) + ")");
+      solder::detail::fail_message({who, ": the optimizer has no state tensor '", s.name, "' (it has ", state.size(), ")"});
     const std::size_t k = std::size_t(it - state.begin());
-    if (source[k]) solder::detail::fail(who + ": state tensor '" + s.name + "' is given twice");
+    if (source[k]) solder::detail::fail_message({who, ": state tensor '", s.name, "' is given twice"});
     if (s.values.size() != it->value.size())
-      solder::detail::fail(who + ": state tensor '" + s.name + "' has " + std::to_string(s.values.size()) +
-                           " elements; the optimizer's has " + std::to_string(it->value.size()));
+      solder::detail::fail_message({who, ": state tensor '", s.name, "' has ", s.values.size(),
+                                    " elements; the optimizer's has ", it->value.size()});
     source[k] = &s;
   }
   for (std::size_t k = 0; k < state.size(); ++k)
-    if (!source[k]) solder::detail::fail(who + ": state tensor '" + state[k].name + "' is missing");
+    if (!source[k]) solder::detail::fail_message({who, ": state tensor '", state[k].name, "' is missing"});
   for (std::size_t k = 0; k < state.size(); ++k)
     executor<backend_of_t<space>>::copy_from_host(state[k].value.data(), source[k]->values.data(),
                                                   state[k].value.size());
@@ -221,7 +219,7 @@ template <class Space>
 float clip_grad_norm(std::span<const basic_param<Space>> params, float max_norm, bool error_if_nonfinite = true) {
   constexpr const char* who = "solder::optim::clip_grad_norm";
   if (!(max_norm >= 0.0f))
-    solder::detail::fail(std::string(who) + ": max_norm must be >= 0, got " + std::to_string(max_norm));
+    solder::detail::fail_message({who, ": max_norm must be >= 0, got ", max_norm});
   detail::check_params(who, params);
   double total = 0;
   const basic_param<Space>* culprit = nullptr;
@@ -232,9 +230,9 @@ float clip_grad_norm(std::span<const basic_param<Space>> params, float max_norm,
   }
   const double norm = std::sqrt(total);
   if (culprit && error_if_nonfinite)
-    solder::detail::fail(std::string(who) + ": the gradient norm is " + (std::isnan(norm) ? "NaN" : "infinite") +
-                         "; parameter '" + culprit->name +
-                         "' has a non-finite gradient (pass error_if_nonfinite = false to clip anyway)");
+    solder::detail::fail_message({who, ": the gradient norm is ", std::isnan(norm) ? "NaN" : "infinite", "; parameter '",
+                                  culprit->name,
+                                  "' has a non-finite gradient (pass error_if_nonfinite = false to clip anyway)"});
   const ops::clip_scale clip(max_norm, norm);
   if (clip.scales())
     for (const basic_param<Space>& p : params)
@@ -261,8 +259,7 @@ class basic_grad_accumulator {
       : params_(std::move(params)), micro_batches_(micro_batches) {
     detail::check_params<Space>("solder::optim::grad_accumulator", params_);
     if (micro_batches < 1)
-      solder::detail::fail("solder::optim::grad_accumulator: micro_batches must be >= 1, got " +
-                           std::to_string(micro_batches));
+      solder::detail::fail_message({"solder::optim::grad_accumulator: micro_batches must be >= 1, got ", micro_batches});
     if (micro_batches > 1) sums_ = detail::make_state<Space>(params_);
   }
 

@@ -51,7 +51,7 @@ constexpr double cos_pi_ratio(std::int64_t t, std::int64_t period) {
 }
 
 inline void fail_schedule(const char* who, const char* what, std::int64_t got) {
-  solder::detail::fail(std::string(who) + ": " + what + ", got " + std::to_string(got));
+  solder::detail::fail_message({who, ": ", what, ", got ", got});
 }
 
 }  // namespace detail

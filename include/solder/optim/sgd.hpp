@@ -77,9 +77,10 @@ class basic_sgd {
   void set_hyperparameters(const options& opt) {
     check(opt);
     if ((opt.momentum != 0.0f) != (opt_.momentum != 0.0f))
-      solder::detail::fail(std::string("solder::optim::sgd::set_hyperparameters: momentum ") +
-                           (opt_.momentum != 0.0f ? "is non-zero; it cannot become 0" : "is 0; it cannot become non-zero") +
-                           " (the momentum buffers are made at construction); construct the optimizer with the momentum you need");
+      solder::detail::fail_message(
+          {"solder::optim::sgd::set_hyperparameters: momentum ",
+           opt_.momentum != 0.0f ? "is non-zero; it cannot become 0" : "is 0; it cannot become non-zero",
+           " (the momentum buffers are made at construction); construct the optimizer with the momentum you need"});
     opt_ = opt;
   }
   /// Steps taken so far.
@@ -87,7 +88,7 @@ class basic_sgd {
   /// Sets the step count (restoring a checkpoint): with momentum, step 0 starts the buffers
   /// afresh (b = g), any later step continues them.
   void set_steps(std::int64_t t) {
-    if (t < 0) solder::detail::fail("solder::optim::sgd::set_steps: the step count must be >= 0, got " + std::to_string(t));
+    if (t < 0) solder::detail::fail_message({"solder::optim::sgd::set_steps: the step count must be >= 0, got ", t});
     steps_ = t;
   }
   std::span<const param_type> params() const { return params_; }

@@ -4,9 +4,9 @@
 #pragma once
 
 #include <cstdlib>
-#include <thread>
 
 #include "solder/config.hpp"
+#include "solder/host.hpp"
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -24,7 +24,7 @@ inline int& thread_setting() {
       int v = std::atoi(env);
       if (v >= 1) return v;
     }
-    unsigned hw = std::thread::hardware_concurrency();
+    const unsigned hw = online_cpus();
     return hw ? int(hw) : 1;
   }();
   return n;
