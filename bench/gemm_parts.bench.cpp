@@ -57,9 +57,10 @@ void kernel_rate(const float* A, const float* packed_b, solder::test::bias_relu_
       job.a = packed_a + i * K * MR;
       job.b = packed_b;  // panel 0, whatever p is
       job.m0 = tiling.begin(i);
+      job.mr = tiling.rows(i);
       job.n0 = p * NR;
       job.nr = NR;
-      kernels[tiling.rows(i) - 1](job, epi);
+      kernels[gd::kernel_index(job.mr)](job, epi);
     }
 }
 

@@ -216,8 +216,61 @@ void check_all_dyn_k_variants(std::size_t M, std::size_t K) {
 TEMPLATE_TEST_CASE_SIG("gemm equals the double reference in every transpose variant", "[gemm]",
                        ((std::size_t N, std::size_t K), N, K), (1, 1), (17, 3), (3, 257), (255, 17), (257, 255),
                        (37, 1031)) {
-  const std::size_t M = GENERATE(1, 3, 17, 29, 255, 257);
+  const std::size_t M = GENERATE(1, 3, 13, 17, 29, 255, 257);
   check_all_variants<N, K>(M);
+}
+
+TEST_CASE("row tiles: pairs of rows over ceil(M / MR) tiles, each with a compiled kernel", "[gemm]") {
+  namespace gd = eval::cpu::gemm_detail;
+  CHECK(gd::kernel_count(14) == 10);  // 1 to 6 rows, then 8, 10, 12, 14
+  CHECK(gd::kernel_count(6) == 6);
+  for (std::size_t i = 0; i < gd::kernel_count(14); ++i) CHECK(gd::kernel_index(gd::rows_of_kernel(i)) == i);
+  for (const std::size_t MR : {std::size_t{6}, std::size_t{14}})
+    for (std::size_t M = 1; M <= 400; ++M) {
+      const gd::row_tiles tiling(M, MR);
+      INFO("MR " << MR << ", M " << M);
+      REQUIRE(tiling.count == (M + MR - 1) / MR);
+      CHECK(tiling.begin(0) == 0);
+      CHECK(tiling.begin(tiling.count) == M);
+      std::size_t lowest = MR, highest = 0;
+      for (std::size_t t = 0; t < tiling.count; ++t) {
+        const std::size_t r = tiling.rows(t);
+        CHECK(r >= 1);
+        CHECK(gd::kernel_rows(r) <= MR);
+        CHECK(gd::rows_of_kernel(gd::kernel_index(r)) == gd::kernel_rows(r));
+        if (t + 1 < tiling.count) CHECK(r % 2 == 0);  // only the last tile of an odd M is odd
+        lowest = std::min(lowest, r), highest = std::max(highest, r);
+      }
+      CHECK(highest - lowest <= (M % 2 == 0 ? 2u : 3u));  // nearly equal
+      if (M <= 6) CHECK(gd::kernel_rows(M) == M);          // no extra row for small batches
+    }
+}
+
+TEST_CASE("gemm: an odd tile's kernel row past M is neither read from A in place nor written", "[gemm]") {
+  constexpr std::size_t N = 37, K = 23;
+  const std::size_t M = GENERATE(7, 9, 13, 15, 29, 31);
+  const problem p(M, N, K, false, false, 21u + std::uint32_t(M));
+  const solder::packed_matrix<N, K, false> packed(p.B.data(), p.ldb);
+  // A as exactly M rows of K floats: a kernel reading row M where A lies would read past it
+  // (which the sanitized build reports).
+  std::vector<float> A(M * K);
+  for (std::size_t m = 0; m < M; ++m)
+    for (std::size_t k = 0; k < K; ++k) A[m * K + k] = p.a(m, k);
+  namespace gd = eval::cpu::gemm_detail;
+  for (const eval::cpu::gemm_blocking& blocking : {eval::cpu::gemm_blocking::for_k(K), tiny_blocking}) {
+    // C with a row of sentinels below its M rows.
+    std::vector<float> in_place((M + 1) * p.ldc, problem::sentinel), packed_a = in_place;
+    solder::test::store_epilogue e1{in_place.data(), p.ldc}, e2{packed_a.data(), p.ldc};
+    gd::gemm_packed_from(M, gd::b_panels(N), K, blocking, gd::a_rows<K>(A.data()), gd::b_packed_whole{packed.data()},
+                         e1, 1);
+    gd::gemm_packed_from(M, gd::b_panels(N), K, blocking, gd::a_strided{A.data(), K, false},
+                         gd::b_packed_whole{packed.data()}, e2, 2);
+    CHECK(bitwise_equal(in_place, packed_a));
+    CHECK(std::all_of(in_place.begin() + std::ptrdiff_t(M * p.ldc), in_place.end(),
+                      [](float c) { return c == problem::sentinel; }));
+    in_place.resize(M * p.ldc);
+    check_against_reference(p, in_place, false);
+  }
 }
 
 TEST_CASE("gemm with a pre-packed B equals gemm packing B per call, bit for bit", "[gemm]") {

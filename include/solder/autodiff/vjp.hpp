@@ -57,8 +57,8 @@ auto grad(const E& e, const G& g);
 
 template <std::size_t Id, int I, class Op, class... Args, class G>
 auto grad_through_arg(const map_node<Op, Args...>& e, const G& g) {
-  const auto& arg = std::get<I>(e.args);
-  auto g_arg = std::apply(
+  const auto& arg = solder::detail::get<I>(e.args);
+  auto g_arg = solder::detail::apply(
       [&](const Args&... a) { return map_node<backward_op<Op, I>, Args..., map_node<Op, Args...>, G>({e.op}, a..., e, g); },
       e.args);
   return grad<Id>(arg, g_arg);
@@ -81,7 +81,7 @@ auto grad(const E& e, const G& g) {
   if constexpr (requires { E::id; })
     return g;
   else
-    return grad_map<Id>(e, g, std::make_index_sequence<std::tuple_size_v<decltype(e.args)>>{});
+    return grad_map<Id>(e, g, std::make_index_sequence<solder::detail::tuple_size_v<decltype(e.args)>>{});
 }
 
 template <std::size_t Id, class E, class S>

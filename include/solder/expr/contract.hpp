@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstddef>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -147,13 +146,13 @@ const auto& contract_of(const E& e) {
   if constexpr (requires { typename E::a_traits; }) {
     return e;
   } else {
-    constexpr std::size_t i = []<class... Args>(std::type_identity<std::tuple<Args...>>) {
+    constexpr std::size_t i = []<class... Args>(std::type_identity<detail::tuple<Args...>>) {
       constexpr bool holds[] = {(find_contract<Args>::count != 0)...};
       std::size_t k = 0;
       while (!holds[k]) ++k;
       return k;
     }(std::type_identity<decltype(e.args)>{});
-    return contract_of(std::get<i>(e.args));
+    return contract_of(detail::get<i>(e.args));
   }
 }
 
@@ -166,7 +165,7 @@ auto replace_contract(const E& e, const Leaf& leaf) {
   } else if constexpr (find_contract<E>::count == 0) {
     return e;
   } else {
-    return std::apply(
+    return detail::apply(
         [&](const auto&... a) {
           return map_node<decltype(e.op), decltype(replace_contract(a, leaf))...>(e.op, replace_contract(a, leaf)...);
         },

@@ -1,12 +1,12 @@
 // expr/map.hpp: the n-ary elementwise node, map(op, operands...), with broadcasting.
 #pragma once
 
-#include <tuple>
 #include <type_traits>
 #include <utility>
 
 #include "solder/expr/expression.hpp"
 #include "solder/shape.hpp"
+#include "solder/tuple.hpp"
 
 namespace solder {
 
@@ -40,10 +40,10 @@ struct map_node {
   using value_type = decltype(std::declval<const Op&>().forward(std::declval<value_of<Args>>()...));
 
   [[no_unique_address]] Op op;
-  std::tuple<Args...> args;
+  detail::tuple<Args...> args;
   std::size_t batch_ = 1;
 
-  map_node(Op o, Args... a) : op(o), args(a...) {
+  map_node(Op o, Args... a) : op(o), args{a...} {
     bool known = false;
     auto join = [&](const auto& x) {
       if constexpr (shape_of<decltype(x)>::dynamic) {

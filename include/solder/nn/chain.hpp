@@ -497,8 +497,8 @@ class basic_chain {
   struct outputs_of;
   template <class... Gs>
   struct outputs_of<std::tuple<Gs...>> {
-    using type = std::tuple<out_tensor<Gs>...>;
-    static type make() { return type(out_tensor<Gs>(1)...); }
+    using type = solder::detail::tuple<out_tensor<Gs>...>;
+    static type make() { return type{out_tensor<Gs>(1)...}; }
   };
   using outputs = outputs_of<groups>;
   typename outputs::type acts = outputs::make(), grads = outputs::make();  // each block's output and dL/d(output)
@@ -510,9 +510,9 @@ class basic_chain {
   template <std::size_t I>
   static constexpr bool check_block() {
     using B = std::tuple_element_t<I, blocks_type>;
-    using SY = typename std::tuple_element_t<I, typename outputs::type>::shape_type;
+    using SY = typename solder::detail::tuple_element_t<I, typename outputs::type>::shape_type;
     using SX = typename std::conditional_t<I == 0, std::type_identity<input_tensor>,
-                                           std::tuple_element<(I == 0 ? 0 : I - 1), typename outputs::type>>::type::shape_type;
+                                           solder::detail::tuple_element<(I == 0 ? 0 : I - 1), typename outputs::type>>::type::shape_type;
     if constexpr (Block<B, SX, SY, space>) {
       return true;
     } else {
@@ -547,7 +547,9 @@ class basic_chain {
     batch = n;
     if (n <= capacity) return;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((std::get<I>(acts) = std::tuple_element_t<I, decltype(acts)>(n), std::get<I>(grads) = std::tuple_element_t<I, decltype(grads)>(n)), ...);
+      ((solder::detail::get<I>(acts) = solder::detail::tuple_element_t<I, decltype(acts)>(n),
+        solder::detail::get<I>(grads) = solder::detail::tuple_element_t<I, decltype(grads)>(n)),
+       ...);
     }(std::make_index_sequence<kernels>{});
     dout = output_tensor(n);
     dinput = input_tensor(n);
@@ -556,18 +558,18 @@ class basic_chain {
 
   template <std::size_t I>
   auto act_view(std::size_t n) {
-    using T = std::tuple_element_t<I, decltype(acts)>;
-    return tensor_ref<float, typename T::shape_type, space>(std::get<I>(acts).data(), n);
+    using T = solder::detail::tuple_element_t<I, decltype(acts)>;
+    return tensor_ref<float, typename T::shape_type, space>(solder::detail::get<I>(acts).data(), n);
   }
   template <std::size_t I>
   auto act_cview(std::size_t n) const {
-    using T = std::tuple_element_t<I, decltype(acts)>;
-    return tensor_ref<const float, typename T::shape_type, space>(std::get<I>(acts).data(), n);
+    using T = solder::detail::tuple_element_t<I, decltype(acts)>;
+    return tensor_ref<const float, typename T::shape_type, space>(solder::detail::get<I>(acts).data(), n);
   }
   template <std::size_t I>
   auto grad_view(std::size_t n) {
-    using T = std::tuple_element_t<I, decltype(grads)>;
-    return tensor_ref<float, typename T::shape_type, space>(std::get<I>(grads).data(), n);
+    using T = solder::detail::tuple_element_t<I, decltype(grads)>;
+    return tensor_ref<float, typename T::shape_type, space>(solder::detail::get<I>(grads).data(), n);
   }
   output_ref output_view(std::size_t n) const { return act_cview<kernels - 1>(n); }
 
@@ -626,12 +628,12 @@ class basic_chain {
   void backward_block(std::size_t n) {
     auto& b = std::get<I>(blocks);
     const auto y = act_cview<I>(n);
-    using GT = std::tuple_element_t<I, decltype(grads)>;
+    using GT = solder::detail::tuple_element_t<I, decltype(grads)>;
     const auto dy = [&] {
       if constexpr (I + 1 == kernels)
         return output_ref(upstream, n);
       else
-        return tensor_ref<const float, typename GT::shape_type, space>(std::get<I>(grads).data(), n);
+        return tensor_ref<const float, typename GT::shape_type, space>(solder::detail::get<I>(grads).data(), n);
     }();
     if constexpr (I == 0) {
       if constexpr (std::remove_cvref_t<decltype(b)>::input_grad_optional)

@@ -10,7 +10,6 @@
 
 #include <array>
 #include <cstring>
-#include <tuple>
 #include <utility>
 
 #include "solder/eval/cpu/access.hpp"
@@ -202,39 +201,49 @@ struct evaluator<dropout_mask<L>, Lay, V> {
   SOLDER_INLINE void prefetch(std::size_t) const {}
 };
 
-/// An elementwise node: its operands' vectors through the op's one definition.
+/// An elementwise node: its operands' vectors through the op's one definition. Each call
+/// expands its operands by index rather than through an apply: a prefetch has no result, and
+/// GCC's IPA pure-const pass found the (not always-inline) std::apply instantiations around it
+/// free of side effects and deleted the calls before they were inlined (the dropout pass at
+/// 64 MiB ran without any prefetch). Expanded here, every call is inlined into the loop nest.
 template <class Op, class... Args, class Lay, class V>
 struct evaluator<map_node<Op, Args...>, Lay, V> {
   [[no_unique_address]] Op op;
-  std::tuple<evaluator<Args, Lay, V>...> args;
+  solder::detail::tuple<evaluator<Args, Lay, V>...> args;
 
-  explicit evaluator(const map_node<Op, Args...>& n)
-      : op(n.op), args(std::apply([](const Args&... a) { return std::tuple<evaluator<Args, Lay, V>...>(evaluator<Args, Lay, V>(a)...); }, n.args)) {}
+  explicit evaluator(const map_node<Op, Args...>& n) : evaluator(n, operands{}) {}
 
   template <class Ctx>
   SOLDER_INLINE void seek(const segment& s, Ctx& ctx) {
-    std::apply([&](auto&... a) { (a.seek(s, ctx), ...); }, args);
+    seek(s, ctx, operands{});
   }
-  SOLDER_INLINE auto load(std::size_t j) const {
-    return std::apply([&](const auto&... a) { return op.forward(a.load(j)...); }, args);
-  }
-  SOLDER_INLINE auto load_partial(std::size_t j, std::size_t n) const {
-    return std::apply([&](const auto&... a) { return op.forward(a.load_partial(j, n)...); }, args);
-  }
-  /// Not through std::apply, unlike the others: a prefetch has no result, and GCC's IPA
-  /// pure-const pass found the (not always-inline) std::apply instantiations around it free of
-  /// side effects and deleted the calls before they were inlined: the dropout pass at 64 MiB
-  /// ran without any prefetch (16-17 instead of 27 GB/s on a quiet host). Expanded here, every call is inlined
-  /// into the loop nest first.
+  SOLDER_INLINE auto load(std::size_t j) const { return load(j, operands{}); }
+  SOLDER_INLINE auto load_partial(std::size_t j, std::size_t n) const { return load_partial(j, n, operands{}); }
   template <std::size_t Bytes>
   SOLDER_INLINE void prefetch(std::size_t j) const {
-    prefetch_args<Bytes>(j, std::index_sequence_for<Args...>{});
+    prefetch<Bytes>(j, operands{});
   }
 
  private:
+  using operands = std::index_sequence_for<Args...>;
+  template <std::size_t... I>
+  evaluator(const map_node<Op, Args...>& n, std::index_sequence<I...>)
+      : op(n.op), args{evaluator<Args, Lay, V>(solder::detail::get<I>(n.args))...} {}
+  template <class Ctx, std::size_t... I>
+  SOLDER_INLINE void seek(const segment& s, Ctx& ctx, std::index_sequence<I...>) {
+    (solder::detail::get<I>(args).seek(s, ctx), ...);
+  }
+  template <std::size_t... I>
+  SOLDER_INLINE auto load(std::size_t j, std::index_sequence<I...>) const {
+    return op.forward(solder::detail::get<I>(args).load(j)...);
+  }
+  template <std::size_t... I>
+  SOLDER_INLINE auto load_partial(std::size_t j, std::size_t n, std::index_sequence<I...>) const {
+    return op.forward(solder::detail::get<I>(args).load_partial(j, n)...);
+  }
   template <std::size_t Bytes, std::size_t... I>
-  SOLDER_INLINE void prefetch_args(std::size_t j, std::index_sequence<I...>) const {
-    (std::get<I>(args).template prefetch<Bytes>(j), ...);
+  SOLDER_INLINE void prefetch(std::size_t j, std::index_sequence<I...>) const {
+    (solder::detail::get<I>(args).template prefetch<Bytes>(j), ...);
   }
 };
 

@@ -199,22 +199,27 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const gemm_bl
   float* partial = k_blocks > 1 ? thread_workspace(workspace_slot::partial_sums, mc * nc * MR * NR) : nullptr;
 
   const bool a_in_place = a_row != 0 && a_per_tile;
-  // One call of the micro-kernel for a tile of r rows and a panel of `width` columns, A packed
-  // or (a_in_place) read where it lies.
-  auto run = [&](const tile_job& job, std::size_t r, std::size_t width) {
-    if (a_in_place) {
-      if constexpr (a_row != 0) (width == NR ? full_rows : edge_rows)[r - 1](job, epi);
+  // Whether a tile of r rows reads A where it lies: not an odd tile, whose kernel reads a row
+  // more (kernel_rows), zero in packed A.
+  auto in_place = [&](std::size_t r) { return a_in_place && kernel_rows(r) == r; };
+  // One call of the micro-kernel for a tile of job.mr rows and a panel of `width` columns, A
+  // packed or (in_place) read where it lies.
+  auto run = [&](const tile_job& job, std::size_t width) {
+    const std::size_t k = kernel_index(job.mr);
+    if (in_place(job.mr)) {
+      if constexpr (a_row != 0) (width == NR ? full_rows : edge_rows)[k](job, epi);
     } else if (width == NR) {
-      if (r == MR) micro_kernel<MR, NV, MR, Epi>(job, epi);
-      else full[r - 1](job, epi);
+      if (job.mr == MR) micro_kernel<MR, NV, MR, Epi>(job, epi);
+      else full[k](job, epi);
     } else {
-      edge[r - 1](job, epi);
+      edge[k](job, epi);
     }
   };
-  // A's panel for tile t over K range [k0, k0 + kc): packed into packed_a, or where it lies.
-  auto a_panel = [&](std::size_t t, std::size_t m0, std::size_t k0, std::size_t kc) -> const float* {
+  // A's panel for tile t of r rows over K range [k0, k0 + kc): packed into packed_a, or where
+  // it lies.
+  auto a_panel = [&](std::size_t t, std::size_t m0, std::size_t r, std::size_t k0, std::size_t kc) -> const float* {
     if constexpr (a_row != 0)
-      if (a_in_place) return a.at(m0, k0);
+      if (in_place(r)) return a.at(m0, k0);
     a.template pack_k<MR>(tiling, t, t + 1, k0, kc, packed_a);
     return packed_a;
   };
@@ -226,20 +231,20 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const gemm_bl
       for (std::size_t i = 0; i < mt; ++i) {
         tile_job job{};
         job.m0 = tiling.begin(ti + i);
-        const std::size_t r = tiling.rows(ti + i);
+        job.mr = tiling.rows(ti + i);
         for (std::size_t kb = 0; kb < k_blocks; ++kb) {
           const std::size_t k0 = kb * KC;
           job.kc = std::min(KC, K - k0);
           job.first = kb == 0;
           job.last = kb + 1 == k_blocks;
-          job.a = a_panel(ti + i, job.m0, k0, job.kc);
+          job.a = a_panel(ti + i, job.m0, job.mr, k0, job.kc);
           for (std::size_t j = 0; j < panels; ++j) {
             const std::size_t p = part.p0 + j, width = L.width(p);
             job.n0 = p * NR;
             job.nr = std::min(NR, N - job.n0);
             job.b = b_source.template panel<NR>(p, k0, width, K);
             job.partial = partial + j * MR * NR;
-            run(job, r, width);
+            run(job, width);
           }
         }
       }
@@ -277,14 +282,14 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const gemm_bl
 
         for (std::size_t i = 0; i < mt; ++i) {
           job.m0 = tiling.begin(ti + i);
-          const std::size_t r = tiling.rows(ti + i);
+          job.mr = tiling.rows(ti + i);
           // The A panel used after this tile's calls: the next tile's, else the first tile's in
           // the next K block or N block. Packed A is read from memory once per N block, and
           // the hardware prefetcher stops at every 4 KiB page of a panel.
           const float* a_next = nullptr;
           std::size_t a_next_kc = 0;
           if (a_per_tile) {
-            job.a = a_panel(ti + i, job.m0, k0, job.kc);
+            job.a = a_panel(ti + i, job.m0, job.mr, k0, job.kc);
           } else {
             job.a = packed_a + i * K * MR + k0 * MR;
             if (i + 1 < mt)
@@ -314,7 +319,7 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const gemm_bl
             if (!job.first && partial != nullptr)
               for (std::size_t line = 0; line < MR * NR * sizeof(float); line += 64)
                 __builtin_prefetch(reinterpret_cast<const char*>(job.partial + MR * NR) + line, 0, 3);
-            run(job, r, width);
+            run(job, width);
           }
         }
       }

@@ -67,14 +67,16 @@ struct gemm_blocking {
 
 namespace gemm_detail {
 
-/// The rows of C cut into tiles of nearly equal height: `count` = ceil(M / MR) tiles, tile t
-/// holding rows [M t / count, M (t + 1) / count), MR or a row fewer. (Cutting MR rows at a time
-/// would leave one short tile at the bottom, whose few accumulators cannot keep the FMA units
-/// busy: at 64 x 1024 x 1024 a last tile of 8 rows cost 4%.)
+/// The rows of C cut into `count` = ceil(M / MR) tiles of nearly equal height, in pairs of
+/// rows: tile t holds rows [2 (P t / count), 2 (P (t + 1) / count)) of the P = ceil(M / 2)
+/// pairs, so every tile but the last of an odd M has an even height of MR or a pair fewer.
+/// (Cutting MR rows at a time would leave one short tile at the bottom, whose few accumulators
+/// cannot keep the FMA units busy: at 64 x 1024 x 1024 a last tile of 8 rows cost 4%.) Even
+/// heights let the micro-kernels skip the odd heights above 6 (kernel_rows).
 struct row_tiles {
-  std::size_t M, count;
-  row_tiles(std::size_t m, std::size_t mr) : M(m), count(ceil_div(m, mr)) {}
-  std::size_t begin(std::size_t t) const { return M * t / count; }
+  std::size_t M, count, pairs;
+  row_tiles(std::size_t m, std::size_t mr) : M(m), count(ceil_div(m, mr)), pairs(ceil_div(m, 2)) {}
+  std::size_t begin(std::size_t t) const { return std::min(M, 2 * (pairs * t / count)); }
   std::size_t rows(std::size_t t) const { return begin(t + 1) - begin(t); }
 };
 

@@ -38,6 +38,23 @@ struct gemm_tile<A> {
 
 namespace gemm_detail {
 
+/// The micro-kernels compiled: heights 1 to 6, then the even heights up to MR. A tile of r rows
+/// runs the one of kernel_rows(r) rows: r, or above 6 an odd r (the last tile of an odd M) one
+/// more, over a zero row of packed A whose results are not stored. Every kernel is compiled in
+/// every translation unit that multiplies matrices (docs/gemm.md, "Compile time"); the small
+/// odd ones stay for small batches, where one more row would cost up to a third.
+inline constexpr std::size_t exact_kernel_rows = 6;
+constexpr std::size_t kernel_rows(std::size_t r) { return r <= exact_kernel_rows ? r : r + (r & 1); }
+/// The index of the kernel of kernel_rows(r) rows among those compiled; their count for MR.
+constexpr std::size_t kernel_index(std::size_t r) {
+  return r <= exact_kernel_rows ? r - 1 : exact_kernel_rows + (kernel_rows(r) - exact_kernel_rows) / 2 - 1;
+}
+constexpr std::size_t kernel_count(std::size_t mr) { return kernel_index(mr) + 1; }
+/// The height of kernel i: the inverse of kernel_index.
+constexpr std::size_t rows_of_kernel(std::size_t i) {
+  return i < exact_kernel_rows ? i + 1 : exact_kernel_rows + 2 * (i + 1 - exact_kernel_rows);
+}
+
 /// One k step of an R x NV tile: acc[r][v] += a[r * ARow] * b[v * W .. v * W + W - 1].
 template <std::size_t R, std::size_t NV, std::size_t ARow = 1>
 SOLDER_INLINE void fma_step(vec<float> (&acc)[R][NV], const float* a, const float* b) {
@@ -63,7 +80,8 @@ struct tile_job {
   const float* b;           // packed B panel of this K block: b[k * NV * W + j], 64-byte aligned
   float* partial;           // this tile's slot in the partial-sum scratch ([R][NV * W])
   bool first, last;         // first / last K block
-  std::size_t m0, n0, nr;   // the tile's place in C and its valid columns (R rows are valid)
+  std::size_t m0, n0;       // the tile's place in C
+  std::size_t mr, nr;       // its valid rows (R, or R - 1 for an odd tile) and columns
   const char* b_next;       // lines of the next block of B to prefetch into L2 (at even steps)
   std::size_t b_next_lines; //   how many (at most kc / 2)
   std::size_t b_row_lines;  //   in rows of this many lines (0: one run), the first row
@@ -80,6 +98,7 @@ struct tile_job {
 ///   first  the accumulators start at 0, else at the partial sums stored in `partial`
 ///   last   the accumulators hold the whole K sum and go to the epilogue,
 ///          epi.template tile<R, NV>(acc, m0, n0, R, nr); otherwise they are stored to `partial`
+/// The epilogue gets the job's mr rows: an odd tile runs the kernel one row taller (kernel_rows).
 /// Every element is one chain of FMAs in increasing k, whatever R and NV: the tile a row or a
 /// column lands in never changes its value (so thread counts and edge tiles give equal bits).
 template <std::size_t R, std::size_t NV, std::size_t AStride, class Epilogue, std::size_t ARow = 1>
@@ -145,7 +164,7 @@ void micro_kernel(const tile_job& job, Epilogue& epi) {
   if (k < job.kc) step(b_next, b_left, in_rows);
 
   if (job.last) {
-    epi.template tile<R, NV>(acc, job.m0, job.n0, R, job.nr);
+    epi.template tile<R, NV>(acc, job.m0, job.n0, job.mr, job.nr);
   } else {
 #pragma GCC unroll 16
     for (std::size_t r = 0; r < R; ++r)
@@ -158,16 +177,18 @@ void micro_kernel(const tile_job& job, Epilogue& epi) {
 template <class Epilogue>
 using micro_kernel_fn = void (*)(const tile_job&, Epilogue&);
 
-template <std::size_t NV, std::size_t AStride, class Epilogue, std::size_t ARow, std::size_t... R>
-constexpr std::array<micro_kernel_fn<Epilogue>, sizeof...(R)> make_kernel_table(std::index_sequence<R...>) {
-  return {&micro_kernel<R + 1, NV, AStride, Epilogue, ARow>...};
+template <std::size_t NV, std::size_t AStride, class Epilogue, std::size_t ARow, std::size_t... I>
+constexpr std::array<micro_kernel_fn<Epilogue>, sizeof...(I)> make_kernel_table(std::index_sequence<I...>) {
+  return {&micro_kernel<rows_of_kernel(I), NV, AStride, Epilogue, ARow>...};
 }
 
-/// kernels[R - 1] computes R rows: the full tile is R = MR, the bottom edge of C fewer. A is
-/// read packed (ARow = 0) or as stored with rows ARow floats apart.
+/// kernels[kernel_index(r)] computes a tile of r rows: the full tile is r = MR, the bottom
+/// edge of C fewer. A is read packed (ARow = 0) or as stored with rows ARow floats apart (then
+/// only tiles whose kernel_rows(r) is r).
 template <std::size_t NV, std::size_t MR, class Epilogue, std::size_t ARow = 0>
-inline constexpr std::array<micro_kernel_fn<Epilogue>, MR> kernel_table =
-    make_kernel_table<NV, ARow == 0 ? MR : 1, Epilogue, ARow == 0 ? 1 : ARow>(std::make_index_sequence<MR>{});
+inline constexpr std::array<micro_kernel_fn<Epilogue>, kernel_count(MR)> kernel_table =
+    make_kernel_table<NV, ARow == 0 ? MR : 1, Epilogue, ARow == 0 ? 1 : ARow>(
+        std::make_index_sequence<kernel_count(MR)>{});
 
 /// kernel_table for every panel width: kernel_tables<NV, ...>[v - 1] is the table of panels v
 /// vectors wide (the last panel of B may be narrower than the others).

@@ -110,9 +110,18 @@ void pack_transposed(const float* src, std::size_t ld, std::size_t rows, std::si
   }
 }
 
+/// Zeroes lanes [rows, kernel_rows(rows)) of k steps of a packed A panel (row stride MR): the
+/// row a kernel reads beyond an odd tile.
+template <std::size_t MR>
+void zero_extra_rows(float* panel, std::size_t k_steps, std::size_t rows) {
+  for (std::size_t r = rows; r < kernel_rows(rows); ++r)
+    for (std::size_t k = 0; k < k_steps; ++k) panel[k * MR + r] = 0.0f;
+}
+
 /// Packs tiles [t0, t1) of A' (all K columns) into dst: tile t0 + i holds A'[m][k] for its rows
 /// m = begin + r at i * K * MR + k * MR + r. Lanes past a tile's rows are not written (the
-/// micro-kernel for a shorter tile never reads them).
+/// micro-kernel for a shorter tile never reads them), but for the zero row an odd tile's
+/// kernel reads (zero_extra_rows).
 ///   trans = false: A stored [M, K], A'[m][k] = A[m * lda + k] (a transpose)
 ///   trans = true:  A stored [K, M], A'[m][k] = A[k * lda + m] (rows of a tile are copies)
 template <std::size_t MR>
@@ -127,6 +136,7 @@ void pack_a(const float* A, std::size_t lda, bool trans, const row_tiles& tiling
     } else {
       pack_transposed<MR, false>(A + m0 * lda, lda, rows, K, out, std::integral_constant<std::size_t, MR>{});
     }
+    zero_extra_rows<MR>(out, K, rows);
   }
 }
 

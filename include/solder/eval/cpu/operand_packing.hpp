@@ -371,8 +371,10 @@ struct a_operand {
               float* dst) const {
     const auto xt = transpose(x);
     for (std::size_t t = t0; t < t1; ++t) {
-      const std::size_t m0 = tiling.begin(t);
-      pack_block(xt, k0, k0 + kc, m0, m0 + tiling.rows(t), dst + (t - t0) * kc * MR, MR);
+      const std::size_t m0 = tiling.begin(t), rows = tiling.rows(t);
+      float* out = dst + (t - t0) * kc * MR;
+      pack_block(xt, k0, k0 + kc, m0, m0 + rows, out, MR);
+      gemm_detail::zero_extra_rows<MR>(out, kc, rows);
     }
   }
 };

@@ -9,7 +9,6 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
-#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -212,20 +211,20 @@ template <class V, std::size_t Ahead, class Ctx, class Evals, class Sinks, std::
 SOLDER_INLINE void run_segment(const segment& seg, Ctx& ctx, Evals& ev, Sinks& sk, std::index_sequence<I...>) {
   constexpr std::size_t W = V::size;
   ctx.next_segment();
-  (std::get<I>(ev).seek(seg, ctx), ...);
-  (std::get<I>(sk).seek(seg), ...);
+  (solder::detail::get<I>(ev).seek(seg, ctx), ...);
+  (solder::detail::get<I>(sk).seek(seg), ...);
   std::size_t j = 0;
   for (; j + W <= seg.len; j += W) {
-    if constexpr (Ahead > 0) (std::get<I>(ev).template prefetch<Ahead>(j), ...);
-    auto values = std::make_tuple(std::get<I>(ev).load(j)...);
-    (std::get<I>(sk).put(j, std::get<I>(values)), ...);
+    if constexpr (Ahead > 0) (solder::detail::get<I>(ev).template prefetch<Ahead>(j), ...);
+    auto values = solder::detail::make_tuple(solder::detail::get<I>(ev).load(j)...);
+    (solder::detail::get<I>(sk).put(j, solder::detail::get<I>(values)), ...);
   }
   if (j < seg.len) {
     const std::size_t n = seg.len - j;
-    auto values = std::make_tuple(std::get<I>(ev).load_partial(j, n)...);
-    (std::get<I>(sk).put_partial(j, n, std::get<I>(values)), ...);
+    auto values = solder::detail::make_tuple(solder::detail::get<I>(ev).load_partial(j, n)...);
+    (solder::detail::get<I>(sk).put_partial(j, n, solder::detail::get<I>(values)), ...);
   }
-  (std::get<I>(sk).end_segment(), ...);
+  (solder::detail::get<I>(sk).end_segment(), ...);
 }
 
 /// Rows of a row group: a pass that folds columns (a bias gradient: [B, N] summed into [N])
@@ -250,26 +249,26 @@ SOLDER_INLINE void run_row_group(const segment& seg, Ctx& ctx, const Evals& ev0,
 #pragma GCC unroll 8
   for (std::size_t r = 0; r < R; ++r) {
     const segment s{seg.row + r, seg.col, seg.len};
-    (std::get<I>(ev[r]).seek(s, ctx), ...);
-    (std::get<I>(sk[r]).seek(s), ...);
+    (solder::detail::get<I>(ev[r]).seek(s, ctx), ...);
+    (solder::detail::get<I>(sk[r]).seek(s), ...);
   }
   std::size_t j = 0;
   for (; j + W <= seg.len; j += W) {
-    auto acc = std::make_tuple(column_begin(std::get<I>(sk[0]), j)...);
+    auto acc = solder::detail::make_tuple(column_begin(solder::detail::get<I>(sk[0]), j)...);
 #pragma GCC unroll 8
     for (std::size_t r = 0; r < R; ++r) {
-      auto values = std::make_tuple(std::get<I>(ev[r]).load(j)...);
-      (column_put(std::get<I>(sk[r]), std::get<I>(sk[0]), std::get<I>(acc), j, std::get<I>(values)), ...);
+      auto values = solder::detail::make_tuple(solder::detail::get<I>(ev[r]).load(j)...);
+      (column_put(solder::detail::get<I>(sk[r]), solder::detail::get<I>(sk[0]), solder::detail::get<I>(acc), j, solder::detail::get<I>(values)), ...);
     }
-    (column_end(std::get<I>(sk[0]), j, std::get<I>(acc)), ...);
+    (column_end(solder::detail::get<I>(sk[0]), j, solder::detail::get<I>(acc)), ...);
   }
   for (std::size_t r = 0; r < R; ++r) {
     if (j < seg.len) {
       const std::size_t n = seg.len - j;
-      auto values = std::make_tuple(std::get<I>(ev[r]).load_partial(j, n)...);
-      (std::get<I>(sk[r]).put_partial(j, n, std::get<I>(values)), ...);
+      auto values = solder::detail::make_tuple(solder::detail::get<I>(ev[r]).load_partial(j, n)...);
+      (solder::detail::get<I>(sk[r]).put_partial(j, n, solder::detail::get<I>(values)), ...);
     }
-    (std::get<I>(sk[r]).end_segment(), ...);
+    (solder::detail::get<I>(sk[r]).end_segment(), ...);
   }
 }
 
@@ -277,11 +276,11 @@ template <class V, bool Stream, class Evals, class Sinks, std::size_t... I>
 void run_chunk(const partition& part, std::size_t c, const Evals& evals, const Sinks& sinks,
                std::index_sequence<I...> writes) {
   constexpr std::size_t ahead = Stream ? prefetch_bytes_streaming : prefetch_bytes_cached;
-  constexpr std::size_t slots = (mask_slots<std::tuple_element_t<I, Evals>> + ... + 0);
+  constexpr std::size_t slots = (mask_slots<solder::detail::tuple_element_t<I, Evals>> + ... + 0);
   Evals ev = evals;
   Sinks sk = sinks;
   pass_context<slots> ctx;
-  (std::get<I>(sk).begin_chunk(c), ...);
+  (solder::detail::get<I>(sk).begin_chunk(c), ...);
   const std::size_t s_begin = c * part.seg_per_chunk;
   const std::size_t s_end = std::min(part.segments, s_begin + part.seg_per_chunk);
   segment seg = part.at(s_begin);  // then stepped without divisions
@@ -290,12 +289,12 @@ void run_chunk(const partition& part, std::size_t c, const Evals& evals, const S
   // one by one. A group's rows are several streams the hardware prefetcher follows, and
   // software prefetches on top of them only cost. With streaming stores, rows one by one
   // measured faster (docs/hosts.md).
-  constexpr bool grouped = !Stream && slots == 0 && (folds_columns_v<std::tuple_element_t<I, Sinks>> || ...);
+  constexpr bool grouped = !Stream && slots == 0 && (folds_columns_v<solder::detail::tuple_element_t<I, Sinks>> || ...);
   if constexpr (grouped) {
     const std::size_t group = group_rows * part.seg_per_row;  // segments
     std::size_t s = s_begin;
     while (s < s_end) {
-      if (seg.col == 0 && s_end - s >= group && (same_partial(std::get<I>(sk), seg.row, group_rows) && ...)) {
+      if (seg.col == 0 && s_end - s >= group && (same_partial(solder::detail::get<I>(sk), seg.row, group_rows) && ...)) {
         for (std::size_t k = 0; k < part.seg_per_row; ++k, part.step(seg)) run_row_group<V>(seg, ctx, ev, sk, writes);
         seg.row += group_rows - 1;  // stepping left seg at the group's first row + 1
         s += group;
@@ -313,7 +312,7 @@ void run_chunk(const partition& part, std::size_t c, const Evals& evals, const S
 /// Runs the pass over all chunks, spread over the threads when it is large enough.
 template <class V, bool Stream, class Evals, class Sinks>
 void run_pass(const partition& part, const Evals& evals, const Sinks& sinks, int threads) {
-  constexpr auto writes = std::make_index_sequence<std::tuple_size_v<Evals>>{};
+  constexpr auto writes = std::make_index_sequence<solder::detail::tuple_size_v<Evals>>{};
   const bool parallel = threads > 1 && part.chunks > 1 && part.rows * part.row_len >= parallel_min_elements;
   parallel_for(part.chunks, parallel ? threads : 1,
                [&](std::size_t c) { run_chunk<V, Stream>(part, c, evals, sinks, writes); });
@@ -373,7 +372,7 @@ struct write_traits<write_target<T, S, reduce_node<C, K, R, E>>> {
 
 template <class... Ws>
 constexpr bool check_same_iteration() {
-  using First = typename write_traits<std::tuple_element_t<0, std::tuple<Ws...>>>::iter_shape;
+  using First = typename write_traits<solder::detail::tuple_element_t<0, solder::detail::tuple<Ws...>>>::iter_shape;
   if constexpr ((std::is_same_v<typename write_traits<Ws>::iter_shape, First> && ...)) {
     return true;
   } else {
@@ -443,11 +442,11 @@ void run_writes(const partition& part, std::size_t batch, const Ws&... ws) {
   using T = typename V::value_type;
   const std::size_t scratch_total = (scratch_size(ws, part.chunks, batch) + ... + 0);
   T* cursor = scratch_total ? scratch<T>(scratch_total) : nullptr;
-  auto evals = std::make_tuple(make_eval<Lay, V>(ws)...);
-  auto sinks = std::make_tuple(make_sink<Lay, V, Stream>(ws, cursor, part.chunks, batch)...);
+  auto evals = solder::detail::make_tuple(make_eval<Lay, V>(ws)...);
+  auto sinks = solder::detail::make_tuple(make_sink<Lay, V, Stream>(ws, cursor, part.chunks, batch)...);
   run_pass<V, Stream>(part, evals, sinks, num_threads());
   [&]<std::size_t... I>(std::index_sequence<I...>) {
-    (finish_write(std::get<I>(sinks), ws, part.chunks), ...);
+    (finish_write(solder::detail::get<I>(sinks), ws, part.chunks), ...);
   }(std::index_sequence_for<Ws...>{});
 }
 

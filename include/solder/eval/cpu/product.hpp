@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -127,8 +126,8 @@ template <class V, class Evals, class Sinks>
 struct expression_epilogue {
   static constexpr std::size_t slots = [] {
     return []<std::size_t... I>(std::index_sequence<I...>) {
-      return (mask_slots<std::tuple_element_t<I, Evals>> + ... + 0);
-    }(std::make_index_sequence<std::tuple_size_v<Evals>>{});
+      return (mask_slots<solder::detail::tuple_element_t<I, Evals>> + ... + 0);
+    }(std::make_index_sequence<solder::detail::tuple_size_v<Evals>>{});
   }();
   Evals evals;
   Sinks sinks;
@@ -143,7 +142,7 @@ struct expression_epilogue {
     ctx.ld = ld;
     Evals ev = me.evals;  // locals: the stores may alias anything reached through `me`
     Sinks sk = me.sinks;
-    constexpr auto writes = std::make_index_sequence<std::tuple_size_v<Evals>>{};
+    constexpr auto writes = std::make_index_sequence<solder::detail::tuple_size_v<Evals>>{};
     for (std::size_t r = 0; r < mr; ++r) run_segment<V, 0>(segment{m0 + r, n0, nr}, ctx, ev, sk, writes);
   }
   erased_epilogue erased() const { return {this, &rows}; }
@@ -249,14 +248,14 @@ void assign_product(const W0& w0, const Ws&... ws) {
   using Lay = layout<Iter, false>;
 
   // The product, checked to be the same in every write that holds one.
-  const auto all = std::forward_as_tuple(w0, ws...);
+  const solder::detail::tuple<const W0&, const Ws&...> all{w0, ws...};
   constexpr std::size_t first = [] {
     constexpr bool holds[] = {contracts_in<W0> != 0, (contracts_in<Ws> != 0)...};
     std::size_t i = 0;
     while (!holds[i]) ++i;
     return i;
   }();
-  const C& c = contract_of(std::get<first>(all).expr);
+  const C& c = contract_of(solder::detail::get<first>(all).expr);
   auto check_same = [&](const auto& w) {
     if constexpr (contracts_in<std::remove_cvref_t<decltype(w)>> == 1) {
       if (!contract_detail::same_product(c, contract_of(w.expr)))
@@ -285,9 +284,9 @@ void assign_product(const W0& w0, const Ws&... ws) {
   check_alias(w0);
   (check_alias(ws), ...);
 
-  auto evals = std::make_tuple(evaluator<decltype(with_tile(w0.expr)), Lay, V>(with_tile(w0.expr)),
+  auto evals = solder::detail::make_tuple(evaluator<decltype(with_tile(w0.expr)), Lay, V>(with_tile(w0.expr)),
                                evaluator<decltype(with_tile(ws.expr)), Lay, V>(with_tile(ws.expr))...);
-  auto sinks = std::make_tuple(store_sink<float, Lay, V, false>(w0.out.data()), store_sink<float, Lay, V, false>(ws.out.data())...);
+  auto sinks = solder::detail::make_tuple(store_sink<float, Lay, V, false>(w0.out.data()), store_sink<float, Lay, V, false>(ws.out.data())...);
   const expression_epilogue<V, decltype(evals), decltype(sinks)> expr_epi{evals, sinks};
   erased_epilogue epi = expr_epi.erased();
 

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -48,12 +47,12 @@ class row_writes {
   using Lay = layout<S, false>;
   template <class>
   using sink = store_sink<float, Lay, V, false>;
-  using Evals = std::tuple<decltype(make_eval<Lay, V>(std::declval<const Ws&>()))...>;
-  using Sinks = std::tuple<sink<Ws>...>;
+  using Evals = solder::detail::tuple<decltype(make_eval<Lay, V>(std::declval<const Ws&>()))...>;
+  using Sinks = solder::detail::tuple<sink<Ws>...>;
 
  public:
   explicit row_writes(std::size_t batch, const Ws&... ws)
-      : evals(make_eval<Lay, V>(ws)...), sinks(sink<Ws>(ws.out.data())...), batch(batch) {
+      : evals{make_eval<Lay, V>(ws)...}, sinks{sink<Ws>(ws.out.data())...}, batch(batch) {
     ((S::dynamic && write_traits<Ws>::batch(ws) != batch
           ? solder::detail::fail_counts("solder: a row epilogue's writes have batch ", write_traits<Ws>::batch(ws),
                                         ", its product ", batch)
@@ -82,7 +81,7 @@ class row_writes {
       // The next row's operands (the producer's next output row, or the next row of a run):
       // on their way into L2 while this row and the producer's next one run.
       if (row + 1 < rows)
-        std::apply([&](const auto&... e) { (prefetch_row(e, row + 1), ...); }, ev);
+        solder::detail::apply([&](const auto&... e) { (prefetch_row(e, row + 1), ...); }, ev);
       for (std::size_t col = 0; col < S::last; col += seg_len)
         run_segment<V, 0>(segment{row, col, std::min(seg_len, S::last - col)}, ctx, ev, sk, writes);
     }
@@ -93,7 +92,7 @@ class row_writes {
   template <class E>
   static void prefetch_row(const E& e, std::size_t row) {
     if constexpr (requires { e.args; }) {
-      std::apply([&](const auto&... a) { (prefetch_row(a, row), ...); }, e.args);
+      solder::detail::apply([&](const auto&... a) { (prefetch_row(a, row), ...); }, e.args);
     } else if constexpr (requires { E::streams; e.base; }) {
       if constexpr (E::streams && !Lay::flat) {
         const char* p = reinterpret_cast<const char*>(e.base + row * S::last);

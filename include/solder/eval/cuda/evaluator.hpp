@@ -9,7 +9,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -219,10 +218,9 @@ template <class Op, class... Args, class Lay>
 struct evaluator<map_node<Op, Args...>, Lay> {
   using value_type = value_of<map_node<Op, Args...>>;
   [[no_unique_address]] Op op;
-  std::tuple<evaluator<Args, Lay>...> args;
+  solder::detail::tuple<evaluator<Args, Lay>...> args;
 
-  explicit evaluator(const map_node<Op, Args...>& n)
-      : op(n.op), args(std::apply([](const Args&... a) { return std::tuple<evaluator<Args, Lay>...>(evaluator<Args, Lay>(a)...); }, n.args)) {}
+  explicit evaluator(const map_node<Op, Args...>& n) : evaluator(n, std::index_sequence_for<Args...>{}) {}
 
   SOLDER_HD SOLDER_INLINE void seek(std::size_t base, unsigned t = 0) { seek_all(base, t, std::index_sequence_for<Args...>{}); }
   SOLDER_HD SOLDER_INLINE value_type at(std::size_t i) const { return at_all(i, std::index_sequence_for<Args...>{}); }
@@ -233,18 +231,21 @@ struct evaluator<map_node<Op, Args...>, Lay> {
 
  private:
   template <std::size_t... I>
+  evaluator(const map_node<Op, Args...>& n, std::index_sequence<I...>)
+      : op(n.op), args{evaluator<Args, Lay>(solder::detail::get<I>(n.args))...} {}
+  template <std::size_t... I>
   SOLDER_HD SOLDER_INLINE void seek_all(std::size_t base, unsigned t, std::index_sequence<I...>) {
-    (seek_evaluator(std::get<I>(args), base, t), ...);
+    (seek_evaluator(solder::detail::get<I>(args), base, t), ...);
   }
   template <std::size_t... I>
   SOLDER_HD SOLDER_INLINE value_type at_all(std::size_t i, std::index_sequence<I...>) const {
-    return op.forward(std::get<I>(args).at(i)...);
+    return op.forward(solder::detail::get<I>(args).at(i)...);
   }
   template <bool Vec, std::size_t... I>
   SOLDER_HD SOLDER_INLINE lanes4<value_type> at4_all(std::size_t i, std::index_sequence<I...>) const {
-    const auto in = std::make_tuple(std::get<I>(args).template at4<Vec>(i)...);
+    const auto in = solder::detail::make_tuple(solder::detail::get<I>(args).template at4<Vec>(i)...);
     lanes4<value_type> out;
-    for (unsigned j = 0; j < 4; ++j) out.v[j] = op.forward(std::get<I>(in).v[j]...);
+    for (unsigned j = 0; j < 4; ++j) out.v[j] = op.forward(solder::detail::get<I>(in).v[j]...);
     return out;
   }
 };
@@ -254,7 +255,7 @@ struct evaluator<map_node<Op, Args...>, Lay> {
 template <class R, class F>
 void for_each_address(const R& r, const F& f) {
   if constexpr (requires { r.args; })
-    std::apply([&](const auto&... a) { (for_each_address(a, f), ...); }, r.args);
+    solder::detail::apply([&](const auto&... a) { (for_each_address(a, f), ...); }, r.args);
   else
     f(r.address());
 }

@@ -497,7 +497,7 @@ SOLDER_HD SOLDER_INLINE void set_accumulator(R& r, float v);
 namespace detail {
 template <class R, std::size_t... I>
 SOLDER_HD SOLDER_INLINE void set_accumulator_args(R& r, float v, std::index_sequence<I...>) {
-  (set_accumulator(std::get<I>(r.args), v), ...);
+  (set_accumulator(solder::detail::get<I>(r.args), v), ...);
 }
 template <class R>
 struct is_accumulator_evaluator : std::false_type {};
@@ -510,7 +510,7 @@ SOLDER_HD SOLDER_INLINE void set_accumulator(R& r, float v) {
   if constexpr (detail::is_accumulator_evaluator<R>::value)
     r.value = v;
   else if constexpr (requires { r.args; })
-    detail::set_accumulator_args(r, v, std::make_index_sequence<std::tuple_size_v<decltype(r.args)>>{});
+    detail::set_accumulator_args(r, v, std::make_index_sequence<solder::detail::tuple_size_v<decltype(r.args)>>{});
 }
 
 /// Stores a write's expression at output element (row, col), given the element's accumulator.
