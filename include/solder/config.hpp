@@ -3,6 +3,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -94,6 +96,7 @@ namespace detail {
 /// (fail_message), so that a check costs its caller a few stores and one call.
 class message_part {
  public:
+  message_part() : kind_(kind::text), text_() {}
   message_part(const char* s) : kind_(kind::text), text_(s) {}
   message_part(std::string_view s) : kind_(kind::text), text_(s) {}
   message_part(const std::string& s) : kind_(kind::text), text_(s) {}
@@ -111,13 +114,18 @@ class message_part {
   message_part(double v) : kind_(kind::real), real_(v) {}
   message_part(float v) : kind_(kind::real), real_(v) {}
 
-  void append_to(std::string& out) const {
-    switch (kind_) {
-      case kind::text: out += text_; break;
-      case kind::signed_number: out += std::to_string(signed_); break;
-      case kind::unsigned_number: out += std::to_string(unsigned_); break;
-      case kind::real: out += std::to_string(real_); break;
+  /// Writes the part at out (at most room characters, cut there) and returns its length.
+  std::size_t write_to(char* out, std::size_t room) const {
+    if (kind_ == kind::text) {
+      const std::size_t n = text_.size() < room ? text_.size() : room;
+      std::memcpy(out, text_.data(), n);
+      return n;
     }
+    char number[64];  // as std::to_string writes it
+    const int n = kind_ == kind::signed_number     ? std::snprintf(number, sizeof number, "%lld", signed_)
+                  : kind_ == kind::unsigned_number ? std::snprintf(number, sizeof number, "%llu", unsigned_)
+                                                   : std::snprintf(number, sizeof number, "%f", real_);
+    return message_part(std::string_view(number, n < 0 ? 0 : std::size_t(n))).write_to(out, room);
   }
 
  private:
@@ -130,11 +138,18 @@ class message_part {
   };
 };
 
-/// fail() with the message the parts spell, in order.
+/// fail() with the message the parts spell, in order (cut at 4095 characters). Written into a
+/// buffer, not a std::string: in C++20 every std::string member is inline, so string code in a
+/// header is compiled again by every translation unit.
+[[noreturn, gnu::cold, gnu::noinline]] inline void fail_message(const message_part* parts, std::size_t count) {
+  char msg[4096];
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < count; ++i) n += parts[i].write_to(msg + n, sizeof msg - 1 - n);
+  msg[n] = '\0';
+  throw error(msg);
+}
 [[noreturn, gnu::cold, gnu::noinline]] inline void fail_message(std::initializer_list<message_part> parts) {
-  std::string msg;
-  for (const message_part& p : parts) p.append_to(msg);
-  fail(msg);
+  fail_message(parts.begin(), parts.size());
 }
 
 /// fail(first + a + second + b + last) with the counts written in decimal.

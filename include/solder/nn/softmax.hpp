@@ -54,7 +54,7 @@ class softmax_layer : public block_defaults<Space> {
   void forward(tensor_ref<const float, SX, Space> x, tensor_ref<float, SY, Space> y) {
     static_assert(check_shapes<SX, SY>());
     if (x.batch() != y.batch())
-      detail::batches_differ(std::string(who) + "::forward", {{"x", x.batch()}, {"y", y.batch()}});
+      detail::batches_differ(who, "::forward", {{"x", x.batch()}, {"y", y.batch()}});
     const float* xp = x.data();
     float* yp = y.data();
     exec::template rows<N>(SX::elements(x.batch()) / N, ops::rows_forward<op, N>{xp, yp});
@@ -71,7 +71,7 @@ class softmax_layer : public block_defaults<Space> {
     static_assert(check_shapes<SX, SY>());
     const std::size_t batch = x.batch();
     if (y.batch() != batch || dy.batch() != batch || dx.batch() != batch)
-      detail::batches_differ(std::string(who) + "::backward",
+      detail::batches_differ(who, "::backward",
                              {{"x", batch}, {"y", y.batch()}, {"dy", dy.batch()}, {"dx", dx.batch()}});
     const float *yp = y.data(), *dyp = dy.data();
     float* dxp = dx.data();

@@ -41,8 +41,9 @@ namespace gemm_detail {
 /// The micro-kernels compiled: heights 1 to 6, then the even heights up to MR. A tile of r rows
 /// runs the one of kernel_rows(r) rows: r, or above 6 an odd r (the last tile of an odd M) one
 /// more, over a zero row of packed A whose results are not stored. Every kernel is compiled in
-/// every translation unit that multiplies matrices (docs/gemm.md, "Compile time"); the small
-/// odd ones stay for small batches, where one more row would cost up to a third.
+/// every translation unit that multiplies matrices (docs/gemm.md, "Micro-kernels for heights
+/// 1-6 and the even heights"); the small odd ones stay for small batches, where one more row
+/// would cost up to a third.
 inline constexpr std::size_t exact_kernel_rows = 6;
 constexpr std::size_t kernel_rows(std::size_t r) { return r <= exact_kernel_rows ? r : r + (r & 1); }
 /// The index of the kernel of kernel_rows(r) rows among those compiled; their count for MR.
@@ -97,8 +98,8 @@ struct tile_job {
 /// row's broadcast is one load at a constant offset).
 ///   first  the accumulators start at 0, else at the partial sums stored in `partial`
 ///   last   the accumulators hold the whole K sum and go to the epilogue,
-///          epi.template tile<R, NV>(acc, m0, n0, R, nr); otherwise they are stored to `partial`
-/// The epilogue gets the job's mr rows: an odd tile runs the kernel one row taller (kernel_rows).
+///          epi.template tile<R, NV>(acc, m0, n0, mr, nr); otherwise they are stored to `partial`
+/// (mr is R, or R - 1 for the odd tile that runs the kernel one row taller: kernel_rows).
 /// Every element is one chain of FMAs in increasing k, whatever R and NV: the tile a row or a
 /// column lands in never changes its value (so thread counts and edge tiles give equal bits).
 template <std::size_t R, std::size_t NV, std::size_t AStride, class Epilogue, std::size_t ARow = 1>
