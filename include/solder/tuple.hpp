@@ -24,22 +24,24 @@ template <std::size_t... I, class... T>
 struct leaves<std::index_sequence<I...>, T...> : leaf<I, T>... {};
 }  // namespace tuple_parts
 
-/// tuple<A, B>{a, b}: element I is get<I>(t).
+/// tuple<A, B>{a, b}: element I is get<I>(t). The functions below are constexpr, so device code
+/// calls them as it calls std::get (nvcc's --expt-relaxed-constexpr), and host code may use
+/// them with host-only types.
 template <class... T>
 struct tuple : tuple_parts::leaves<std::index_sequence_for<T...>, T...> {};
 
 /// Element I (found through its base, as std::get finds a std::tuple's).
 template <std::size_t I, class T>
-SOLDER_HD SOLDER_INLINE constexpr T& get(tuple_parts::leaf<I, T>& t) {
+SOLDER_INLINE constexpr T& get(tuple_parts::leaf<I, T>& t) {
   return t.value;
 }
 template <std::size_t I, class T>
-SOLDER_HD SOLDER_INLINE constexpr const T& get(const tuple_parts::leaf<I, T>& t) {
+SOLDER_INLINE constexpr const T& get(const tuple_parts::leaf<I, T>& t) {
   return t.value;
 }
 
 template <class... T>
-SOLDER_HD constexpr tuple<std::decay_t<T>...> make_tuple(T&&... v) {
+constexpr tuple<std::decay_t<T>...> make_tuple(T&&... v) {
   return {std::forward<T>(v)...};
 }
 
@@ -59,7 +61,7 @@ using tuple_element_t = typename tuple_element<I, T>::type;
 
 namespace tuple_parts {
 template <class F, class Tuple, std::size_t... I>
-SOLDER_HD SOLDER_INLINE constexpr decltype(auto) apply(F&& f, Tuple& t, std::index_sequence<I...>) {
+SOLDER_INLINE constexpr decltype(auto) apply(F&& f, Tuple& t, std::index_sequence<I...>) {
   return std::forward<F>(f)(get<I>(t)...);
 }
 }  // namespace tuple_parts
@@ -67,11 +69,11 @@ SOLDER_HD SOLDER_INLINE constexpr decltype(auto) apply(F&& f, Tuple& t, std::ind
 /// f(get<0>(t), get<1>(t), ...), always inlined (so that calls without results inside f, a
 /// prefetch, are never judged free of side effects and dropped before inlining).
 template <class F, class... T>
-SOLDER_HD SOLDER_INLINE constexpr decltype(auto) apply(F&& f, tuple<T...>& t) {
+SOLDER_INLINE constexpr decltype(auto) apply(F&& f, tuple<T...>& t) {
   return tuple_parts::apply(std::forward<F>(f), t, std::index_sequence_for<T...>{});
 }
 template <class F, class... T>
-SOLDER_HD SOLDER_INLINE constexpr decltype(auto) apply(F&& f, const tuple<T...>& t) {
+SOLDER_INLINE constexpr decltype(auto) apply(F&& f, const tuple<T...>& t) {
   return tuple_parts::apply(std::forward<F>(f), t, std::index_sequence_for<T...>{});
 }
 
