@@ -1,7 +1,8 @@
 // nn/conv2d_product.hpp: a convolution with one group written once over the executor's verbs, as
 // matrix products over a batch's image patches (expr/operand.hpp's image_patches) and the
 // passes of ops/conv2d.hpp around them: what a backend without convolution kernels of its own
-// (CUDA) runs. The CPU backend runs its own (eval/cpu/conv2d.hpp), with the same interface.
+// (CUDA) runs. A backend with convolution kernels of its own (the CPU's executor::conv2d) runs
+// those instead, with the same interface.
 //
 //   forward    c [batch Ho Wo, Cout] = patches(x) W^T             (a product, c channels-last)
 //              y [batch, Cout, Ho, Wo] = op(c + b), reordered      (planes)
