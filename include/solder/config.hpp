@@ -4,7 +4,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -117,9 +116,7 @@ class message_part {
   /// Writes the part at out (at most room characters, cut there) and returns its length.
   std::size_t write_to(char* out, std::size_t room) const {
     if (kind_ == kind::text) {
-      const std::size_t n = text_.size() < room ? text_.size() : room;
-      std::memcpy(out, text_.data(), n);
-      return n;
+      return text_.copy(out, room);
     }
     char number[64];  // as std::to_string writes it
     const int n = kind_ == kind::signed_number     ? std::snprintf(number, sizeof number, "%lld", signed_)

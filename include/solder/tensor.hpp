@@ -48,12 +48,12 @@ void check_batch(std::size_t batch) {
 /// in ten characters. (Formatted here so that printing needs only <iosfwd> of the stream.)
 template <class T>
 void format_element(char (&text)[32], T v) {
-  if constexpr (std::is_floating_point_v<T>)
-    std::snprintf(text, sizeof text, "%10g", double(v));
-  else if constexpr (std::is_signed_v<T>)
+  if constexpr (std::is_integral_v<T> && std::is_signed_v<T>)
     std::snprintf(text, sizeof text, "%10lld", static_cast<long long>(v));
-  else
+  else if constexpr (std::is_integral_v<T>)
     std::snprintf(text, sizeof text, "%10llu", static_cast<unsigned long long>(v));
+  else  // floating point, or a number type that converts to double
+    std::snprintf(text, sizeof text, "%10g", double(v));
 }
 
 template <class T, class S, class Stream>

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 
 #include "solder/eval/cpu/batch.hpp"
 #include "solder/eval/cpu/gemm_blocking.hpp"
@@ -251,6 +252,15 @@ bool plain_sketch_in(const operand_concat<A, B, Axis>& x, std::size_t k0, std::s
            (k1 > split && plain_sketch_in(x.b, std::max(k0, split) - split, k1 - split, n0, n1));
   }
 }
+/// Whether x may hold a sketch read as it is at all (the panels of other operands are packed
+/// one by one, and the row-by-row path is not compiled for them).
+template <class X>
+inline constexpr bool may_hold_plain_sketch = false;
+template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack, bool Trans>
+inline constexpr bool may_hold_plain_sketch<sign_sketch<TR, TC, Terms, Stack, Trans>> = !Trans;
+template <class A, class B, sketch_stack Axis>
+inline constexpr bool may_hold_plain_sketch<operand_concat<A, B, Axis>> =
+    may_hold_plain_sketch<A> || may_hold_plain_sketch<B>;
 }  // namespace operand_detail
 
 /// Panels [p0, p1) of B' = x over K range [k0, k1) into dst, as the GEMM's driver reads a cache
@@ -275,15 +285,17 @@ void pack_b_block_of(const X& x, float* dst, std::size_t p0, std::size_t p1, std
     if (cols < width)
       for (std::size_t k = 0; k < kc; ++k) std::fill(out + k * width + cols, out + (k + 1) * width, 0.0f);
   }
-  if (first >= last) return;
-  const std::size_t n_begin = first * L.nr, n_end = std::min(N, last * L.nr);
-  thread_local growing_buffer<float> row_buffer;
-  float* row = row_buffer.get(n_end - n_begin);
-  for (std::size_t k = k0; k < k1; ++k) {
-    pack_block(x, k, k + 1, n_begin, n_end, row, n_end - n_begin);
-    for (std::size_t p = first; p < last; ++p) {
-      const std::size_t n0 = p * L.nr, width = L.width(p), cols = std::min(width, N - n0);
-      operand_detail::copy_short(row + (n0 - n_begin), dst + (p - p0) * kc * L.nr + (k - k0) * width, cols);
+  if constexpr (operand_detail::may_hold_plain_sketch<std::remove_cvref_t<X>>) {
+    if (first >= last) return;
+    const std::size_t n_begin = first * L.nr, n_end = std::min(N, last * L.nr);
+    thread_local growing_buffer<float> row_buffer;
+    float* row = row_buffer.get(n_end - n_begin);
+    for (std::size_t k = k0; k < k1; ++k) {
+      pack_block(x, k, k + 1, n_begin, n_end, row, n_end - n_begin);
+      for (std::size_t p = first; p < last; ++p) {
+        const std::size_t n0 = p * L.nr, width = L.width(p), cols = std::min(width, N - n0);
+        operand_detail::copy_short(row + (n0 - n_begin), dst + (p - p0) * kc * L.nr + (k - k0) * width, cols);
+      }
     }
   }
 }
