@@ -24,7 +24,8 @@ template <std::size_t... I, class... T>
 struct leaves<std::index_sequence<I...>, T...> : leaf<I, T>... {};
 }  // namespace tuple_parts
 
-/// tuple<A, B>{a, b}: element I is get<I>(t). The functions below are constexpr, so device code
+/// tuple<A, B>{{{a}, {b}}} (every brace written: compilers warn of elided ones), or
+/// make_tuple(a, b): element I is get<I>(t). The functions below are constexpr, so device code
 /// calls them as it calls std::get (nvcc's --expt-relaxed-constexpr), and host code may use
 /// them with host-only types.
 template <class... T>
@@ -42,7 +43,7 @@ SOLDER_INLINE constexpr const T& get(const tuple_parts::leaf<I, T>& t) {
 
 template <class... T>
 constexpr tuple<std::decay_t<T>...> make_tuple(T&&... v) {
-  return {std::forward<T>(v)...};
+  return {{{std::forward<T>(v)}...}};
 }
 
 template <class T>

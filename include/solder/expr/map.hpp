@@ -43,7 +43,7 @@ struct map_node {
   detail::tuple<Args...> args;
   std::size_t batch_ = 1;
 
-  map_node(Op o, Args... a) : op(o), args{a...} {
+  map_node(Op o, Args... a) : op(o), args{{{a}...}} {
     bool known = false;
     auto join = [&](const auto& x) {
       if constexpr (shape_of<decltype(x)>::dynamic) {

@@ -498,7 +498,7 @@ class basic_chain {
   template <class... Gs>
   struct outputs_of<std::tuple<Gs...>> {
     using type = solder::detail::tuple<out_tensor<Gs>...>;
-    static type make() { return type{out_tensor<Gs>(1)...}; }
+    static type make() { return type{{{out_tensor<Gs>(1)}...}}; }
   };
   using outputs = outputs_of<groups>;
   typename outputs::type acts = outputs::make(), grads = outputs::make();  // each block's output and dL/d(output)

@@ -228,7 +228,7 @@ struct evaluator<map_node<Op, Args...>, Lay, V> {
   using operands = std::index_sequence_for<Args...>;
   template <std::size_t... I>
   evaluator(const map_node<Op, Args...>& n, std::index_sequence<I...>)
-      : op(n.op), args{evaluator<Args, Lay, V>(solder::detail::get<I>(n.args))...} {}
+      : op(n.op), args{{{evaluator<Args, Lay, V>(solder::detail::get<I>(n.args))}...}} {}
   template <class Ctx, std::size_t... I>
   SOLDER_INLINE void seek(const segment& s, Ctx& ctx, std::index_sequence<I...>) {
     (solder::detail::get<I>(args).seek(s, ctx), ...);

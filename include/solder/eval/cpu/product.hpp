@@ -248,7 +248,7 @@ void assign_product(const W0& w0, const Ws&... ws) {
   using Lay = layout<Iter, false>;
 
   // The product, checked to be the same in every write that holds one.
-  const solder::detail::tuple<const W0&, const Ws&...> all{w0, ws...};
+  const solder::detail::tuple<const W0&, const Ws&...> all{{{w0}, {ws}...}};
   constexpr std::size_t first = [] {
     constexpr bool holds[] = {contracts_in<W0> != 0, (contracts_in<Ws> != 0)...};
     std::size_t i = 0;

@@ -52,7 +52,7 @@ class row_writes {
 
  public:
   explicit row_writes(std::size_t batch, const Ws&... ws)
-      : evals{make_eval<Lay, V>(ws)...}, sinks{sink<Ws>(ws.out.data())...}, batch(batch) {
+      : evals{{{make_eval<Lay, V>(ws)}...}}, sinks{{{sink<Ws>(ws.out.data())}...}}, batch(batch) {
     ((S::dynamic && write_traits<Ws>::batch(ws) != batch
           ? solder::detail::fail_counts("solder: a row epilogue's writes have batch ", write_traits<Ws>::batch(ws),
                                         ", its product ", batch)

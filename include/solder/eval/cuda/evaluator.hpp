@@ -232,7 +232,7 @@ struct evaluator<map_node<Op, Args...>, Lay> {
  private:
   template <std::size_t... I>
   evaluator(const map_node<Op, Args...>& n, std::index_sequence<I...>)
-      : op(n.op), args{evaluator<Args, Lay>(solder::detail::get<I>(n.args))...} {}
+      : op(n.op), args{{{evaluator<Args, Lay>(solder::detail::get<I>(n.args))}...}} {}
   template <std::size_t... I>
   SOLDER_HD SOLDER_INLINE void seek_all(std::size_t base, unsigned t, std::index_sequence<I...>) {
     (seek_evaluator(solder::detail::get<I>(args), base, t), ...);
