@@ -115,14 +115,12 @@ class message_part {
 
   /// Writes the part at out (at most room characters, cut there) and returns its length.
   std::size_t write_to(char* out, std::size_t room) const {
-    if (kind_ == kind::text) {
-      return text_.copy(out, room);
-    }
+    if (kind_ == kind::text) return text_.copy(out, room);
     char number[64];  // as std::to_string writes it
     const int n = kind_ == kind::signed_number     ? std::snprintf(number, sizeof number, "%lld", signed_)
                   : kind_ == kind::unsigned_number ? std::snprintf(number, sizeof number, "%llu", unsigned_)
                                                    : std::snprintf(number, sizeof number, "%f", real_);
-    return message_part(std::string_view(number, n < 0 ? 0 : std::size_t(n))).write_to(out, room);
+    return std::string_view(number, n < 0 ? 0 : std::size_t(n)).copy(out, room);
   }
 
  private:

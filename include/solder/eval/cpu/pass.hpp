@@ -370,15 +370,15 @@ struct write_traits<write_target<T, S, reduce_node<C, K, R, E>>> {
   }
 };
 
-template <class... Ws>
+template <class W0, class... Ws>
 constexpr bool check_same_iteration() {
-  using First = typename write_traits<solder::detail::tuple_element_t<0, solder::detail::tuple<Ws...>>>::iter_shape;
+  using First = typename write_traits<W0>::iter_shape;
   if constexpr ((std::is_same_v<typename write_traits<Ws>::iter_shape, First> && ...)) {
     return true;
   } else {
     return diagnostic<"solder::assign_all: every write must run over the same shape (a reduction runs over its "
                       "operand's shape); split the writes into separate passes",
-                      typename write_traits<Ws>::iter_shape...>::reported;
+                      First, typename write_traits<Ws>::iter_shape...>::reported;
   }
 }
 
