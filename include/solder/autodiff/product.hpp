@@ -2,7 +2,8 @@
 // of C (stored), dA' = G B'^T and dB' = A'^T G; each is again a product expression, evaluated by
 // the same GEMM (one pass each, with any epilogue the caller wraps around it). A stored part of
 // an operand gets the block of that gradient where it lies, in the orientation it is stored in;
-// generated parts (sketches) are constants and get none.
+// generated parts (sketches) are constants and get none. G may be any untransposed operand: a
+// stored matrix, or a convolution's output gradient read as pixel rows (image_pixels).
 //
 //   auto c = matmul(x, transpose(w));                  // y = x W^T
 //   assign(dx, autodiff::left_grad(c, g));             // dx = g W
@@ -59,9 +60,11 @@ auto right_leaves(const B& b, const A& a, const G& g) {
   }
 }
 
+/// G (an operand: a stored matrix, or a batch's images read as pixel rows) has C's shape.
 template <class C, class G>
 constexpr bool check_gradient() {
-  static_assert(std::is_same_v<shape_of<G>, typename C::shape_type>,
+  using T = solder::detail::operand_traits<G>;
+  static_assert(!T::trans && std::is_same_v<shape<T::rows, T::cols>, typename C::shape_type>,
                 "solder::autodiff: the gradient of a product must have the product's shape");
   return true;
 }

@@ -2,8 +2,10 @@
 // pack a panel [k0, k1) x [n0, n1) of: a stored matrix, a block of its columns, either read
 // transposed, a pre-packed weight (the backend's), a generated matrix of random signs (a
 // sketch: regenerated from Philox while packing, never stored), an image's columns or a batch's
-// patches (a convolution's operand, read from the images), and two operands side by side or
-// one above the other. Transposing any of them is a view: transposes move to the leaves.
+// patches (a convolution's operand, read from the images), a batch's images read as pixel rows
+// (the convolution's output gradient), and two operands side by side or one above the other.
+// Transposing any of them is a view: transposes move to the leaves. The images under a batch's
+// patches are also the output of the patch matrix's gradient (image_patches_grad: col2im).
 #pragma once
 
 #include <cstddef>
@@ -119,6 +121,41 @@ struct image_patches {
   std::size_t batch() const { return samples * G::out_plane; }
 };
 
+/// A batch of images [batch, C, Ho, Wo] (NCHW) in memory of Space, read as the pixel matrix
+/// [batch Ho Wo, C] (Trans: its transpose [C, batch Ho Wo]): row n Ho Wo + p is pixel p of
+/// sample n, column c its channel c. A convolution's output gradient dy as the gradient of its
+/// product patches(x) W^T, which is channels-last: the product rules read dy where it lies.
+/// Plane: Ho Wo. Its rows are the run-time batch Ho Wo.
+template <std::size_t C, std::size_t Plane, class Space = host, bool Trans = false>
+struct image_pixels {
+  static_assert(C >= 1 && Plane >= 1, "solder::image_pixels: an image has at least one channel and one pixel");
+  using space_type = Space;
+  static constexpr std::size_t channels = C, plane = Plane;
+  static constexpr bool transposed = Trans;
+  const float* images;
+  std::size_t samples;  // images in the batch
+  /// The pixel matrix's rows: batch Ho Wo.
+  std::size_t batch() const { return samples * Plane; }
+};
+
+/// The images [batch, C, H, W] in memory of Space that image_patches<G, C, Space> reads, as a
+/// write's output for the gradient of that patch matrix: a [batch Ho Wo, C Kh Kw] expression
+/// written to it is summed onto the pixels each of its entries was read from (col2im, the
+/// adjoint of image_patches): dx = col2im(g W) is write(image_patches_grad{dx, batch}, g W).
+/// Every image element is written, 0 where no window reads it.
+template <class G, std::size_t C, class Space = host>
+struct image_patches_grad {
+  static_assert(C >= 1, "solder::image_patches_grad: an image has at least one channel");
+  using geometry = G;
+  using space_type = Space;
+  static constexpr std::size_t channels = C;
+  static constexpr std::size_t cols = C * G::taps;
+  float* images;
+  std::size_t samples;
+  /// The patch matrix's rows: batch Ho Wo.
+  std::size_t batch() const { return samples * G::out_plane; }
+};
+
 /// Two operands side by side (Axis columns: [R, CA + CB]) or one above the other (rows:
 /// [RA + RB, C]).
 template <class A, class B, sketch_stack Axis>
@@ -195,6 +232,14 @@ struct operand_traits<image_patches<G, C, Space>> {
   static constexpr bool trans = false;
   static constexpr operand_form form = operand_form::generated;
   static std::size_t batch(const image_patches<G, C, Space>& p) { return p.batch(); }
+};
+template <std::size_t C, std::size_t Plane, class Space, bool Trans>
+struct operand_traits<image_pixels<C, Plane, Space, Trans>> {
+  static constexpr std::size_t rank = 2;
+  static constexpr std::size_t rows = Trans ? C : dyn, cols = Trans ? dyn : C;
+  static constexpr bool trans = Trans;
+  static constexpr operand_form form = operand_form::generated;
+  static std::size_t batch(const image_pixels<C, Plane, Space, Trans>& p) { return p.batch(); }
 };
 template <class A, class B, sketch_stack Axis>
 struct operand_traits<operand_concat<A, B, Axis>> {
@@ -293,6 +338,10 @@ column_block<S, C0, C1, !Trans, Space> transpose(const column_block<S, C0, C1, T
 template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack, bool Trans>
 sign_sketch<TR, TC, Terms, Stack, !Trans> transpose(const sign_sketch<TR, TC, Terms, Stack, Trans>& u) {
   return {u.seed, u.scale};
+}
+template <std::size_t C, std::size_t Plane, class Space, bool Trans>
+image_pixels<C, Plane, Space, !Trans> transpose(const image_pixels<C, Plane, Space, Trans>& p) {
+  return {p.images, p.samples};
 }
 /// [a | b]^T = [a^T; b^T], [a; b]^T = [a^T | b^T].
 template <class A, class B, sketch_stack Axis>

@@ -32,9 +32,6 @@ namespace solder::nn {
 
 namespace detail {
 
-/// y = x: the activation of a convolution that has none.
-using conv2d_identity = ops::conv2d_identity;
-
 /// True when [p, p + n) and [q, q + m) (floats) overlap.
 inline bool conv2d_overlaps(const float* p, std::size_t n, const float* q, std::size_t m) {
   const auto a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(q);
@@ -172,7 +169,7 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
   /// y = conv2d(x) + b for x [batch, Cin, H, W], y [batch, Cout, Ho, Wo]; y may not overlap x.
   template <class SX, class SY>
   void forward(tensor_ref<const float, SX, Space> x, tensor_ref<float, SY, Space> y) {
-    forward_activated(x, y, detail::conv2d_identity{});
+    forward_activated(x, y, ops::conv2d_identity{});
   }
   /// y = op(conv2d(x) + b), the activation op (ops/activations.hpp) applied as each value is
   /// stored: one pass for a convolution and the activation after it.
@@ -205,7 +202,7 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
       if constexpr (detail::has_row_epilogue<exec>) {
         const auto writes = exec::template row_writes<SY>(z.batch(), w0, ws...);
         kernels.template forward<geometry_of<SX>>(weight.data(), bias_data(), x.data(), z.data(), samples(x),
-                                                  detail::conv2d_identity{}, writes.epilogue());
+                                                  ops::conv2d_identity{}, writes.epilogue());
       } else {
         kernels.template forward<geometry_of<SX>>(weight.data(), bias_data(), x.data(), z.data(), samples(x));
         exec::run(w0, ws...);
@@ -216,7 +213,7 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
   /// y = op(conv2d(x) + b) on channels-last tensors: x [batch, H, W, Cin], y [batch, Ho, Wo,
   /// Cout] (NHWC), the layout the convolution runs in, so nothing is transposed. The same
   /// values, bit for bit, as forward_activated on the NCHW tensors. One group only.
-  template <class SX, class SY, class Op = detail::conv2d_identity>
+  template <class SX, class SY, class Op = ops::conv2d_identity>
   void forward_channels_last(tensor_ref<const float, SX, Space> x, tensor_ref<float, SY, Space> y, const Op& op = {}) {
     if constexpr (Groups != 1)
       static_assert(Groups == 1, "solder::nn::conv2d::forward_channels_last: runs convolutions with one group");
@@ -234,7 +231,7 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
   /// forward_activated with x [batch, Cin, H, W] and y [batch, Cout, Ho, Wo] each stored NCHW
   /// or channels-last (NHWC) as x_last and y_last say: how a chain runs the convolutions
   /// between which it keeps its images channels-last. One group only.
-  template <class SX, class SY, class Op = detail::conv2d_identity>
+  template <class SX, class SY, class Op = ops::conv2d_identity>
   void forward_layouts(tensor_ref<const float, SX, Space> x, tensor_ref<float, SY, Space> y, bool x_last, bool y_last,
                        const Op& op = {}) {
     if constexpr (Groups != 1)
@@ -255,9 +252,7 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
   void pack_weights() { kernels.pack_weights(weight.data()); }
   void weights_changed() { kernels.weights_changed(); }
   template <class SX, class SY>
-  void forward(const tensor<float, SX, Space>& x, tensor<float, SY, Space>& y) {
-    forward(x.ref(), y.ref());
-  }
+  void forward(const tensor<float, SX, Space>& x, tensor<float, SY, Space>& y) { forward(x.ref(), y.ref()); }
 
   /// dx = dL/dx, and weight_grad, bias_grad (overwritten) for x [batch, Cin, H, W] and dy
   /// [batch, Cout, Ho, Wo]; y (the forward's output) is not read. dx may not overlap x or dy.
@@ -272,8 +267,7 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
       if (detail::conv2d_overlaps(dx.data(), dx.size(), x.data(), x.size()) ||
           detail::conv2d_overlaps(dx.data(), dx.size(), dy.data(), dy.size()))
         solder::detail::fail("solder::nn::conv2d::backward: dx overlaps x or dy; give dx memory of its own");
-      kernels.template backward<geometry_of<SX>>(weight.data(), x.data(), dy.data(), dx.data(), weight_grad.data(),
-                                                 bias_grad_data(), samples(x));
+      gradients<geometry_of<SX>>(x.data(), dy.data(), dx.data(), samples(x));
     }
   }
   template <class SX, class SY>
@@ -290,8 +284,7 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
       if (y.batch() != batch || dy.batch() != batch)
         detail::batches_differ("solder::nn::conv2d::backward_params",
                                {{"x", batch}, {"y", y.batch()}, {"dy", dy.batch()}});
-      kernels.template backward<geometry_of<SX>>(weight.data(), x.data(), dy.data(), nullptr, weight_grad.data(),
-                                                 bias_grad_data(), samples(x));
+      gradients<geometry_of<SX>>(x.data(), dy.data(), nullptr, samples(x));
     }
   }
 
@@ -308,11 +301,19 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
   static constexpr std::size_t min_width = span_width > 2 * Pad ? span_width - 2 * Pad : 1;
   /// Samples in x: its batch, or a static shape's leading extent.
   template <class SX>
-  static std::size_t samples(tensor_ref<const float, SX, Space> x) {
-    return x.size() / SX::inner_size;
-  }
+  static std::size_t samples(tensor_ref<const float, SX, Space> x) { return x.size() / SX::inner_size; }
   template <class SX>
   using geometry_of = typename spec::template geometry<SX::extents[2], SX::extents[3]>;
+
+  /// One group: its product's gradients on every backend (nn/conv2d_product.hpp); else the CPU's.
+  template <class G>
+  void gradients(const float* x, const float* dy, float* dx, std::size_t batch) {
+    if constexpr (Groups == 1 && !depthwise)
+      detail::conv2d_product<spec, Space>::template backward<G>(weight.data(), x, dy, dx, weight_grad.data(),
+                                                                bias_grad_data(), batch);
+    else
+      kernels.template backward<G>(weight.data(), x, dy, dx, weight_grad.data(), bias_grad_data(), batch);
+  }
 
   const float* bias_data() const {
     if constexpr (Bias)
@@ -374,8 +375,8 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
         return true;
       } else {
         constexpr fixed_string m = [] {
-          fixed_string s("");
-        s.append(where);
+          fixed_string s;
+          s.append(where);
           s.append("y must be ");
           solder::detail::append_shape<want>(s);
           s.append(" for x ");

@@ -1,16 +1,17 @@
 // nn/conv2d_product.hpp: a convolution with one group written once over the executor's verbs, as
-// matrix products over a batch's image patches (expr/operand.hpp's image_patches) and the
-// passes of ops/conv2d.hpp around them: what a backend without convolution kernels of its own
-// (CUDA) runs. A backend with convolution kernels of its own (the CPU's executor::conv2d) runs
-// those instead, with the same interface.
+// a matrix product over a batch's image patches (expr/operand.hpp's image_patches) whose
+// gradients are the product's rules (autodiff/product.hpp), and the passes of ops/conv2d.hpp
+// around it. Every backend runs its backward; its forward is what a backend without
+// convolution kernels of its own (CUDA) runs (the CPU's executor::conv2d has its own, with the
+// same interface).
 //
 //   forward    c [batch Ho Wo, Cout] = patches(x) W^T             (a product, c channels-last)
 //              y [batch, Cout, Ho, Wo] = op(c + b), reordered      (planes)
-//   backward   g [batch Ho Wo, Cout] = dy reordered                (planes)
+//   backward   g = dy read as pixel rows [batch Ho Wo, Cout]       (image_pixels, nothing copied)
 //              db = dy summed per channel                          (rows<dyn>, a fixed order)
-//              dW [Cout, Cin Kh Kw] = g^T patches(x)               (the product's rule)
-//              dcol [batch Ho Wo, Cin Kh Kw] = g W                 (the product's rule)
-//              dx = col2im(dcol), gathered per element             (planes, no atomics)
+//              dW [Cout, Cin Kh Kw] = g^T patches(x)               (the product's right gradient)
+//              dx = col2im(g W)                                    (its left gradient, written
+//                                                                   to image_patches_grad{dx})
 #pragma once
 
 #include <cstddef>
@@ -31,10 +32,10 @@ namespace solder::nn::detail {
 /// A convolution layer's work in memory of Space (Spec: ops::conv2d_spec, one group) by the
 /// verbs of executor<backend_of_t<Space>>, for images of the geometry G each call names: x
 /// [batch, Cin, H, W], y [batch, Cout, Ho, Wo], weights [Cout, Cin, Kh, Kw] and bias [Cout] as
-/// torch stores them (bias null without one), every pointer memory of Space. Its scratch (the
-/// products' channels-last output or gradient, and dcol) is grown to the largest batch and
-/// kept. Results do not depend on the launch shape: the products' and the sums' orders are
-/// fixed by the sizes.
+/// torch stores them (bias null without one), every pointer memory of Space. The forward's
+/// scratch (the product's channels-last output) is grown to the largest batch and kept.
+/// Results do not depend on the launch shape: the products' and the sums' orders are fixed by
+/// the sizes.
 template <class Spec, class Space>
 class conv2d_product {
   static_assert(MemorySpace<Space>, "solder::nn::conv2d: Space must be a memory space (solder::host, solder::device)");
@@ -45,11 +46,9 @@ class conv2d_product {
 
   static constexpr std::size_t Cin = Spec::in_channels, Cout = Spec::out_channels, K = Spec::fan_in;
   using exec = executor<backend_of_t<Space>>;
-  /// Pixel rows [batch Ho Wo, Cout] (the products' output and their gradient input), patch
-  /// gradients [batch Ho Wo, Cin Kh Kw], and the weight [Cout, Cin Kh Kw] as the products read
-  /// it.
+  /// Pixel rows [batch Ho Wo, Cout] (the forward product's output), and the weight [Cout, Cin
+  /// Kh Kw] as the products read it.
   using pixels = shape<dyn, Cout>;
-  using columns = shape<dyn, K>;
   using weights = shape<Cout, K>;
 
  public:
@@ -72,36 +71,30 @@ class conv2d_product {
   }
 
   /// weight_grad [Cout, Cin, Kh, Kw] and bias_grad [Cout] (overwritten; null without a bias)
-  /// and, unless dx is null, dx = dL/dx [batch, Cin, H, W], for x and dy [batch, Cout, Ho, Wo].
+  /// and, unless dx is null, dx = dL/dx [batch, Cin, H, W], for x and dy [batch, Cout, Ho, Wo]:
+  /// the gradients of the forward's product patches(x) W^T by autodiff/product.hpp's rules,
+  /// its output gradient g being dy read as pixel rows where it lies. Every backend's one-group
+  /// backward: the CPU runs these products on its convolution kernels, no patch matrix stored.
   template <class G>
-  void backward(const float* weight, const float* x, const float* dy, float* dx, float* weight_grad, float* bias_grad,
-                std::size_t batch) {
+  static void backward(const float* weight, const float* x, const float* dy, float* dx, float* weight_grad,
+                       float* bias_grad, std::size_t batch) {
     static_assert(check_geometry<G>());
     const std::size_t rows = batch * G::out_plane;
-    // From dy as stored: a channel's values lie in runs of Ho Wo there (Cout apart in g).
+    // From dy as stored: a channel's values lie in runs of Ho Wo there.
     if (bias_grad != nullptr)
       exec::template rows<dyn>(Cout, ops::conv2d_channel_sums<Cout, G::out_plane, false>{dy, bias_grad, rows});
-    if (rows == 0) {  // no terms: dW = 0, and nothing to gather
+    if (rows == 0) {  // no terms: dW = 0, and no image to write
       exec::elements(Cout * K, ops::fill_elements{weight_grad, 0.0f});
       return;
     }
-    grow(pixel_rows, rows);
-    const tensor_ref<const float, pixels, Space> g(pixel_rows.data(), rows);
-    exec::planes(batch, G::out_plane, Cout, Cout * G::out_plane,
-                 ops::conv2d_nchw_to_nhwc<Cout, G::out_plane>{dy, pixel_rows.data()});
-    // dW = g^T patches(x) and dcol = g W: the product's rules, as a linear layer's.
-    exec::run(write(tensor_ref<float, weights, Space>(weight_grad),
-                    std::get<0>(autodiff::right_grads(product<G>(x, weight, batch), g))));
-    if (dx == nullptr) return;
-    grow(column_rows, rows);
-    const tensor_ref<float, columns, Space> dcol(column_rows.data(), rows);
-    exec::run(write(dcol, autodiff::left_grad(product<G>(x, weight, batch), g)));
-    exec::planes(batch * Cin, G::height, G::width, G::in_plane, ops::conv2d_col2im<G, Cin>{dcol.data(), dx});
+    const auto c = product<G>(x, weight, batch);
+    const image_pixels<Cout, G::out_plane, Space> g{dy, batch};
+    exec::run(write(tensor_ref<float, weights, Space>(weight_grad), std::get<0>(autodiff::right_grads(c, g))));
+    if (dx != nullptr) exec::run(write(image_patches_grad<G, Cin, Space>{dx, batch}, autodiff::left_grad(c, g)));
   }
 
  private:
   tensor<float, pixels, Space> pixel_rows{1};
-  tensor<float, columns, Space> column_rows{1};
 
   template <class S>
   static void grow(tensor<float, S, Space>& t, std::size_t rows) {

@@ -238,8 +238,11 @@ struct conv2d_channel_sums {
     if constexpr (lanes == 1) {
       return V(at(c, step.j));
     } else {
-      float lane[lanes];
       const std::size_t valid = n_or(step, lanes);
+      // NCHW, a whole step inside one sample's run: its values are consecutive.
+      if (!ChannelsLast && valid == lanes && step.j % HW + lanes <= HW)
+        return simd::load<V>(g + ((step.j / HW) * C + c) * HW + step.j % HW);
+      float lane[lanes];
       for (std::size_t k = 0; k < lanes; ++k) lane[k] = k < valid ? at(c, step.j + k) : 0.0f;
       return simd::load<V>(lane);
     }

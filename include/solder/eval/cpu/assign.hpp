@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "solder/eval/cpu/product.hpp"
+#include "solder/eval/cpu/conv_product.hpp"
 #include "solder/eval/cpu/pass.hpp"
 
 namespace solder {

@@ -1,6 +1,8 @@
 // eval/cpu/conv2d.hpp: the CPU backend's convolution (executor<cpu>::conv2d<Spec>, Spec an
-// ops::conv2d_spec): forward with its activation and row writes, backward's dx, dW and db, and
-// the choice among its algorithms by the layer's constants. One group (not pointwise on NCHW)
+// ops::conv2d_spec): forward with its activation and row writes, the gradients of one group's
+// product (weight_gradient, input_gradient: what conv_product.hpp runs its product rules on),
+// grouped and depthwise layers' backward, and the choice among its algorithms by the layer's
+// constants. One group (not pointwise on NCHW)
 // runs conv_nhwc.hpp's register tiles, its weights packed per call or once for a frozen model;
 // its dW runs conv_weight_grad.hpp's tiles when they fill, and with stride 1 its dx is the
 // tiles' convolution of dy with the kernel turned around. Several groups and pointwise layers
@@ -148,12 +150,40 @@ class conv2d {
     call{weight, bias, current_packing(), nullptr, nullptr}.template direct_forward<G>(x, y, batch, op, x_last, y_last);
   }
 
-  /// weight_grad, bias_grad (overwritten; bias_grad null without a bias) and, unless dx is
-  /// null, dx = dL/dx, for x [batch, Cin, H, W] and dy [batch, Cout, Ho, Wo].
+  /// Several groups or depthwise: weight_grad, bias_grad (overwritten; bias_grad null without
+  /// a bias) and, unless dx is null, dx = dL/dx, for x [batch, Cin, H, W] and dy [batch, Cout,
+  /// Ho, Wo]. (One group's gradients are its product's: weight_gradient and input_gradient.)
   template <class G>
   void backward(const float* weight, const float* x, const float* dy, float* dx, float* weight_grad, float* bias_grad,
                 std::size_t batch) const {
+    static_assert(!direct, "solder::eval::cpu::conv2d::backward: one group's gradients are its product's "
+                           "(weight_gradient, input_gradient)");
     call{weight, nullptr, nullptr, weight_grad, bias_grad}.template gradients<G>(x, dy, dx, batch);
+  }
+
+  /// One group: weight_grad [Cout, Cin Kh Kw] (overwritten) = g^T patches(x), g = dy [batch,
+  /// Cout, Ho, Wo] read as pixel rows: the dW tiles where they fill, else per-sample GEMMs over
+  /// the image's columns. The same bits for any thread count.
+  template <class G>
+  static void weight_gradient(const float* x, const float* dy, float* weight_grad, std::size_t batch) {
+    static_assert(direct, "solder::eval::cpu::conv2d::weight_gradient: one group only");
+    call c{nullptr, nullptr, nullptr, weight_grad, nullptr};
+    if constexpr (call::dw_direct)
+      c.template direct_dw<G>(x, dy, batch);
+    else
+      c.template gemm_gradients<G>(x, dy, nullptr, batch);
+  }
+  /// One group: dx [batch, Cin, H, W] = col2im(g W), g = dy read as pixel rows: with stride 1
+  /// the tiles' convolution of dy with the kernel turned around, else per sample a GEMM into
+  /// the image's column gradient, gathered per input element.
+  template <class G>
+  static void input_gradient(const float* weight, const float* dy, float* dx, std::size_t batch) {
+    static_assert(direct, "solder::eval::cpu::conv2d::input_gradient: one group only");
+    const call c{weight, nullptr, nullptr, nullptr, nullptr};
+    if constexpr (call::dx_direct)
+      c.template direct_dx<G>(dy, dx, batch);
+    else
+      c.template gemm_dx<G>(dy, dx, batch);
   }
 
  private:
@@ -294,23 +324,14 @@ class conv2d {
         for (std::size_t wi = 0; wi < G::width; ++wi) dx[hi * G::width + wi] = G::col2im_at(dcol, ci, hi, wi);
     }
 
+    /// Several groups or depthwise.
     template <class G>
     void gradients(const float* x, const float* dy, float* dx, std::size_t batch) {
       if constexpr (Bias) bias_gradient<G>(dy, batch);
-      if constexpr (depthwise) {
+      if constexpr (depthwise)
         depthwise_gradients<G>(x, dy, dx, batch);
-      } else if constexpr (dx_direct) {
-        if constexpr (dw_direct)
-          direct_dw<G>(x, dy, batch);
-        else
-          gemm_gradients<G>(x, dy, nullptr, batch);
-        if (dx != nullptr) direct_dx<G>(dy, dx, batch);
-      } else if constexpr (dw_direct) {
-        direct_dw<G>(x, dy, batch);
-        if (dx != nullptr) gemm_dx<G>(dy, dx, batch);
-      } else {
+      else
         gemm_gradients<G>(x, dy, dx, batch);
-      }
     }
 
     /// One group, not a pointwise layer on x as stored, and enough channels to fill the tiles:
@@ -439,10 +460,11 @@ class conv2d {
       const bool over_samples = threads > 1 && batch >= std::size_t(threads) && flops >= parallel_min_flops;
       const int inner = over_samples ? 1 : threads;
       parallel_for(batch, over_samples ? threads : 1, [&](std::size_t n) {
-        float* dcol = conv_detail::conv2d_workspace(conv_detail::conv2d_slot::column_grad, K * N);
+        float* dxn = dx + n * Cin * G::in_plane;
+        float* dcol = columns_are_x ? dxn : conv_detail::conv2d_workspace(conv_detail::conv2d_slot::column_grad, K * N);
         gemm<N, Cout, true, false>(K, weight, K, dy + n * Cout * N, N,
-                                              conv_detail::conv2d_store_epilogue<false>{nullptr, dcol, N}, inner);
-        col2im<G>(dcol, dx + n * Cin * G::in_plane, inner);
+                                   conv_detail::conv2d_store_epilogue<false>{nullptr, dcol, N}, inner);
+        if constexpr (!columns_are_x) col2im<G>(dcol, dxn, inner);
       });
     }
 

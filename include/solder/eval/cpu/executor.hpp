@@ -40,6 +40,12 @@ struct executor<cpu> {
   static void run(const W0& w0, const Ws&... ws) {
     eval::cpu::assign_writes(w0, ws...);
   }
+  /// The gradient of a batch's image patches written back onto its images (col2im of a
+  /// convolution's g W, eval/cpu/conv_product.hpp).
+  template <class G, std::size_t C, class E>
+  static void run(const patch_gradient_write<G, C, host, E>& w) {
+    eval::cpu::assign_patch_gradient(w);
+  }
   /// out = e in one pass.
   template <class Out, class E>
   static void assign(const Out& out, const E& e) {

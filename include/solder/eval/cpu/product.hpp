@@ -219,14 +219,6 @@ bool same_product(const C& x, const C& y) {
   return same_operand(x.a, y.a) && same_operand(x.b, y.b) && x.rows() == y.rows();
 }
 
-/// Whether the product C reads a batch's image patches, which this backend does not pack: it
-/// runs convolutions by kernels of its own (conv2d.hpp).
-template <class X>
-inline constexpr bool is_patches = false;
-template <class G, std::size_t C, class Space>
-inline constexpr bool is_patches<image_patches<G, C, Space>> = true;
-template <class C>
-inline constexpr bool reads_patches = is_patches<typename C::a_type> || is_patches<typename C::b_type>;
 }  // namespace contract_detail
 
 /// assign_all for writes holding a product: one GEMM (eval::cpu::gemm) whose epilogue evaluates every
@@ -322,19 +314,6 @@ void assign_product(const W0& w0, const Ws&... ws) {
     using BV = contract_detail::operand_view<std::remove_cvref_t<decltype(c.b)>>;
     gemm<N, K, TA, BV::trans>(M, AV::data(c.a), AV::ld(), BV::data(c.b), BV::ld(), epi);
   }
-}
-
-/// assign_all for writes holding a product, the CPU's products: refuses a batch's image
-/// patches (this backend runs convolutions by kernels of its own, conv2d.hpp) with one error.
-template <class W0, class... Ws>
-void assign_contract(const W0& w0, const Ws&... ws) {
-  using C = product_of_t<W0, Ws...>;
-  if constexpr (contract_detail::reads_patches<C>)
-    static_assert(never<"solder::image_patches: the CPU backend has no packing of a batch's image patches; on the "
-                        "host a convolution runs executor<cpu>::conv2d (nn::conv2d), not a product over image_patches",
-                        C>);
-  else
-    assign_product(w0, ws...);
 }
 
 }  // namespace solder::eval::cpu

@@ -443,6 +443,22 @@ struct im2col_operand {
   }
 };
 
+/// A batch of NCHW images [batch, C, Ho Wo] read as the pixel matrix [batch Ho Wo, C] (Trans:
+/// [C, batch Ho Wo]), expr/operand.hpp's image_pixels: a convolution's output gradient as the
+/// gradient of its channels-last product, read where it lies. Element (r, c) (untransposed) is
+/// channel c of pixel r % Plane of sample r / Plane.
+template <std::size_t C, std::size_t Plane, bool Trans>
+struct pixels_operand {
+  static constexpr bool transposed = Trans;
+  /// Neighbouring pixels are neighbours in memory: staged along the pixel index.
+  static constexpr bool cols_contiguous = Trans;
+  const float* x;
+  SOLDER_HD SOLDER_INLINE float at(std::size_t r, std::size_t c) const {
+    const std::size_t pixel = Trans ? c : r, channel = Trans ? r : c;
+    return x[((pixel / Plane) * C + channel) * Plane + pixel % Plane];
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // The epilogue: the write's expression with the product as a leaf
 // ---------------------------------------------------------------------------------------------
@@ -719,6 +735,13 @@ struct device_operand<image_patches<G, C, device>> {
   using type = im2col_operand<G, C, G::kernel_height, G::kernel_width, false>;
   static type of(const image_patches<G, C, device>& p) { return {p.images}; }
 };
+/// A batch's images as pixel rows (expr/operand.hpp): a convolution's output gradient, the g of
+/// its dW = g^T patches(x) and of its patch gradient g W.
+template <std::size_t C, std::size_t Plane, bool Trans>
+struct device_operand<image_pixels<C, Plane, device, Trans>> {
+  using type = pixels_operand<C, Plane, Trans>;
+  static type of(const image_pixels<C, Plane, device, Trans>& p) { return {p.images}; }
+};
 /// hcat and vcat of two operands the backend stages: the sketched layer's factors.
 template <class A, class B, sketch_stack Axis>
   requires(!std::is_void_v<typename device_operand<A>::type> && !std::is_void_v<typename device_operand<B>::type>)
@@ -752,7 +775,7 @@ constexpr bool check_product_write() {
     return diagnostic<"solder::assign (CUDA): an expression may hold one matrix product; assign the others to device tensors first", E>::reported;
   } else if constexpr (std::is_void_v<typename device_operand<typename C::a_type>::type> ||
                        std::is_void_v<typename device_operand<typename C::b_type>::type>) {
-    return diagnostic<"solder::assign (CUDA): a product's operands must be device matrices, their transposes, sign sketches, hcat/vcat of them or image patches",
+    return diagnostic<"solder::assign (CUDA): a product's operands must be device matrices, their transposes, sign sketches, hcat/vcat of them, image patches or pixels",
                       typename C::a_type, typename C::b_type>::reported;
   } else if constexpr (!std::is_same_v<typename C::shape_type, S>) {
     return diagnostic<"solder::assign (CUDA): an output holding a matrix product must have the product's shape", typename C::shape_type,
