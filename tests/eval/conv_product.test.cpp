@@ -3,8 +3,9 @@
 // CPU's convolution kernels (eval/cpu/conv_product.hpp): dW = g^T patches(x) and dx =
 // col2im(g W) against loops in double, for layers that take each of the CPU's paths (the dW
 // tiles or per-sample GEMMs; the turned-around dx tiles, per-sample GEMMs gathered, or a 1x1
-// kernel's GEMM straight into dx); the same expressions on the emulated device; and the run-time
-// checks (batches that differ, outputs overlapping an operand) with the output left unchanged.
+// kernel's GEMM straight into dx) and for the groups of a grouped layer; the same expressions
+// on the emulated device; and the run-time checks (batches that differ, outputs overlapping an
+// operand) with the output left unchanged.
 #include "support/emulated_device.hpp"
 
 #include <catch2/catch.hpp>
@@ -117,6 +118,51 @@ void check_case(std::initializer_list<std::size_t> batches) {
   }
 }
 
+/// Channels [c0, c0 + C) of every sample of images [batch, Stored, plane].
+std::vector<float> channels_of(const std::vector<float>& v, std::size_t batch, std::size_t stored, std::size_t c0,
+                               std::size_t C, std::size_t plane) {
+  std::vector<float> out(batch * C * plane);
+  for (std::size_t n = 0; n < batch; ++n)
+    for (std::size_t c = 0; c < C; ++c)
+      for (std::size_t p = 0; p < plane; ++p) out[(n * C + c) * plane + p] = v[(n * stored + c0 + c) * plane + p];
+  return out;
+}
+
+/// A layer of Groups groups (Case: one group's channels), its gradients written per group over
+/// the group's channels of the images (Stored > C), on the CPU: each group's against the loops
+/// of that group alone.
+template <class Case, std::size_t Groups>
+void check_groups(std::size_t batch) {
+  constexpr std::size_t In = Groups * Case::Cin, Out = Groups * Case::Cout, K = Case::cols;
+  constexpr std::size_t in_plane = Case::H * Case::W, out_plane = Case::Ho * Case::Wo;
+  using G = typename Case::G;
+  INFO("groups " << Groups << " of Cin " << Case::Cin << " Cout " << Case::Cout << " kernel " << Case::K << " stride "
+                 << Case::S << " batch " << batch);
+  std::vector<float> x(batch * In * in_plane), dy(batch * Out * out_plane), w(Out * K);
+  test::fill_uniform(x, -1.0, 1.0, 21);
+  test::fill_uniform(dy, -1.0, 1.0, 22);
+  test::fill_uniform(w, -1.0, 1.0, 23);
+  std::vector<float> dw(w.size(), 7.0f), dx(x.size(), 7.0f);
+  for (std::size_t q = 0; q < Groups; ++q) {
+    const auto c = matmul(image_patches<G, Case::Cin, host, In>{x.data() + q * Case::Cin * in_plane, batch},
+                          transpose(tensor_ref<const float, shape<Case::Cout, K>>(w.data() + q * Case::Cout * K)));
+    const image_pixels<Case::Cout, out_plane, host, false, Out> g{dy.data() + q * Case::Cout * out_plane, batch};
+    executor<cpu>::run(write(tensor_ref<float, shape<Case::Cout, K>>(dw.data() + q * Case::Cout * K),
+                             std::get<0>(autodiff::right_grads(c, g))));
+    executor<cpu>::run(write(image_patches_grad<G, Case::Cin, host, In>{dx.data() + q * Case::Cin * in_plane, batch},
+                             autodiff::left_grad(c, g)));
+  }
+  for (std::size_t q = 0; q < Groups; ++q) {
+    INFO("group " << q);
+    const std::vector<float> wq(w.begin() + std::ptrdiff_t(q * Case::Cout * K), w.begin() + std::ptrdiff_t((q + 1) * Case::Cout * K));
+    const reference<Case> want(channels_of(x, batch, In, q * Case::Cin, Case::Cin, in_plane), wq,
+                               channels_of(dy, batch, Out, q * Case::Cout, Case::Cout, out_plane), batch);
+    CHECK(far_from(dw.data() + q * Case::Cout * K, want.dw, want.dw_mag, batch * out_plane) == 0);
+    const std::vector<float> dxq = channels_of(dx, batch, In, q * Case::Cin, Case::Cin, in_plane);
+    CHECK(far_from(dxq.data(), want.dx, want.dx_mag, Case::Cout * Case::K * Case::K) == 0);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("conv product: dW = g^T patches(x) and dx = col2im(g W) on the CPU's kernels, against loops",
@@ -157,4 +203,11 @@ TEST_CASE("conv product: batches that differ or outputs overlapping an operand a
   for (float v : dw) CHECK(v == 7.0f);
   for (float v : dx) CHECK(v == 7.0f);
   for (float v : x) CHECK(v == 1.0f);
+}
+
+TEST_CASE("conv product: a layer's groups, each a product over its channels of the images, against loops",
+          "[conv2d][product]") {
+  SECTION("2 groups, 3x3, padding 1") { check_groups<conv_case<4, 6, 3, 1, 1, 1, 7, 6>, 2>(3); }
+  SECTION("4 groups, stride 2") { check_groups<conv_case<3, 2, 3, 2, 1, 1, 9, 8>, 4>(2); }
+  SECTION("2 groups, 1x1") { check_groups<conv_case<5, 3, 1, 1, 0, 1, 4, 5>, 2>(3); }
 }

@@ -107,13 +107,14 @@ im2col<G, C, Space> image_columns(tensor_ref<T, S, Space> x, std::size_t n, std:
 /// matmul(patches, transpose(w)) is the convolution's output channels-last [batch Ho Wo, Cout].
 /// Its rows are the run-time batch Ho Wo. Staged from the images while a product reads it; no
 /// patch matrix is stored. A backend that stages it maps it in its product; one that runs
-/// convolutions by kernels of its own may refuse it.
-template <class G, std::size_t C, class Space>
+/// convolutions by kernels of its own may refuse it. Stored: the channels of a stored sample,
+/// when the C read are one group's (`images` points at the group's first channel).
+template <class G, std::size_t C, class Space, std::size_t Stored = C>
 struct image_patches {
-  static_assert(C >= 1, "solder::image_patches: an image has at least one channel");
+  static_assert(C >= 1 && C <= Stored, "solder::image_patches: an image has at least one channel, and a group no more than the image");
   using geometry = G;
   using space_type = Space;
-  static constexpr std::size_t channels = C;
+  static constexpr std::size_t channels = C, stored_channels = Stored;
   static constexpr std::size_t cols = C * G::taps;
   const float* images;
   std::size_t samples;  // images in the batch
@@ -125,12 +126,14 @@ struct image_patches {
 /// [batch Ho Wo, C] (Trans: its transpose [C, batch Ho Wo]): row n Ho Wo + p is pixel p of
 /// sample n, column c its channel c. A convolution's output gradient dy as the gradient of its
 /// product patches(x) W^T, which is channels-last: the product rules read dy where it lies.
-/// Plane: Ho Wo. Its rows are the run-time batch Ho Wo.
-template <std::size_t C, std::size_t Plane, class Space = host, bool Trans = false>
+/// Plane: Ho Wo. Its rows are the run-time batch Ho Wo. Stored: the channels of a stored
+/// sample, when the C read are one group's (`images` points at the group's first channel).
+template <std::size_t C, std::size_t Plane, class Space = host, bool Trans = false, std::size_t Stored = C>
 struct image_pixels {
-  static_assert(C >= 1 && Plane >= 1, "solder::image_pixels: an image has at least one channel and one pixel");
+  static_assert(C >= 1 && Plane >= 1 && C <= Stored,
+                "solder::image_pixels: an image has at least one channel and one pixel, and a group no more than the image");
   using space_type = Space;
-  static constexpr std::size_t channels = C, plane = Plane;
+  static constexpr std::size_t channels = C, plane = Plane, stored_channels = Stored;
   static constexpr bool transposed = Trans;
   const float* images;
   std::size_t samples;  // images in the batch
@@ -138,17 +141,17 @@ struct image_pixels {
   std::size_t batch() const { return samples * Plane; }
 };
 
-/// The images [batch, C, H, W] in memory of Space that image_patches<G, C, Space> reads, as a
-/// write's output for the gradient of that patch matrix: a [batch Ho Wo, C Kh Kw] expression
-/// written to it is summed onto the pixels each of its entries was read from (col2im, the
-/// adjoint of image_patches): dx = col2im(g W) is write(image_patches_grad{dx, batch}, g W).
-/// Every image element is written, 0 where no window reads it.
-template <class G, std::size_t C, class Space = host>
+/// The images [batch, C, H, W] in memory of Space that image_patches<G, C, Space, Stored>
+/// reads, as a write's output for the gradient of that patch matrix: a [batch Ho Wo, C Kh Kw]
+/// expression written to it is summed onto the pixels each of its entries was read from
+/// (col2im, the adjoint of image_patches): dx = col2im(g W) is write(image_patches_grad{dx,
+/// batch}, g W). Every element of the C channels is written, 0 where no window reads it.
+template <class G, std::size_t C, class Space = host, std::size_t Stored = C>
 struct image_patches_grad {
-  static_assert(C >= 1, "solder::image_patches_grad: an image has at least one channel");
+  static_assert(C >= 1 && C <= Stored, "solder::image_patches_grad: an image has at least one channel, and a group no more than the image");
   using geometry = G;
   using space_type = Space;
-  static constexpr std::size_t channels = C;
+  static constexpr std::size_t channels = C, stored_channels = Stored;
   static constexpr std::size_t cols = C * G::taps;
   float* images;
   std::size_t samples;
@@ -225,21 +228,21 @@ struct operand_traits<im2col<G, C, Space>> {
   static constexpr operand_form form = operand_form::generated;
   static std::size_t batch(const im2col<G, C, Space>&) { return 1; }
 };
-template <class G, std::size_t C, class Space>
-struct operand_traits<image_patches<G, C, Space>> {
+template <class G, std::size_t C, class Space, std::size_t Stored>
+struct operand_traits<image_patches<G, C, Space, Stored>> {
   static constexpr std::size_t rank = 2;
-  static constexpr std::size_t rows = dyn, cols = image_patches<G, C, Space>::cols;
+  static constexpr std::size_t rows = dyn, cols = C * G::taps;
   static constexpr bool trans = false;
   static constexpr operand_form form = operand_form::generated;
-  static std::size_t batch(const image_patches<G, C, Space>& p) { return p.batch(); }
+  static std::size_t batch(const image_patches<G, C, Space, Stored>& p) { return p.batch(); }
 };
-template <std::size_t C, std::size_t Plane, class Space, bool Trans>
-struct operand_traits<image_pixels<C, Plane, Space, Trans>> {
+template <std::size_t C, std::size_t Plane, class Space, bool Trans, std::size_t Stored>
+struct operand_traits<image_pixels<C, Plane, Space, Trans, Stored>> {
   static constexpr std::size_t rank = 2;
   static constexpr std::size_t rows = Trans ? C : dyn, cols = Trans ? dyn : C;
   static constexpr bool trans = Trans;
   static constexpr operand_form form = operand_form::generated;
-  static std::size_t batch(const image_pixels<C, Plane, Space, Trans>& p) { return p.batch(); }
+  static std::size_t batch(const image_pixels<C, Plane, Space, Trans, Stored>& p) { return p.batch(); }
 };
 template <class A, class B, sketch_stack Axis>
 struct operand_traits<operand_concat<A, B, Axis>> {
@@ -339,8 +342,8 @@ template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack,
 sign_sketch<TR, TC, Terms, Stack, !Trans> transpose(const sign_sketch<TR, TC, Terms, Stack, Trans>& u) {
   return {u.seed, u.scale};
 }
-template <std::size_t C, std::size_t Plane, class Space, bool Trans>
-image_pixels<C, Plane, Space, !Trans> transpose(const image_pixels<C, Plane, Space, Trans>& p) {
+template <std::size_t C, std::size_t Plane, class Space, bool Trans, std::size_t Stored>
+image_pixels<C, Plane, Space, !Trans, Stored> transpose(const image_pixels<C, Plane, Space, Trans, Stored>& p) {
   return {p.images, p.samples};
 }
 /// [a | b]^T = [a^T; b^T], [a; b]^T = [a^T | b^T].

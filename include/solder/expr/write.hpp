@@ -36,18 +36,18 @@ auto write(tensor<T, S, Space>& out, const E& e) {
 
 /// The gradient of a batch's image patches, `expr` [batch Ho Wo, C Kh Kw], written back onto
 /// the images `out` (col2im): a convolution's dx from its product's left gradient g W.
-template <class G, std::size_t C, class Space, class E>
+template <class G, std::size_t C, class Space, class E, std::size_t Stored = C>
 struct patch_gradient_write {
-  image_patches_grad<G, C, Space> out;
+  image_patches_grad<G, C, Space, Stored> out;
   E expr;
 };
 
-template <class G, std::size_t C, class Space, class E>
-auto write(image_patches_grad<G, C, Space> out, const E& e) {
+template <class G, std::size_t C, class Space, std::size_t Stored, class E>
+auto write(image_patches_grad<G, C, Space, Stored> out, const E& e) {
   static_assert(check_spaces<Space, space_of<leaf_t<E>>>());
   static_assert(std::is_same_v<shape_of<leaf_t<E>>, shape<dyn, C * G::taps>>,
                 "solder::write: the gradient of a batch's image patches is a [batch Ho Wo, C Kh Kw] expression");
-  return patch_gradient_write<G, C, Space, leaf_t<E>>{out, as_expr(e)};
+  return patch_gradient_write<G, C, Space, leaf_t<E>, Stored>{out, as_expr(e)};
 }
 
 }  // namespace solder

@@ -305,12 +305,12 @@ class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation,
   template <class SX>
   using geometry_of = typename spec::template geometry<SX::extents[2], SX::extents[3]>;
 
-  /// One group: its product's gradients on every backend (nn/conv2d_product.hpp); else the CPU's.
+  /// Its groups' products' gradients (nn/conv2d_product.hpp); a depthwise layer's on the CPU's loops.
   template <class G>
   void gradients(const float* x, const float* dy, float* dx, std::size_t batch) {
-    if constexpr (Groups == 1 && !depthwise)
-      detail::conv2d_product<spec, Space>::template backward<G>(weight.data(), x, dy, dx, weight_grad.data(),
-                                                                bias_grad_data(), batch);
+    if constexpr (!(depthwise && own_kernels))
+      detail::conv2d_gradients<spec, Space>::template backward<G>(weight.data(), x, dy, dx, weight_grad.data(),
+                                                                  bias_grad_data(), batch);
     else
       kernels.template backward<G>(weight.data(), x, dy, dx, weight_grad.data(), bias_grad_data(), batch);
   }

@@ -150,35 +150,38 @@ class conv2d {
     call{weight, bias, current_packing(), nullptr, nullptr}.template direct_forward<G>(x, y, batch, op, x_last, y_last);
   }
 
-  /// Several groups or depthwise: weight_grad, bias_grad (overwritten; bias_grad null without
-  /// a bias) and, unless dx is null, dx = dL/dx, for x [batch, Cin, H, W] and dy [batch, Cout,
-  /// Ho, Wo]. (One group's gradients are its product's: weight_gradient and input_gradient.)
+  /// Depthwise: weight_grad, bias_grad (overwritten; bias_grad null without a bias) and,
+  /// unless dx is null, dx = dL/dx, for x [batch, Cin, H, W] and dy [batch, Cout, Ho, Wo].
+  /// (Other layers' gradients are their groups' products': weight_gradient and input_gradient.)
   template <class G>
   void backward(const float* weight, const float* x, const float* dy, float* dx, float* weight_grad, float* bias_grad,
                 std::size_t batch) const {
-    static_assert(!direct, "solder::eval::cpu::conv2d::backward: one group's gradients are its product's "
-                           "(weight_gradient, input_gradient)");
+    static_assert(depthwise, "solder::eval::cpu::conv2d::backward: a layer's groups' gradients are their products' "
+                             "(weight_gradient, input_gradient)");
     call{weight, nullptr, nullptr, weight_grad, bias_grad}.template gradients<G>(x, dy, dx, batch);
   }
 
-  /// One group: weight_grad [Cout, Cin Kh Kw] (overwritten) = g^T patches(x), g = dy [batch,
-  /// Cout, Ho, Wo] read as pixel rows: the dW tiles where they fill, else per-sample GEMMs over
-  /// the image's columns. The same bits for any thread count.
+  /// One group's weight gradient dW_g [Cout/G, Cin/G Kh Kw] (overwritten) = g^T patches(x_g),
+  /// g = dy_g [batch, Cout/G, Ho, Wo] of the group read as pixel rows; x, dy and weight_grad
+  /// point at the group's first channel and weight row (samples Cin and Cout channels apart).
+  /// One group in all: the dW tiles where they fill; else per-sample GEMMs over the image's
+  /// columns. The same bits for any thread count.
   template <class G>
   static void weight_gradient(const float* x, const float* dy, float* weight_grad, std::size_t batch) {
-    static_assert(direct, "solder::eval::cpu::conv2d::weight_gradient: one group only");
+    static_assert(!depthwise, "solder::eval::cpu::conv2d::weight_gradient: a depthwise layer runs backward");
     call c{nullptr, nullptr, nullptr, weight_grad, nullptr};
     if constexpr (call::dw_direct)
       c.template direct_dw<G>(x, dy, batch);
     else
-      c.template gemm_gradients<G>(x, dy, nullptr, batch);
+      c.template gemm_gradients<G>(x, dy, nullptr, batch, 1);
   }
-  /// One group: dx [batch, Cin, H, W] = col2im(g W), g = dy read as pixel rows: with stride 1
-  /// the tiles' convolution of dy with the kernel turned around, else per sample a GEMM into
-  /// the image's column gradient, gathered per input element.
+  /// One group's input gradient dx_g = col2im(g W_g), g = dy_g read as pixel rows, the pointers
+  /// at the group as weight_gradient's: with one group and stride 1 the tiles' convolution of
+  /// dy with the kernel turned around, else per sample a GEMM into the image's column
+  /// gradient, gathered per input element.
   template <class G>
   static void input_gradient(const float* weight, const float* dy, float* dx, std::size_t batch) {
-    static_assert(direct, "solder::eval::cpu::conv2d::input_gradient: one group only");
+    static_assert(!depthwise, "solder::eval::cpu::conv2d::input_gradient: a depthwise layer runs backward");
     const call c{weight, nullptr, nullptr, nullptr, nullptr};
     if constexpr (call::dx_direct)
       c.template direct_dx<G>(dy, dx, batch);
@@ -199,7 +202,6 @@ class conv2d {
   /// Floats the per-chunk dW partial sums of backward may take: chunks are capped so that
   /// (chunks - 1) weights fit, and larger layers run fewer chunks with the GEMM threaded.
   static constexpr std::size_t partial_budget_floats = std::size_t(8) << 20;
-  static constexpr std::size_t weight_floats = Cout * fan_in;
 
   /// One group's planes of a sample as the product's B operand [group_in Kh Kw, Ho Wo].
   template <class G>
@@ -324,14 +326,11 @@ class conv2d {
         for (std::size_t wi = 0; wi < G::width; ++wi) dx[hi * G::width + wi] = G::col2im_at(dcol, ci, hi, wi);
     }
 
-    /// Several groups or depthwise.
+    /// Depthwise.
     template <class G>
     void gradients(const float* x, const float* dy, float* dx, std::size_t batch) {
       if constexpr (Bias) bias_gradient<G>(dy, batch);
-      if constexpr (depthwise)
-        depthwise_gradients<G>(x, dy, dx, batch);
-      else
-        gemm_gradients<G>(x, dy, dx, batch);
+      depthwise_gradients<G>(x, dy, dx, batch);
     }
 
     /// One group, not a pointwise layer on x as stored, and enough channels to fill the tiles:
@@ -414,66 +413,71 @@ class conv2d {
     /// chunks by the sizes alone; each chunk sums its samples' dW in sample order (chunk 0 into
     /// weight_grad, the others into partial sums), then the chunks are added in order in double.
     template <class G>
-    void gemm_gradients(const float* x, const float* dy, float* dx, std::size_t batch) {
+    void gemm_gradients(const float* x, const float* dy, float* dx, std::size_t batch, std::size_t groups = Groups) {
+      // The floats of dW written: every group's, or (groups = 1, the pointers at one group) one.
+      const std::size_t floats = groups * group_out * fan_in;
       if (batch == 0) {
-        std::fill_n(weight_grad, weight_floats, 0.0f);
+        std::fill_n(weight_grad, floats, 0.0f);
         return;
       }
-      const std::size_t cap = std::min(max_chunks, partial_budget_floats / weight_floats + 1);
+      const std::size_t cap = std::min(max_chunks, partial_budget_floats / floats + 1);
       const std::size_t per_chunk = (batch + std::min(batch, cap) - 1) / std::min(batch, cap);
       const std::size_t chunks = (batch + per_chunk - 1) / per_chunk;
       float* partial =
-          chunks > 1 ? conv_detail::conv2d_workspace(conv_detail::conv2d_slot::partial_dw, (chunks - 1) * weight_floats) : nullptr;
+          chunks > 1 ? conv_detail::conv2d_workspace(conv_detail::conv2d_slot::partial_dw, (chunks - 1) * floats) : nullptr;
 
       const int threads = num_threads();
-      const double flops = double(batch) * double(Cout * G::out_plane) * 4.0 * fan_in;
+      const double flops = double(batch) * double(groups * group_out * G::out_plane) * 4.0 * fan_in;
       const bool over_chunks = threads > 1 && chunks >= std::size_t(threads) && flops >= parallel_min_flops;
       const int inner = over_chunks ? 1 : threads;
       float* dw0 = weight_grad;
       parallel_for(chunks, over_chunks ? threads : 1, [&](std::size_t c) {
-        float* dw = c == 0 ? dw0 : partial + (c - 1) * weight_floats;
+        float* dw = c == 0 ? dw0 : partial + (c - 1) * floats;
         const std::size_t begin = c * per_chunk, end = std::min(batch, begin + per_chunk);
         for (std::size_t n = begin; n < end; ++n)
           backward_sample<G>(x + n * Cin * G::in_plane, dy + n * Cout * G::out_plane,
-                             dx ? dx + n * Cin * G::in_plane : nullptr, dw, n == begin, inner);
+                             dx ? dx + n * Cin * G::in_plane : nullptr, dw, n == begin, inner, groups);
       });
       if (chunks == 1) return;
       constexpr std::size_t block = min_chunk_elements;
-      const std::size_t blocks = (weight_floats + block - 1) / block;
-      parallel_for(blocks, threads_for(chunks * weight_floats), [=](std::size_t b) {
-        const std::size_t end = std::min(weight_floats, (b + 1) * block);
+      const std::size_t blocks = (floats + block - 1) / block;
+      parallel_for(blocks, threads_for(chunks * floats), [=](std::size_t b) {
+        const std::size_t end = std::min(floats, (b + 1) * block);
         for (std::size_t i = b * block; i < end; ++i) {
           double acc = dw0[i];
-          for (std::size_t c = 1; c < chunks; ++c) acc += double(partial[(c - 1) * weight_floats + i]);
+          for (std::size_t c = 1; c < chunks; ++c) acc += double(partial[(c - 1) * floats + i]);
           dw0[i] = float(acc);
         }
       });
     }
 
-    /// dx alone (one group): per sample dcol [K, Ho Wo] = W^T dy, gathered into dx; samples
-    /// spread over the threads, or (fewer samples than threads) the GEMM threaded.
+    /// dx alone, of one group (the pointers at its first channel and weight row): per sample
+    /// dcol [K, Ho Wo] = W_g^T dy_g, gathered into dx_g; samples spread over the threads, or
+    /// (fewer samples than threads) the GEMM threaded.
     template <class G>
     void gemm_dx(const float* dy, float* dx, std::size_t batch) const {
       constexpr std::size_t K = fan_in, N = G::out_plane;
       const int threads = num_threads();
-      const double flops = double(batch) * double(Cout * N) * 2.0 * K;
+      const double flops = double(batch) * double(group_out * N) * 2.0 * K;
       const bool over_samples = threads > 1 && batch >= std::size_t(threads) && flops >= parallel_min_flops;
       const int inner = over_samples ? 1 : threads;
       parallel_for(batch, over_samples ? threads : 1, [&](std::size_t n) {
         float* dxn = dx + n * Cin * G::in_plane;
         float* dcol = columns_are_x ? dxn : conv_detail::conv2d_workspace(conv_detail::conv2d_slot::column_grad, K * N);
-        gemm<N, Cout, true, false>(K, weight, K, dy + n * Cout * N, N,
-                                   conv_detail::conv2d_store_epilogue<false>{nullptr, dcol, N}, inner);
+        gemm<N, group_out, true, false>(K, weight, K, dy + n * Cout * N, N,
+                                        conv_detail::conv2d_store_epilogue<false>{nullptr, dcol, N}, inner);
         if constexpr (!columns_are_x) col2im<G>(dcol, dxn, inner);
       });
     }
 
-    /// One sample's share: dW_g (+)= dy_g [Cout/G, Ho Wo] col_g^T [Ho Wo, K], and (dx given)
-    /// dcol [K, Ho Wo] = W_g^T dy_g, gathered into dx_g.
+    /// One sample's share, for each of `groups` groups from the pointers: dW_g (+)= dy_g
+    /// [Cout/G, Ho Wo] col_g^T [Ho Wo, K], and (dx given) dcol [K, Ho Wo] = W_g^T dy_g,
+    /// gathered into dx_g.
     template <class G>
-    void backward_sample(const float* x, const float* dy, float* dx, float* dw, bool first, int threads) const {
+    void backward_sample(const float* x, const float* dy, float* dx, float* dw, bool first, int threads,
+                         std::size_t groups) const {
       constexpr std::size_t K = fan_in, N = G::out_plane;
-      for (std::size_t g = 0; g < Groups; ++g) {
+      for (std::size_t g = 0; g < groups; ++g) {
         const float* xg = x + g * group_in * G::in_plane;
         const float* dyg = dy + g * group_out * N;
         const float* wg = weight + g * group_out * K;

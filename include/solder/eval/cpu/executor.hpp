@@ -42,8 +42,8 @@ struct executor<cpu> {
   }
   /// The gradient of a batch's image patches written back onto its images (col2im of a
   /// convolution's g W, eval/cpu/conv_product.hpp).
-  template <class G, std::size_t C, class E>
-  static void run(const patch_gradient_write<G, C, host, E>& w) {
+  template <class G, std::size_t C, class E, std::size_t Stored>
+  static void run(const patch_gradient_write<G, C, host, E, Stored>& w) {
     eval::cpu::assign_patch_gradient(w);
   }
   /// out = e in one pass.
