@@ -1,7 +1,7 @@
 // eval/cpu/conv2d.hpp: the CPU backend's convolution (executor<cpu>::conv2d<Spec>, Spec an
-// ops::conv2d_spec): forward with its activation and row writes, the gradients of one group's
-// product (weight_gradient, input_gradient: what conv_product.hpp runs its product rules on),
-// grouped and depthwise layers' backward, and the choice among its algorithms by the layer's
+// ops::conv2d_spec): forward with its activation and row writes, the gradients of each
+// group's product (weight_gradient, input_gradient: what conv_product.hpp runs the product
+// rules on), a depthwise layer's backward, and the choice among its algorithms by the layer's
 // constants. One group (not pointwise on NCHW)
 // runs conv_nhwc.hpp's register tiles, its weights packed per call or once for a frozen model;
 // its dW runs conv_weight_grad.hpp's tiles when they fill, and with stride 1 its dx is the
@@ -173,7 +173,7 @@ class conv2d {
     if constexpr (call::dw_direct)
       c.template direct_dw<G>(x, dy, batch);
     else
-      c.template gemm_gradients<G>(x, dy, nullptr, batch, 1);
+      c.template gemm_dw<G>(x, dy, batch);
   }
   /// One group's input gradient dx_g = col2im(g W_g), g = dy_g read as pixel rows, the pointers
   /// at the group as weight_gradient's: with one group and stride 1 the tiles' convolution of
@@ -409,13 +409,13 @@ class conv2d {
       });
     }
 
-    /// dW = sum over samples of dy_g col_g^T, dx = col2im(W_g^T dy_g). The samples are cut into
-    /// chunks by the sizes alone; each chunk sums its samples' dW in sample order (chunk 0 into
-    /// weight_grad, the others into partial sums), then the chunks are added in order in double.
+    /// One group's dW_g = sum over samples of dy_g col_g^T (the pointers at the group). The
+    /// samples are cut into chunks by the sizes alone; each chunk sums its samples' dW in sample
+    /// order (chunk 0 into weight_grad, the others into partial sums), then the chunks are
+    /// added in order in double.
     template <class G>
-    void gemm_gradients(const float* x, const float* dy, float* dx, std::size_t batch, std::size_t groups = Groups) {
-      // The floats of dW written: every group's, or (groups = 1, the pointers at one group) one.
-      const std::size_t floats = groups * group_out * fan_in;
+    void gemm_dw(const float* x, const float* dy, std::size_t batch) {
+      constexpr std::size_t floats = group_out * fan_in;
       if (batch == 0) {
         std::fill_n(weight_grad, floats, 0.0f);
         return;
@@ -427,7 +427,7 @@ class conv2d {
           chunks > 1 ? conv_detail::conv2d_workspace(conv_detail::conv2d_slot::partial_dw, (chunks - 1) * floats) : nullptr;
 
       const int threads = num_threads();
-      const double flops = double(batch) * double(groups * group_out * G::out_plane) * 4.0 * fan_in;
+      const double flops = double(batch) * double(group_out * G::out_plane) * 2.0 * fan_in;
       const bool over_chunks = threads > 1 && chunks >= std::size_t(threads) && flops >= parallel_min_flops;
       const int inner = over_chunks ? 1 : threads;
       float* dw0 = weight_grad;
@@ -435,12 +435,11 @@ class conv2d {
         float* dw = c == 0 ? dw0 : partial + (c - 1) * floats;
         const std::size_t begin = c * per_chunk, end = std::min(batch, begin + per_chunk);
         for (std::size_t n = begin; n < end; ++n)
-          backward_sample<G>(x + n * Cin * G::in_plane, dy + n * Cout * G::out_plane,
-                             dx ? dx + n * Cin * G::in_plane : nullptr, dw, n == begin, inner, groups);
+          sample_dw<G>(x + n * Cin * G::in_plane, dy + n * Cout * G::out_plane, dw, n == begin, inner);
       });
       if (chunks == 1) return;
       constexpr std::size_t block = min_chunk_elements;
-      const std::size_t blocks = (floats + block - 1) / block;
+      constexpr std::size_t blocks = (floats + block - 1) / block;
       parallel_for(blocks, threads_for(chunks * floats), [=](std::size_t b) {
         const std::size_t end = std::min(floats, (b + 1) * block);
         for (std::size_t i = b * block; i < end; ++i) {
@@ -470,27 +469,14 @@ class conv2d {
       });
     }
 
-    /// One sample's share, for each of `groups` groups from the pointers: dW_g (+)= dy_g
-    /// [Cout/G, Ho Wo] col_g^T [Ho Wo, K], and (dx given) dcol [K, Ho Wo] = W_g^T dy_g,
-    /// gathered into dx_g.
+    /// One sample's share of one group's dW_g (the pointers at the group): dW_g (+)= dy_g
+    /// [Cout/G, Ho Wo] col_g^T [Ho Wo, K], col_g the group's columns (x itself for a 1x1 kernel
+    /// with stride 1 and no padding).
     template <class G>
-    void backward_sample(const float* x, const float* dy, float* dx, float* dw, bool first, int threads,
-                         std::size_t groups) const {
+    void sample_dw(const float* x, const float* dy, float* dw, bool first, int threads) const {
       constexpr std::size_t K = fan_in, N = G::out_plane;
-      for (std::size_t g = 0; g < groups; ++g) {
-        const float* xg = x + g * group_in * G::in_plane;
-        const float* dyg = dy + g * group_out * N;
-        const float* wg = weight + g * group_out * K;
-        const float* col = columns_are_x ? xg : im2col<G>(xg, threads);
-        gemm<K, N, false, true>(group_out, dyg, N, col, N,
-                                           conv_detail::conv2d_accumulate_epilogue{dw + g * group_out * K, K, first}, threads);
-        if (dx == nullptr) continue;
-        float* dxg = dx + g * group_in * G::in_plane;
-        float* dcol = columns_are_x ? dxg : conv_detail::conv2d_workspace(conv_detail::conv2d_slot::column_grad, K * N);
-        gemm<N, group_out, true, false>(K, wg, K, dyg, N,
-                                                   conv_detail::conv2d_store_epilogue<false>{nullptr, dcol, N}, threads);
-        if constexpr (!columns_are_x) col2im<G>(dcol, dxg, threads);
-      }
+      const float* col = columns_are_x ? x : im2col<G>(x, threads);
+      gemm<K, N, false, true>(group_out, dy, N, col, N, conv_detail::conv2d_accumulate_epilogue{dw, K, first}, threads);
     }
 
     // ---- the depthwise path -----------------------------------------------------------------
