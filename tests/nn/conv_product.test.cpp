@@ -54,13 +54,14 @@ std::size_t far_apart(const std::vector<float>& a, const std::vector<float>& b, 
 
 /// A convolution's case: torch's Conv2d(Cin, Cout, (Kh, Kw), S, P, D, bias = Bias) over H x W.
 template <std::size_t Cin_, std::size_t Cout_, std::size_t Kh_, std::size_t Kw_, std::size_t S_, std::size_t P_,
-          std::size_t D_, bool Bias_, std::size_t H_, std::size_t W_>
+          std::size_t D_, bool Bias_, std::size_t H_, std::size_t W_, std::size_t Groups_ = 1>
 struct conv_case {
   static constexpr std::size_t Cin = Cin_, Cout = Cout_, Kh = Kh_, Kw = Kw_, S = S_, P = P_, D = D_, H = H_, W = W_;
+  static constexpr std::size_t groups = Groups_, cin_g = Cin / Groups_, cout_g = Cout / Groups_;
   static constexpr bool bias = Bias_;
-  using spec = ops::conv2d_spec<Cin, Cout, Kh, Kw, S, P, D, 1, Bias_>;
+  using spec = ops::conv2d_spec<Cin, Cout, Kh, Kw, S, P, D, Groups_, Bias_>;
   using geometry = typename spec::template geometry<H, W>;
-  using layer = nn::conv2d<Cin, Cout, Kh, Kw, S, P, D, 1, Bias_>;
+  using layer = nn::conv2d<Cin, Cout, Kh, Kw, S, P, D, Groups_, Bias_>;
   static constexpr std::size_t Ho = geometry::out_height, Wo = geometry::out_width;
 };
 
@@ -78,7 +79,7 @@ struct reference {
     y_mag = y;
     dx.assign(batch * Cin * H * W, 0.0);
     dx_mag = dx;
-    dw.assign(Cout * Cin * Kh * Kw, 0.0);
+    dw.assign(Cout * Case::cin_g * Kh * Kw, 0.0);
     dw_mag = dw;
     db.assign(Cout, 0.0);
     db_mag = db;
@@ -91,14 +92,15 @@ struct reference {
             const double g = dy[yi];
             db[co] += g;
             db_mag[co] += std::abs(g);
-            for (std::size_t ci = 0; ci < Cin; ++ci)
+            for (std::size_t cg = 0; cg < Case::cin_g; ++cg)
               for (std::size_t kh = 0; kh < Kh; ++kh)
                 for (std::size_t kw = 0; kw < Kw; ++kw) {
                   const long hi = long(ho * Case::S + kh * Case::D) - long(Case::P);
                   const long wi = long(wo * Case::S + kw * Case::D) - long(Case::P);
                   if (hi < 0 || wi < 0 || hi >= long(H) || wi >= long(W)) continue;
+                  const std::size_t ci = co / Case::cout_g * Case::cin_g + cg;  // the group's input channel
                   const std::size_t xi = ((n * Cin + ci) * H + std::size_t(hi)) * W + std::size_t(wi);
-                  const std::size_t wk = ((co * Cin + ci) * Kh + kh) * Kw + kw;
+                  const std::size_t wk = ((co * Case::cin_g + cg) * Kh + kh) * Kw + kw;
                   acc += double(w[wk]) * double(x[xi]);
                   mag += std::abs(double(w[wk]) * double(x[xi]));
                   dx[xi] += g * double(w[wk]);
@@ -129,7 +131,7 @@ std::vector<float> on_host(const tensor<float, shape<dyn>, device>& t) {
 template <class Case>
 void check_conv(std::initializer_list<std::size_t> batches) {
   constexpr std::size_t Cin = Case::Cin, Cout = Case::Cout, H = Case::H, W = Case::W, Ho = Case::Ho, Wo = Case::Wo;
-  constexpr std::size_t taps = Cin * Case::Kh * Case::Kw;
+  constexpr std::size_t taps = Case::cin_g * Case::Kh * Case::Kw;
   using G = typename Case::geometry;
   nn::detail::conv2d_product<typename Case::spec, device> conv;
   typename Case::layer layer(3);
@@ -166,7 +168,7 @@ void check_conv(std::initializer_list<std::size_t> batches) {
     conv.template backward<G>(wd.data(), xd.data(), dyd.data(), nullptr, dw2d.data(), Case::bias ? db2d.data() : nullptr,
                               batch);
     const std::vector<float> dx = on_host(dxd), dw = on_host(dwd), db = on_host(dbd);
-    CHECK(far_from(dx, plain.dx, plain.dx_mag, Cout * Case::Kh * Case::Kw) == 0);
+    CHECK(far_from(dx, plain.dx, plain.dx_mag, Case::cout_g * Case::Kh * Case::Kw) == 0);
     CHECK(far_from(dw, plain.dw, plain.dw_mag, batch * Ho * Wo) == 0);
     CHECK(test::bit_differences(dw.data(), on_host(dw2d).data(), dw.size()) == 0);
     if constexpr (Case::bias) {
@@ -185,7 +187,7 @@ void check_conv(std::initializer_list<std::size_t> batches) {
     CHECK(far_apart(y, std::vector<float>(yh.data(), yh.data() + yh.size()), plain.y_mag, taps) == 0);
     CHECK(far_apart(z, std::vector<float>(zh.data(), zh.data() + zh.size()), relu.y_mag, taps) == 0);
     CHECK(far_apart(dx, std::vector<float>(dxh.data(), dxh.data() + dxh.size()), plain.dx_mag,
-                    Cout * Case::Kh * Case::Kw) == 0);
+                    Case::cout_g * Case::Kh * Case::Kw) == 0);
     CHECK(far_apart(dw, std::vector<float>(layer.weight_grad.data(), layer.weight_grad.data() + w.size()), plain.dw_mag,
                     batch * Ho * Wo) == 0);
     if constexpr (Case::bias)
@@ -210,6 +212,13 @@ TEST_CASE("conv2d_product: stride 2, dilation 2, 1x1 and non-square kernels, no 
   check_conv<conv_case<3, 4, 2, 3, 2, 1, 1, true, 7, 5>>({3, 1});
   check_conv<conv_case<3, 4, 3, 1, 1, 0, 2, false, 9, 4>>({1, 3});
   check_conv<conv_case<3, 4, 3, 3, 1, 1, 1, false, 6, 6>>({3, 1});
+}
+
+TEST_CASE("conv2d_product: grouped and depthwise layers, a product per group, in device memory", "[conv2d][device]") {
+  check_conv<conv_case<4, 6, 3, 3, 1, 1, 1, true, 7, 6, 2>>({3, 1});
+  check_conv<conv_case<6, 6, 3, 3, 2, 1, 1, false, 9, 8, 3>>({1, 2});
+  check_conv<conv_case<4, 4, 3, 3, 1, 1, 1, true, 8, 7, 4>>({2});  // depthwise
+  check_conv<conv_case<3, 6, 3, 3, 1, 1, 1, true, 6, 6, 3>>({2});  // depthwise, multiplier 2
 }
 
 TEST_CASE("conv2d_product: a batch of 0 leaves y and dx alone and zeroes dW and db", "[conv2d][device]") {

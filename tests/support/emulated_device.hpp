@@ -45,14 +45,14 @@ struct executor<cuda> {
     }
   }
   /// The device's col2im write: the product into scratch, then the gather per input element.
-  template <class G, std::size_t C, class E>
-  static void run(const patch_gradient_write<G, C, device, E>& w) {
+  template <class G, std::size_t C, class E, std::size_t Stored>
+  static void run(const patch_gradient_write<G, C, device, E, Stored>& w) {
     const std::size_t rows = w.out.batch();
     if (rows == 0) return;
     constexpr std::size_t K = C * G::taps;
     std::vector<float> columns(rows * K);
     run(write(tensor_ref<float, shape<dyn, K>, device>(columns.data(), rows), w.expr));
-    planes(w.out.samples * C, G::height, G::width, G::in_plane, ops::conv2d_col2im<G, C>{columns.data(), w.out.images});
+    planes(w.out.samples * C, G::height, G::width, G::in_plane, ops::conv2d_col2im<G, C, Stored>{columns.data(), w.out.images});
   }
   template <class Out, class E>
   static void assign(const Out& out, const E& e) {

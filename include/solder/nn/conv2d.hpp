@@ -62,7 +62,7 @@ class conv_block;
 /// Ho = (H + 2 Pad - Dilation (Kh - 1) - 1) / Stride + 1 (Wo likewise); W [Cout, Cin/Groups,
 /// Kh, Kw] and b [Cout] as torch stores them. H and W come from x's shape type. Results do not
 /// depend on the thread count. W, b and the tensors it takes live in Space (host memory by
-/// default; `in_space<device>` is the same layer over CUDA memory, one group).
+/// default; `in_space<device>` is the same layer over CUDA memory: a product per group).
 template <std::size_t Cin, std::size_t Cout, std::size_t Kh, std::size_t Kw, std::size_t Stride = 1,
           std::size_t Pad = 0, std::size_t Dilation = 1, std::size_t Groups = 1, bool Bias = true, class Space = host>
 class conv2d : public ops::conv2d_spec<Cin, Cout, Kh, Kw, Stride, Pad, Dilation, Groups, Bias> {

@@ -2,11 +2,11 @@
 // product per group over a batch's image patches (expr/operand.hpp's image_patches) whose
 // gradients are the product's rules (autodiff/product.hpp), and the passes of ops/conv2d.hpp
 // around it. Every backend runs its backward (conv2d_gradients; on the CPU but for depthwise
-// layers); its forward, one group, is what a backend without convolution kernels of its own
-// (CUDA) runs (the CPU's executor::conv2d has its own, with the same interface).
+// layers); its forward is what a backend without convolution kernels of its own (CUDA) runs
+// (the CPU's executor::conv2d has its own, with the same interface).
 //
-//   forward    c [batch Ho Wo, Cout] = patches(x) W^T             (a product, c channels-last)
-//              y [batch, Cout, Ho, Wo] = op(c + b), reordered      (planes)
+//   forward    c [batch Ho Wo, Cout/G] = patches(x_g) W_g^T       (a product per group g)
+//              y_g [batch, Cout/G, Ho, Wo] = op(c + b_g)           (planes, reordered)
 //   backward   db = dy summed per channel                          (rows<dyn>, a fixed order)
 //   per group  g = dy_g read as pixel rows [batch Ho Wo, Cout/G]   (image_pixels, nothing copied)
 //              dW_g [Cout/G, Cin/G Kh Kw] = g^T patches(x_g)       (the product's right gradient)
@@ -68,8 +68,7 @@ struct conv2d_gradients {
       return;
     }
     for (std::size_t q = 0; q < Spec::groups; ++q) {
-      const auto c = matmul(image_patches<G, group_in, Space, Cin>{x + q * group_in * G::in_plane, batch},
-                            transpose(tensor_ref<const float, shape<group_out, K>, Space>(weight + q * group_out * K)));
+      const auto c = product<G>(x, weight, batch, q);
       const image_pixels<group_out, G::out_plane, Space, false, Cout> g{dy + q * group_out * G::out_plane, batch};
       exec::run(write(tensor_ref<float, shape<group_out, K>, Space>(weight_grad + q * group_out * K),
                       std::get<0>(autodiff::right_grads(c, g))));
@@ -78,29 +77,32 @@ struct conv2d_gradients {
                         autodiff::left_grad(c, g)));
     }
   }
+
+  /// Group q's forward product patches(x_q) W_q^T [batch Ho Wo, Cout/Groups]: its channels of
+  /// the images, its rows of the weight.
+  template <class G>
+  static auto product(const float* x, const float* weight, std::size_t batch, std::size_t q) {
+    return matmul(image_patches<G, group_in, Space, Cin>{x + q * group_in * G::in_plane, batch},
+                  transpose(tensor_ref<const float, shape<group_out, K>, Space>(weight + q * group_out * K)));
+  }
 };
 
-/// A convolution layer's work in memory of Space (Spec: ops::conv2d_spec, one group) by the
-/// verbs of executor<backend_of_t<Space>>, for images of the geometry G each call names: x
-/// [batch, Cin, H, W], y [batch, Cout, Ho, Wo], weights [Cout, Cin, Kh, Kw] and bias [Cout] as
-/// torch stores them (bias null without one), every pointer memory of Space. The forward's
-/// scratch (the product's channels-last output) is grown to the largest batch and kept.
-/// Results do not depend on the launch shape: the products' and the sums' orders are fixed by
-/// the sizes.
+/// A convolution layer's work in memory of Space (Spec: ops::conv2d_spec) by the verbs of
+/// executor<backend_of_t<Space>>, for images of the geometry G each call names: x [batch, Cin,
+/// H, W], y [batch, Cout, Ho, Wo], weights [Cout, Cin/Groups, Kh, Kw] and bias [Cout] as torch
+/// stores them (bias null without one), every pointer memory of Space. The forward runs group by
+/// group, each a product into scratch (its channels-last output, grown to the largest batch and
+/// kept) reordered into its channels of y. Results do not depend on the launch shape: the
+/// products' and the sums' orders are fixed by the sizes.
 template <class Spec, class Space>
 class conv2d_product {
   static_assert(MemorySpace<Space>, "solder::nn::conv2d: Space must be a memory space (solder::host, solder::device)");
-  static constexpr bool one_group = Spec::groups == 1 && !Spec::depthwise;
-  static_assert(one_group,
-                "solder::nn::conv2d: a backend without convolution kernels of its own runs convolutions with one group; "
-                "set Groups = 1, or run the layer in host memory");
 
-  static constexpr std::size_t Cin = Spec::in_channels, Cout = Spec::out_channels, K = Spec::fan_in;
+  static constexpr std::size_t Cout = Spec::out_channels, group_out = Spec::group_out;
   using exec = executor<backend_of_t<Space>>;
-  /// Pixel rows [batch Ho Wo, Cout] (the forward product's output), and the weight [Cout, Cin
-  /// Kh Kw] as the products read it.
-  using pixels = shape<dyn, Cout>;
-  using weights = shape<Cout, K>;
+  using gradients = conv2d_gradients<Spec, Space>;
+  /// Pixel rows [batch Ho Wo, Cout/Groups]: a group's forward product.
+  using pixels = shape<dyn, group_out>;
 
  public:
   /// Nothing is packed: the products read the weights as torch stores them.
@@ -116,9 +118,12 @@ class conv2d_product {
     if (rows == 0) return;
     grow(pixel_rows, rows);
     const tensor_ref<float, pixels, Space> c(pixel_rows.data(), rows);
-    exec::run(write(c, product<G>(x, weight, batch)));
-    exec::planes(batch, Cout, G::out_plane, Cout * G::out_plane,
-                 ops::conv2d_nhwc_to_nchw<Cout, G::out_plane, Op>{c.data(), y, bias, op});
+    for (std::size_t q = 0; q < Spec::groups; ++q) {
+      exec::run(write(c, gradients::template product<G>(x, weight, batch, q)));
+      exec::planes(batch, group_out, G::out_plane, group_out * G::out_plane,
+                   ops::conv2d_nhwc_to_nchw<group_out, G::out_plane, Op, Cout>{
+                       c.data(), y + q * group_out * G::out_plane, bias ? bias + q * group_out : nullptr, op});
+    }
   }
 
   /// weight_grad [Cout, Cin, Kh, Kw] and bias_grad [Cout] (overwritten; null without a bias)
@@ -126,7 +131,7 @@ class conv2d_product {
   template <class G>
   static void backward(const float* weight, const float* x, const float* dy, float* dx, float* weight_grad,
                        float* bias_grad, std::size_t batch) {
-    conv2d_gradients<Spec, Space>::template backward<G>(weight, x, dy, dx, weight_grad, bias_grad, batch);
+    gradients::template backward<G>(weight, x, dy, dx, weight_grad, bias_grad, batch);
   }
 
  private:
@@ -135,14 +140,6 @@ class conv2d_product {
   template <class S>
   static void grow(tensor<float, S, Space>& t, std::size_t rows) {
     if (t.batch() < rows) t = tensor<float, S, Space>(rows);
-  }
-  static tensor_ref<const float, weights, Space> weight_view(const float* weight) {
-    return tensor_ref<const float, weights, Space>(weight);
-  }
-  /// The convolution as a product: patches(x) W^T, [batch Ho Wo, Cout].
-  template <class G>
-  static auto product(const float* x, const float* weight, std::size_t batch) {
-    return matmul(image_patches<G, Cin, Space>{x, batch}, transpose(weight_view(weight)));
   }
 };
 

@@ -68,14 +68,15 @@ struct conv2d_geometry {
   /// Element (r, c) of a batch's patch matrix [batch Ho Wo, C Kh Kw]: row r = n Ho Wo + ho Wo
   /// + wo is output pixel (ho, wo) of sample n, column c = (ci Kh + kh) Kw + kw its tap (kh, kw)
   /// of channel ci (torch's order of a weight [Cout, C, Kh, Kw]); x [batch, C, H, W], or
-  /// [batch, H, W, C] when ChannelsLast; 0 in the padding.
-  template <std::size_t C, bool ChannelsLast = false>
+  /// [batch, H, W, C] when ChannelsLast; 0 in the padding. Stored: the channels of a stored
+  /// sample when the C are one group's (x at the group's first channel).
+  template <std::size_t C, bool ChannelsLast = false, std::size_t Stored = C>
   SOLDER_HD static float patch_at(const float* x, std::size_t r, std::size_t c) {
     const std::size_t n = r / out_plane, p = r % out_plane;
     const std::size_t ci = c / taps, t = c % taps;
     const std::size_t hi = in_row(p / out_width, t / Kw), wi = in_col(p % out_width, t % Kw);
     if (!(hi < H && wi < W)) return 0.0f;
-    return ChannelsLast ? x[((n * H + hi) * W + wi) * C + ci] : x[((n * C + ci) * H + hi) * W + wi];
+    return ChannelsLast ? x[((n * H + hi) * W + wi) * Stored + ci] : x[((n * Stored + ci) * H + hi) * W + wi];
   }
 
   /// The output columns [first, last) whose tap kw reads inside the input (first == last: none).
@@ -186,7 +187,9 @@ struct conv2d_geometry {
 /// plane body of planes(batch, C, HW): body(n, c, p) writes y[(n C + c) HW + p], so y is
 /// written in order. Without bias and op the bits are copied (NaN payloads included); with a
 /// bias, x + bias[c] is IEEE addition.
-template <std::size_t C, std::size_t HW, class Op = conv2d_identity>
+/// Stored: the channels of a sample of y when the C are one group's (y and bias at the group's
+/// first channel).
+template <std::size_t C, std::size_t HW, class Op = conv2d_identity, std::size_t Stored = C>
 struct conv2d_nhwc_to_nchw {
   const float* x;
   float* y;
@@ -195,7 +198,7 @@ struct conv2d_nhwc_to_nchw {
   SOLDER_EXEC_CHECK_OFF
   SOLDER_HD SOLDER_INLINE void operator()(std::size_t n, std::size_t c, std::size_t p) const {
     const float v = x[(n * HW + p) * C + c];
-    y[(n * C + c) * HW + p] = op.forward(bias ? v + bias[c] : v);
+    y[(n * Stored + c) * HW + p] = op.forward(bias ? v + bias[c] : v);
   }
 };
 
@@ -262,7 +265,9 @@ struct conv2d_channel_sums {
 /// windows that read it, taps kh then kw ascending (G::for_each_reader): col2im as a gather,
 /// without atomics, so every run gives the same bits. A plane body of planes(batch C, H, W):
 /// body(q, hi, wi) writes dx[(q H + hi) W + wi], q = sample C + channel. G: the geometry.
-template <class G, std::size_t C>
+/// Stored: the channels of a sample of dx when the C are one group's (dx at the group's first
+/// channel): plane q is then channel q % C of sample q / C.
+template <class G, std::size_t C, std::size_t Stored = C>
 struct conv2d_col2im {
   static constexpr std::size_t columns = C * G::taps;
   const float* dcol;
@@ -273,7 +278,7 @@ struct conv2d_col2im {
     G::for_each_reader(hi, wi, [&](std::size_t kh, std::size_t kw, std::size_t ho, std::size_t wo) {
       sum += rows[(ho * G::out_width + wo) * columns + kh * G::kernel_width + kw];
     });
-    dx[(q * G::height + hi) * G::width + wi] = sum;
+    dx[(((q / C) * Stored + q % C) * G::height + hi) * G::width + wi] = sum;
   }
 };
 

@@ -39,14 +39,14 @@ struct executor<cuda> {
   /// The gradient of a batch's image patches written back onto its images: the product into
   /// stream-ordered scratch [batch Ho Wo, C Kh Kw], then gathered per input element (col2im,
   /// no atomics: the same bits every run).
-  template <class G, std::size_t C, class E>
-  static void run(const patch_gradient_write<G, C, device, E>& w) {
+  template <class G, std::size_t C, class E, std::size_t Stored>
+  static void run(const patch_gradient_write<G, C, device, E, Stored>& w) {
     const std::size_t rows = w.out.batch();
     if (rows == 0) return;
     constexpr std::size_t K = C * G::taps;
     const eval::cuda::detail::stream_scratch<float> columns(rows * K, current_stream(), "solder::executor<cuda>::run (col2im)");
     run(write(tensor_ref<float, shape<dyn, K>, device>(columns.get(), rows), w.expr));
-    planes(w.out.samples * C, G::height, G::width, G::in_plane, ops::conv2d_col2im<G, C>{columns.get(), w.out.images});
+    planes(w.out.samples * C, G::height, G::width, G::in_plane, ops::conv2d_col2im<G, C, Stored>{columns.get(), w.out.images});
   }
   /// out = e in one pass.
   template <class Out, class E>

@@ -429,7 +429,7 @@ struct concat_operand {
 /// reads in channel ci, 0 in the padding (ops::conv2d_geometry::patch_at); the input is NCHW, or
 /// NHWC when ChannelsLast. G: the convolution's geometry (H, W, strides, padding, dilation:
 /// ops::conv2d_geometry).
-template <class G, std::size_t Cin, std::size_t Kh, std::size_t Kw, bool ChannelsLast>
+template <class G, std::size_t Cin, std::size_t Kh, std::size_t Kw, bool ChannelsLast, std::size_t Stored = Cin>
 struct im2col_operand {
   static_assert(Kh == G::kernel_height && Kw == G::kernel_width,
                 "solder::eval::cuda::im2col_operand: Kh and Kw must be the geometry's kernel");
@@ -439,15 +439,16 @@ struct im2col_operand {
   static constexpr std::size_t cols = Cin * Kh * Kw;
   const float* x;
   SOLDER_HD SOLDER_INLINE float at(std::size_t r, std::size_t c) const {
-    return G::template patch_at<Cin, ChannelsLast>(x, r, c);
+    return G::template patch_at<Cin, ChannelsLast, Stored>(x, r, c);
   }
 };
 
 /// A batch of NCHW images [batch, C, Ho Wo] read as the pixel matrix [batch Ho Wo, C] (Trans:
 /// [C, batch Ho Wo]), expr/operand.hpp's image_pixels: a convolution's output gradient as the
 /// gradient of its channels-last product, read where it lies. Element (r, c) (untransposed) is
-/// channel c of pixel r % Plane of sample r / Plane.
-template <std::size_t C, std::size_t Plane, bool Trans>
+/// channel c of pixel r % Plane of sample r / Plane; samples are Stored channels apart (a
+/// group's C of them).
+template <std::size_t C, std::size_t Plane, bool Trans, std::size_t Stored = C>
 struct pixels_operand {
   static constexpr bool transposed = Trans;
   /// Neighbouring pixels are neighbours in memory: staged along the pixel index.
@@ -455,7 +456,7 @@ struct pixels_operand {
   const float* x;
   SOLDER_HD SOLDER_INLINE float at(std::size_t r, std::size_t c) const {
     const std::size_t pixel = Trans ? c : r, channel = Trans ? r : c;
-    return x[((pixel / Plane) * C + channel) * Plane + pixel % Plane];
+    return x[((pixel / Plane) * Stored + channel) * Plane + pixel % Plane];
   }
 };
 
@@ -730,17 +731,17 @@ struct device_operand<sign_sketch<TR, TC, Terms, Stack, Trans>> {
 };
 /// A batch's image patches (expr/operand.hpp): a convolution's A', or the B' of its dW = g^T A',
 /// staged from the NCHW images.
-template <class G, std::size_t C>
-struct device_operand<image_patches<G, C, device>> {
-  using type = im2col_operand<G, C, G::kernel_height, G::kernel_width, false>;
-  static type of(const image_patches<G, C, device>& p) { return {p.images}; }
+template <class G, std::size_t C, std::size_t Stored>
+struct device_operand<image_patches<G, C, device, Stored>> {
+  using type = im2col_operand<G, C, G::kernel_height, G::kernel_width, false, Stored>;
+  static type of(const image_patches<G, C, device, Stored>& p) { return {p.images}; }
 };
 /// A batch's images as pixel rows (expr/operand.hpp): a convolution's output gradient, the g of
 /// its dW = g^T patches(x) and of its patch gradient g W.
-template <std::size_t C, std::size_t Plane, bool Trans>
-struct device_operand<image_pixels<C, Plane, device, Trans>> {
-  using type = pixels_operand<C, Plane, Trans>;
-  static type of(const image_pixels<C, Plane, device, Trans>& p) { return {p.images}; }
+template <std::size_t C, std::size_t Plane, bool Trans, std::size_t Stored>
+struct device_operand<image_pixels<C, Plane, device, Trans, Stored>> {
+  using type = pixels_operand<C, Plane, Trans, Stored>;
+  static type of(const image_pixels<C, Plane, device, Trans, Stored>& p) { return {p.images}; }
 };
 /// hcat and vcat of two operands the backend stages: the sketched layer's factors.
 template <class A, class B, sketch_stack Axis>
