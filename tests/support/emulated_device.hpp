@@ -18,7 +18,6 @@
 #include "solder/backend.hpp"
 #include "solder/eval/cuda/product.hpp"
 #include "solder/eval/cuda/row.hpp"
-#include "solder/ops/conv2d.hpp"
 #include "solder/executor.hpp"
 #include "solder/tensor.hpp"
 #include "warp_emulation.hpp"
@@ -44,15 +43,13 @@ struct executor<cuda> {
       eval::cuda::dispatch(runner, w0, ws...);
     }
   }
-  /// The device's col2im write: the product into scratch, then the gather per input element.
+  /// The device's col2im write (eval::cuda::run_patch_gradient), its scratch host memory.
   template <class G, std::size_t C, class E, std::size_t Stored>
   static void run(const patch_gradient_write<G, C, device, E, Stored>& w) {
     const std::size_t rows = w.out.batch();
     if (rows == 0) return;
-    constexpr std::size_t K = C * G::taps;
-    std::vector<float> columns(rows * K);
-    run(write(tensor_ref<float, shape<dyn, K>, device>(columns.data(), rows), w.expr));
-    planes(w.out.samples * C, G::height, G::width, G::in_plane, ops::conv2d_col2im<G, C, Stored>{columns.data(), w.out.images});
+    std::vector<float> columns(rows * C * G::taps);
+    eval::cuda::run_patch_gradient<executor>(w, columns.data());
   }
   template <class Out, class E>
   static void assign(const Out& out, const E& e) {

@@ -133,8 +133,7 @@ struct image_pixels {
   static_assert(C >= 1 && Plane >= 1 && C <= Stored,
                 "solder::image_pixels: an image has at least one channel and one pixel, and a group no more than the image");
   using space_type = Space;
-  static constexpr std::size_t channels = C, plane = Plane, stored_channels = Stored;
-  static constexpr bool transposed = Trans;
+  static constexpr std::size_t stored_channels = Stored;
   const float* images;
   std::size_t samples;  // images in the batch
   /// The pixel matrix's rows: batch Ho Wo.
@@ -149,10 +148,6 @@ struct image_pixels {
 template <class G, std::size_t C, class Space = host, std::size_t Stored = C>
 struct image_patches_grad {
   static_assert(C >= 1 && C <= Stored, "solder::image_patches_grad: an image has at least one channel, and a group no more than the image");
-  using geometry = G;
-  using space_type = Space;
-  static constexpr std::size_t channels = C, stored_channels = Stored;
-  static constexpr std::size_t cols = C * G::taps;
   float* images;
   std::size_t samples;
   /// The patch matrix's rows: batch Ho Wo.

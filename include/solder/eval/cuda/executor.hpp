@@ -11,12 +11,12 @@
 
 #include "solder/backend.hpp"
 #include "solder/eval/cuda/assign.hpp"
+#include "solder/eval/cuda/product.hpp"
 #include "solder/eval/cuda/row.hpp"
 #include "solder/eval/cuda/row_kernels.hpp"
 #include "solder/eval/cuda/stream.hpp"
 #include "solder/executor.hpp"
 #include "solder/expr/write.hpp"
-#include "solder/ops/conv2d.hpp"
 
 namespace solder {
 
@@ -43,10 +43,9 @@ struct executor<cuda> {
   static void run(const patch_gradient_write<G, C, device, E, Stored>& w) {
     const std::size_t rows = w.out.batch();
     if (rows == 0) return;
-    constexpr std::size_t K = C * G::taps;
-    const eval::cuda::detail::stream_scratch<float> columns(rows * K, current_stream(), "solder::executor<cuda>::run (col2im)");
-    run(write(tensor_ref<float, shape<dyn, K>, device>(columns.get(), rows), w.expr));
-    planes(w.out.samples * C, G::height, G::width, G::in_plane, ops::conv2d_col2im<G, C, Stored>{columns.get(), w.out.images});
+    const eval::cuda::detail::stream_scratch<float> columns(rows * C * G::taps, current_stream(),
+                                                            "solder::executor<cuda>::run (col2im)");
+    eval::cuda::run_patch_gradient<executor>(w, columns.get());
   }
   /// out = e in one pass.
   template <class Out, class E>

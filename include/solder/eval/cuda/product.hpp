@@ -29,6 +29,7 @@
 #include "solder/expr/contract.hpp"
 #include "solder/expr/operand.hpp"
 #include "solder/expr/write.hpp"
+#include "solder/ops/conv2d.hpp"
 #include "solder/random/sketch.hpp"
 #include "solder/simd.hpp"
 
@@ -806,6 +807,17 @@ auto product_of(const write_target<T, S, E, device>& w) {
   const std::size_t M = c.rows();
   auto epilogue = write(w.out, replace_contract(w.expr, accumulator_leaf<typename C::shape_type>{c.batch()}));
   return product<Tl>(A::of(c.a), B::of(c.b), M, c.inner(), epilogue);
+}
+
+/// The gradient of a batch's image patches written back onto its images, by the verbs of Exec
+/// (executor<cuda>, or its emulation): the product into `columns` [batch Ho Wo, C Kh Kw]
+/// (scratch the caller owns), then gathered per input element (col2im, no atomics: the same
+/// bits every run).
+template <class Exec, class G, std::size_t C, class E, std::size_t Stored>
+void run_patch_gradient(const patch_gradient_write<G, C, device, E, Stored>& w, float* columns) {
+  Exec::run(write(tensor_ref<float, shape<dyn, C * G::taps>, device>(columns, w.out.batch()), w.expr));
+  Exec::planes(w.out.samples * C, G::height, G::width, G::in_plane,
+               ops::conv2d_col2im<G, C, Stored>{columns, w.out.images});
 }
 
 }  // namespace solder::eval::cuda
