@@ -365,7 +365,7 @@ class basic_chain {
   std::vector<param_type> params() {
     std::vector<param_type> out;
     for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
-      for (auto& p : b.params_from(G::first)) out.push_back(p);
+      for (auto& p : b.params_from(G::first)) out.push_back(std::move(p));
     });
     return out;
   }
@@ -388,7 +388,7 @@ class basic_chain {
   std::vector<basic_buffer<space>> buffers() {
     std::vector<basic_buffer<space>> out;
     for_each_block([&]<class G>(auto& b, std::type_identity<G>) {
-      for (auto& t : b.buffers_from(G::first)) out.push_back(t);
+      for (auto& t : b.buffers_from(G::first)) out.push_back(std::move(t));
     });
     return out;
   }

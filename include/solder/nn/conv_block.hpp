@@ -18,6 +18,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "solder/nn/batch_norm.hpp"
@@ -140,7 +141,7 @@ class conv_block {
   std::vector<optim::basic_param<space>> params_from(std::size_t first) {
     std::vector<optim::basic_param<space>> out = conv.params(std::to_string(first) + ".");
     if constexpr (has_norm)
-      for (auto& p : norm.params(std::to_string(first + 1) + ".")) out.push_back(p);
+      for (auto& p : norm.params(std::to_string(first + 1) + ".")) out.push_back(std::move(p));
     return out;
   }
   /// The batch_norm's running statistics, named as torch's state_dict names them.

@@ -31,6 +31,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "solder/autodiff/product.hpp"
@@ -167,7 +168,7 @@ class linear_block
   std::vector<optim::basic_param<space>> params_from(std::size_t first) {
     std::vector<optim::basic_param<space>> out = named_params(std::to_string(first) + ".", linear);
     if constexpr (has_norm)
-      for (auto& p : norm.params(std::to_string(first + 1) + ".")) out.push_back(p);
+      for (auto& p : norm.params(std::to_string(first + 1) + ".")) out.push_back(std::move(p));
     return out;
   }
   /// A batch_norm's running statistics, named as torch's state_dict names them.

@@ -2,8 +2,9 @@
 // (activation, dropout) does around its products, whatever the product layer is (linear,
 // sketched): the tail's layers and the mode, the forward's store of y = tail(z) from the last
 // product's epilogue (and of z, when the tail's derivative does not follow from y), and the
-// backward's gate pass, g = dL/dz with the bias gradient reduced in the same pass. The products
-// themselves are the block's; each product block derives from this.
+// backward's gate pass, g = dL/dz with the bias gradient reduced in the same pass (without a
+// tail g is dy, and the pass reduces the bias gradient only). The products themselves are the
+// block's; each product block derives from this.
 #pragma once
 
 #include <cstddef>
@@ -87,17 +88,32 @@ class product_tail {
 
   /// g = dL/dz into the gate buffer and, when db is a tensor, db = the column sums of g, in one
   /// pass, in the current mode; returns g. y and dy are the last forward's output and its gradient.
+  /// Without a tail g is dy itself: no copy, db alone is a pass.
   template <class SY, class DB>
   tensor_ref<const float, SY, Space> gate(tensor_ref<const float, SY, Space> y, tensor_ref<const float, SY, Space> dy,
                                           DB& db, const char* who) {
-    if (current == mode::train) return gate_as<mode::train>(y, dy, db, who);
-    return gate_as<mode::eval>(y, dy, db, who);
+    if constexpr (sizeof...(Tail) == 0) {
+      if constexpr (!std::is_same_v<DB, std::tuple<>>) assign(db, sum_to<shape<Out>>(dy));
+      return dy;
+    } else {
+      if (current == mode::train) return gate_as<mode::train>(y, dy, db, who);
+      return gate_as<mode::eval>(y, dy, db, who);
+    }
   }
 
  private:
-  tensor<float, shape<dyn, Out>, Space> gate_buffer{1};  // g = dL/dz
-  tensor<float, shape<dyn, Out>, Space> pre{1};          // z of the last training forward (keeps_preactivation)
-  std::size_t pre_batch = 0;                      // its batch; 0: none
+  // Rows of Out floats where the block needs them, else nothing.
+  template <bool Used>
+  using rows_if = std::conditional_t<Used, tensor<float, shape<dyn, Out>, Space>, std::tuple<>>;
+  template <bool Used>
+  static rows_if<Used> rows_or_none() {
+    if constexpr (Used) return rows_if<Used>(1);
+    else return {};
+  }
+  static constexpr bool has_gate_buffer = sizeof...(Tail) > 0;
+  [[no_unique_address]] rows_if<has_gate_buffer> gate_buffer = rows_or_none<has_gate_buffer>();  // g = dL/dz
+  [[no_unique_address]] rows_if<keeps_preactivation> pre = rows_or_none<keeps_preactivation>();   // z of the last training forward
+  std::size_t pre_batch = 0;  // its batch; 0: none
 
   template <mode M, class SY, class DB>
   tensor_ref<const float, SY, Space> gate_as(tensor_ref<const float, SY, Space> y, tensor_ref<const float, SY, Space> dy,
@@ -116,9 +132,11 @@ class product_tail {
       if (M == mode::eval || pre_batch != batch)
         solder::detail::fail(std::string(who) + ": this layer's backward needs the pre-activation of a training-mode "
                              "forward on the same batch (" + std::to_string(batch) + " rows)");
-      const tensor_ref<const float, SY, Space> z(pre.data(), batch);
-      const auto grads = vjp([&](const auto& zv) { return tail.template expression<M>(zv); }, dy, z);
-      finish(std::get<0>(grads));
+      if constexpr (keeps_preactivation) {
+        const tensor_ref<const float, SY, Space> z(pre.data(), batch);
+        const auto grads = vjp([&](const auto& zv) { return tail.template expression<M>(zv); }, dy, z);
+        finish(std::get<0>(grads));
+      }
     }
     return tensor_ref<const float, SY, Space>(gate_buffer.data(), batch);
   }

@@ -157,12 +157,13 @@ void micro_kernel(const tile_job& job, Epilogue& epi) {
   };
   constexpr std::true_type in_rows{};
   constexpr std::false_type one_run{};
-  std::size_t k = 0;
-  for (; k + 2 <= job.kc; k += 2) {
+  // An odd kc leaves the loop halfway through its last pass (one copy of each step in the
+  // code, not a third for the odd step: the kernels are compiled in every translation unit).
+  for (std::size_t k = 0; k < job.kc; k += 2) {
     step(b_next, b_left, in_rows);
+    if (k + 1 == job.kc) break;
     step(a_next, a_left, one_run);
   }
-  if (k < job.kc) step(b_next, b_left, in_rows);
 
   if (job.last) {
     epi.template tile<R, NV>(acc, job.m0, job.n0, job.mr, job.nr);
