@@ -3,7 +3,8 @@
 //
 // Cases: BM_bias_relu_dropout_{fwd,bwd}/<impl>/<B>x<N>[/threads:2]; see bench/README.md for the
 // method, what each implementation is and how roofline is computed. BM_philox_bits16/<B>x<N>:
-// the forward's random-bit floor (the mask drawn and compared, nothing read or written).
+// the forward's random-bit floor (the mask drawn and compared, nothing read or written), with
+// the default 7 Philox rounds; BM_philox_bits16_r10: the same with a 10-round stream.
 #include <xtensor/xmath.hpp>
 #include <xtensor/xnoalias.hpp>
 #include <xtensor/xoperation.hpp>
@@ -514,12 +515,12 @@ void paired_case(benchmark::State& state, const impl& solder_impl, direction dir
 /// compared with the threshold vector by vector) and counted, nothing written. GBps: the
 /// forward's bytes (x read, y written) over this time, so it reads as a floor beside the
 /// pass's GBps; the pass's floor is the slower of this and the memory copy.
-void philox_bits_case(benchmark::State& state, shape s) {
+void philox_bits_case(benchmark::State& state, shape s, std::uint32_t rounds) {
   namespace cpu = solder::eval::cpu;
   using V = cpu::vec<float>;
   const std::size_t n = std::size_t(s.rows * s.cols);
   constexpr std::size_t seg = cpu::segment_elements;
-  const cpu::detail::philox_stream stream(seed_keep, 0);
+  const cpu::detail::philox_stream stream(seed_keep, 0, rounds);
   const std::uint32_t threshold = solder::random::threshold16(drop_p);
   alignas(64) std::uint16_t bits[seg + 64] = {};
   double kept = 0;
@@ -546,8 +547,10 @@ void philox_bits_case(benchmark::State& state, shape s) {
 void register_cases() {
   for (const shape& s : shapes) {
     if (s.threads > 1) continue;
-    const std::string name = "BM_philox_bits16/" + case_suffix(s);
-    benchmark::RegisterBenchmark(name.c_str(), philox_bits_case, s)->Unit(benchmark::kMicrosecond);
+    for (std::uint32_t rounds : {solder::random::philox_default_rounds, 10u}) {
+      const std::string name = std::string(rounds == 10 ? "BM_philox_bits16_r10/" : "BM_philox_bits16/") + case_suffix(s);
+      benchmark::RegisterBenchmark(name.c_str(), philox_bits_case, s, rounds)->Unit(benchmark::kMicrosecond);
+    }
   }
   for (direction dir : {direction::fwd, direction::bwd})
     for (const shape& s : shapes)

@@ -186,12 +186,16 @@ TEST_CASE("cuda product: the bias + ReLU + dropout epilogue equals the product t
   const cu::matrix_operand<false> a{x.data(), K};
   const cu::matrix_operand<true> b{w.data(), K};
 
+  // The default stream (7 Philox rounds) and a 10-round one.
+  const std::uint32_t rounds = GENERATE(7u, 10u);
+  const philox_state stream{rng.seed, rng.offset, 0, rounds};
+  CAPTURE(rounds);
   tensor<float, S> fused(M), product(M);
   test::run_product(cu::product<large_tiles>(
-      a, b, M, K, write(dev_out(fused), dropout(relu(cu::product_value<S>(M) + dev(bias)), 0.25f, rng))));
+      a, b, M, K, write(dev_out(fused), dropout(relu(cu::product_value<S>(M) + dev(bias)), 0.25f, stream))));
   test::run_product(cu::product<large_tiles>(a, b, M, K, write(dev_out(product), cu::product_value<S>(M))));
   // The unfused composition on the CPU: the same op definitions and the same mask.
-  tensor<float, S> unfused = dropout(relu(product + bias), 0.25f, rng);
+  tensor<float, S> unfused = dropout(relu(product + bias), 0.25f, stream);
   CHECK(bit_differences(fused.data(), unfused.data(), M * N) == 0);
 
   // The mask is random::bits16 at the flat output index: dropped elements are zero, kept ones
@@ -199,7 +203,7 @@ TEST_CASE("cuda product: the bias + ReLU + dropout epilogue equals the product t
   const std::uint32_t t = random::threshold16(0.25f);
   std::size_t dropped = 0, wrong = 0;
   for (std::size_t i = 0; i < M * N; ++i) {
-    const bool keep = random::bits16(rng.seed, rng.offset, i) >= t;
+    const bool keep = random::bits16(stream.seed, stream.offset, i, stream.rounds) >= t;
     dropped += !keep;
     if (!keep && fused.data()[i] != 0.0f) ++wrong;
     if (keep && product.data()[i] + bias.data()[i % N] > 0.0f && fused.data()[i] == 0.0f) ++wrong;
@@ -237,17 +241,20 @@ TEST_CASE("cuda product: a sign sketch as the right operand, its signs regenerat
   const float scale = 1.0f / std::sqrt(float(N));
   const cu::matrix_operand<false> a{x.data(), K};
 
+  const std::uint32_t rounds = GENERATE(7u, 10u);
+  CAPTURE(rounds);
   tensor<float, S> y(M), yt(M);
-  test::run_product(cu::product<small_tiles>(a, cu::sign_operand<K, N, false>{99, 2, scale}, M, K,
+  test::run_product(cu::product<small_tiles>(a, cu::sign_operand<K, N, false>{99, 2, scale, rounds}, M, K,
                                              write(dev_out(y), cu::product_value<S>(M))));
-  test::run_product(cu::product<small_tiles>(a, cu::sign_operand<N, K, true>{99, 2, scale}, M, K,
+  test::run_product(cu::product<small_tiles>(a, cu::sign_operand<N, K, true>{99, 2, scale, rounds}, M, K,
                                              write(dev_out(yt), cu::product_value<S>(M))));
   std::vector<double> c, mag, ct, magt;
   reference([&](std::size_t m, std::size_t k) { return x.data()[m * K + k]; },
-            [&](std::size_t k, std::size_t n) { return scale * random::sketch_sign(99, 2, k * N + n); }, M, N, K, c, mag);
+            [&](std::size_t k, std::size_t n) { return scale * random::sketch_sign(99, 2, k * N + n, rounds); }, M, N, K,
+            c, mag);
   reference([&](std::size_t m, std::size_t k) { return x.data()[m * K + k]; },
-            [&](std::size_t k, std::size_t n) { return scale * random::sketch_sign(99, 2, n * K + k); }, M, N, K, ct,
-            magt);
+            [&](std::size_t k, std::size_t n) { return scale * random::sketch_sign(99, 2, n * K + k, rounds); }, M, N, K,
+            ct, magt);
   CHECK(far_from(y.data(), c, mag, K) == 0);
   CHECK(far_from(yt.data(), ct, magt, K) == 0);
   // Both signs occur, so a constant sign would fail the references above.

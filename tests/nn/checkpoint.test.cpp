@@ -81,7 +81,8 @@ std::vector<float> option_values(const Options& o) {
 bool same_streams(const std::vector<philox_state>& a, const std::vector<philox_state>& b) {
   if (a.size() != b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i)
-    if (a[i].seed != b[i].seed || a[i].offset != b[i].offset || a[i].first != b[i].first) return false;
+    if (a[i].seed != b[i].seed || a[i].offset != b[i].offset || a[i].first != b[i].first || a[i].rounds != b[i].rounds)
+      return false;
   return true;
 }
 
@@ -193,6 +194,48 @@ TEST_CASE("checkpoint: a resumed SGD run with Nesterov momentum is bitwise the u
                            });
 }
 
+TEST_CASE("checkpoint: a dropout stream keeps its Philox rounds; a file without them ran 10", "[checkpoint]") {
+  const solder::test::temp_dir tmp("checkpoint_rounds");
+  const auto path = tmp.path / "ten.safetensors";
+  const data_set d;
+  net a(3);
+  std::vector<philox_state> streams = a.dropout_streams();
+  REQUIRE(streams.size() == 1);
+  CHECK(streams[0].rounds == 7);
+  streams[0].rounds = 10;
+  a.set_dropout_streams(streams);
+  optim::adamw opt(a.params());
+  a.train_step(d.x[0], d.y[0], opt);
+  nn::save_checkpoint(path, a, opt);
+  CHECK(io::read_safetensors_header(path).metadata.at("dropout.0.rounds") == "10");
+
+  net b(5);
+  optim::adamw ob(b.params());
+  nn::load_checkpoint(path, b, ob);
+  CHECK(b.dropout_streams().at(0).rounds == 10);
+  CHECK(same_streams(a.dropout_streams(), b.dropout_streams()));
+  // The next steps draw the same 10-round masks.
+  a.train_step(d.x[1], d.y[1], opt);
+  b.train_step(d.x[1], d.y[1], ob);
+  CHECK(same(weights(a), weights(b)));
+
+  // A checkpoint from before the streams kept their rounds (a 7-round one with the entry taken
+  // out): read as the 10 rounds such a file ran.
+  const auto seven = tmp.path / "seven.safetensors", old_file = tmp.path / "old.safetensors";
+  {
+    net e(3);
+    optim::adamw oe(e.params());
+    nn::save_checkpoint(seven, e, oe);
+  }
+  rewrite(seven, old_file, [](auto&, auto& md) { md.erase("dropout.0.rounds"); });
+  net c(5);
+  optim::adamw oc(c.params());
+  nn::load_checkpoint(seven, c, oc);
+  CHECK(c.dropout_streams().at(0).rounds == 7);
+  nn::load_checkpoint(old_file, c, oc);
+  CHECK(c.dropout_streams().at(0).rounds == 10);
+}
+
 TEST_CASE("checkpoint: the file holds the model as nn::save names it, the state and the metadata", "[checkpoint]") {
   const solder::test::temp_dir tmp("checkpoint_file");
   const auto path = tmp.path / "run.safetensors";
@@ -228,6 +271,7 @@ TEST_CASE("checkpoint: the file holds the model as nn::save names it, the state 
   CHECK(md.at("dropout.0.seed") == std::to_string(s.seed));
   CHECK(md.at("dropout.0.offset") == std::to_string(s.offset));
   CHECK(md.at("dropout.0.first") == "0");
+  CHECK(md.at("dropout.0.rounds") == "7");
 
   net b(8);
   nn::load(b, path);  // a checkpoint is a parameter file too
@@ -294,6 +338,9 @@ TEST_CASE("checkpoint: a bad file is an error naming it, and changes nothing", "
                       Contains("metadata entry 'optimizer.lr' = \"0.001x\" does not read"));
     rewrite(good, path, [](auto&, auto& md) { md.erase("dropout.0.offset"); });
     CHECK_THROWS_WITH(nn::load_checkpoint(path, model, opt), Contains("the metadata has no 'dropout.0.offset' entry"));
+    rewrite(good, path, [](auto&, auto& md) { md["dropout.0.rounds"] = "8"; });
+    CHECK_THROWS_WITH(nn::load_checkpoint(path, model, opt),
+                      Contains("metadata entry 'dropout.0.rounds' is 8; a dropout stream runs 7 or 10 Philox rounds"));
     rewrite(good, path, [](auto&, auto& md) { md["dropout.streams"] = "2"; });
     CHECK_THROWS_WITH(nn::load_checkpoint(path, model, opt),
                       Contains("the checkpoint has 2 dropout streams; the model has 1 dropout layers"));

@@ -56,7 +56,7 @@ void check_epilogue(std::size_t batch, const char* what) {
   test::fill_uniform(x, -1.0, 1.0, 11);
   test::fill_uniform(r, -0.5, 0.5, 12);
   const philox_state rng{1234, 56};
-  const test::dropout_rule rule{0.3, rng.seed, rng.offset};
+  const test::dropout_rule rule{0.3, rng.seed, rng.offset, rng.rounds};
   const std::size_t n = z.size();
 
   for (int threads : {1, 2}) {

@@ -55,10 +55,11 @@ struct setup {
 /// Forward and backward of bias_relu_dropout<N, P> on shape S against (a) the same math as
 /// three separate solder assignments with temporaries and (b) scalar loops.
 template <class S, std::size_t N, float P>
-void check_against_unfused(std::size_t batch) {
+void check_against_unfused(std::size_t batch, std::uint32_t rounds = solder::random::philox_default_rounds) {
   using Layer = solder::nn::bias_relu_dropout<N, P>;
   setup<S, N, Layer> s(batch, 801);
-  const std::string at = solder::to_string<S>(batch) + ", p = " + std::to_string(P);
+  s.layer.template layer<2>().rng.rounds = rounds;
+  const std::string at = solder::to_string<S>(batch) + ", p = " + std::to_string(P) + ", " + std::to_string(rounds) + " rounds";
 
   s.layer.train();
   s.layer.forward(s.x, s.y);
@@ -75,7 +76,7 @@ void check_against_unfused(std::size_t batch) {
     CHECK(bit_differences(s.y.data(), y_unfused.data(), s.y.size()) == 0);
   }
   // (b) Scalar forward: keep(i) ? max(x + b, 0) * scale : 0, the mask from its counter.
-  const solder::test::dropout_rule rule{P, rng.seed, rng.offset};
+  const solder::test::dropout_rule rule{P, rng.seed, rng.offset, rng.rounds};
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < s.x.size(); ++i) {
     const float want = rule.keep(i) ? std::max(s.x[i] + b[i % N], 0.0f) * rule.scale() : 0.0f;
@@ -138,6 +139,31 @@ TEST_CASE("elementwise_block: bias_relu_dropout with p = 0.5 equals the unfused 
 TEST_CASE("elementwise_block: bias_relu_dropout on a dynamic batch equals the unfused composition", "[nn]") {
   const std::size_t batch = GENERATE(1, 3, 100);
   check_against_unfused<shape<dyn, 37>, 37, 0.1f>(batch);
+}
+
+TEST_CASE("elementwise_block: a dropout stream of 10 Philox rounds equals the unfused composition", "[nn]") {
+  check_against_unfused<shape<17, 255>, 255, 0.1f>(1, 10);
+  check_against_unfused<shape<dyn, 37>, 37, 0.5f>(100, 10);
+}
+
+TEST_CASE("elementwise_block: the stream's rounds pick the masks; other than 7 or 10 is an error", "[nn]") {
+  using Layer = solder::nn::bias_relu_dropout<64, 0.5f>;
+  setup<shape<dyn, 64>, 64, Layer> seven(8, 5), ten(8, 5);
+  ten.layer.template layer<2>().rng.rounds = 10;
+  seven.layer.train();
+  ten.layer.train();
+  seven.layer.forward(seven.x, seven.y);
+  ten.layer.forward(ten.x, ten.y);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < seven.y.size(); ++i) differ += (seven.y[i] == 0.0f) != (ten.y[i] == 0.0f);
+  CHECK(differ > seven.y.size() / 8);  // two independent masks at p = 0.5 differ in about half
+
+  setup<shape<dyn, 64>, 64, Layer> bad(8, 5);
+  bad.layer.template layer<2>().rng.rounds = 8;
+  bad.layer.train();
+  const std::vector<float> before(bad.y.data(), bad.y.data() + bad.y.size());
+  CHECK_THROWS_WITH(bad.layer.forward(bad.x, bad.y), Catch::Matchers::Contains("a Philox stream runs 7 or 10 rounds, not 8"));
+  CHECK(std::equal(before.begin(), before.end(), bad.y.data()));
 }
 
 TEST_CASE("elementwise_block: a batch mismatch between input and output throws solder::error", "[nn]") {

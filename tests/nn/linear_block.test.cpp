@@ -102,7 +102,7 @@ void check_layer(Layer& layer, std::size_t M, bool train, std::function<double(d
     if constexpr (requires { Last::p; }) {
       if (train) {  // the mask of this forward
         const auto& d = std::get<std::tuple_size_v<Tail> - 1>(layer.tail.layers);
-        const solder::test::dropout_rule rule{double(Last::p), d.rng.seed, d.rng.offset};
+        const solder::test::dropout_rule rule{double(Last::p), d.rng.seed, d.rng.offset, d.rng.rounds};
         R.keep = [rule](std::size_t i) { return rule.keep(i); };
         R.scale = rule.scale();
       }

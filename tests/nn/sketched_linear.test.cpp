@@ -38,17 +38,18 @@ struct reference {
   explicit reference(const L& layer) : s1(layer.s1.begin(), layer.s1.end()), s2(layer.s2.begin(), layer.s2.end()) {
     if constexpr (L::has_bias) b.assign(layer.bias.begin(), layer.bias.end());
     else b.assign(Out, 0.0);
-    // Term t's U1_t [K, Out] and U2_t [In, K], element (r, c) signed by sketch_sign(seed, t, r * C + c).
+    // Term t's U1_t [K, Out] and U2_t [In, K], element (r, c) signed by sketch_sign(seed, t, r * C + c)
+    // with the layer's rounds.
     const double scale = 1.0 / std::sqrt(double(K));
     u1.resize(T * K * Out);
     u2.resize(In * T * K);
     for (std::size_t t = 0; t < T; ++t) {
       for (std::size_t r = 0; r < K; ++r)
         for (std::size_t c = 0; c < Out; ++c)
-          u1[(t * K + r) * Out + c] = scale * random::sketch_sign(layer.u1().seed, t, r * Out + c);
+          u1[(t * K + r) * Out + c] = scale * random::sketch_sign(layer.u1().seed, t, r * Out + c, layer.sketch_rounds);
       for (std::size_t r = 0; r < In; ++r)
         for (std::size_t c = 0; c < K; ++c)
-          u2[r * T * K + t * K + c] = scale * random::sketch_sign(layer.u2().seed, t, r * K + c);
+          u2[r * T * K + t * K + c] = scale * random::sketch_sign(layer.u2().seed, t, r * K + c, layer.sketch_rounds);
     }
   }
 
@@ -113,6 +114,28 @@ TEST_CASE("sketched_linear: forward against the formula in double, both forms", 
     CHECK(mismatches(y_folded.data(), want, forward_tolerance) == 0);
     block.weights_changed();
   }
+}
+
+TEST_CASE("sketched_linear: sketches of 10 Philox rounds, against the formula in double", "[sketched]") {
+  using layer_t = nn::sketched_linear<40, 33, 3, 4, true, nn::sketch_strategy::automatic, true>;
+  nn::sketched_block<layer_t> seven(7), ten(7);
+  ten.sketched.sketch_rounds = 10;
+  ten.sketched.reset_parameters(7);
+  CHECK(ten.sketched.u1().rounds == 10);
+  CHECK(transpose(ten.sketched.u2()).rounds == 10);
+  const reference<layer_t> ref(ten.sketched);
+  const std::size_t batch = 37;
+  tensor<float, shape<dyn, 40>> x(batch);
+  solder::test::fill_uniform(x, -1, 1, 3);
+  tensor<float, shape<dyn, 33>> y(batch);
+  ten.train();
+  ten.forward(x, y);
+  CHECK(mismatches(y.data(), ref.forward(as_double(x), batch), forward_tolerance) == 0);
+  // Other signs: the 7-round layer's S1 and S2 differ from the 10-round one's.
+  CHECK(bit_differences(seven.sketched.s1.data(), ten.sketched.s1.data(), ten.sketched.s1.size()) > 0);
+
+  ten.sketched.sketch_rounds = 9;
+  CHECK_THROWS_WITH(ten.sketched.reset_parameters(7), Catch::Matchers::Contains("sketch_rounds is 9"));
 }
 
 TEST_CASE("sketched_linear: a forced strategy, and the automatic one chosen from FLOPs", "[sketched]") {

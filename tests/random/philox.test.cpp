@@ -1,4 +1,5 @@
-// tests/random/philox.test.cpp: Philox4x32-10 known answers, the bits16 mapping, the SIMD forms against the scalar form, and statistics.
+// tests/random/philox.test.cpp: Philox4x32-7 and -10 known answers, the bits16 mapping, the SIMD forms against the scalar
+// form with either rounds, and statistics.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "solder/eval/cpu/philox.hpp"
+#include "solder/expr/random.hpp"
 #include "solder/random/philox.hpp"
 
 namespace {
@@ -32,9 +34,15 @@ constexpr kat kats[] = {
     {{{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}}, {{0xffffffff, 0xffffffff}}, {{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}}},
     {{{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}}, {{0xa4093822, 0x299f31d0}}, {{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}}},
 };
+// The same inputs' published answers for 7 rounds (Random123 kat_vectors, philox4x32 7).
+constexpr kat kats7[] = {
+    {{{0, 0, 0, 0}}, {{0, 0}}, {{0x5f6fb709, 0x0d893f64, 0x4f121f81, 0x4f730a48}}},
+    {{{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}}, {{0xffffffff, 0xffffffff}}, {{0x5207ddc2, 0x45165e59, 0x4d8ee751, 0x8c52f662}}},
+    {{{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}}, {{0xa4093822, 0x299f31d0}}, {{0x4dfccaba, 0x190a87f0, 0xc47362ba, 0xb6b5242a}}},
+};
 
-// bits16 values from the independent Python implementation of the element -> bits mapping
-// (group i >> 7, lane i & 15, word ((i >> 4) & 7) >> 1, half (i >> 4) & 1).
+// bits16 values of 10-round streams from the independent Python implementation of the element
+// -> bits mapping (group i >> 7, lane i & 15, word ((i >> 4) & 7) >> 1, half (i >> 4) & 1).
 struct bits16_case {
   uint64_t seed, offset, i;
   uint32_t expected;
@@ -61,14 +69,15 @@ constexpr bits16_case bits16_cases[] = {
 // Runs philox_bits16<A> over [i0, i0 + n) into a buffer at an odd address with guard words
 // after it, and returns the first k where it differs from the scalar bits16 (n if none).
 template <class A>
-std::size_t first_mismatch(uint64_t seed, uint64_t offset, uint64_t i0, std::size_t n) {
+std::size_t first_mismatch(uint64_t seed, uint64_t offset, uint64_t i0, std::size_t n,
+                           uint32_t rounds = solder::random::philox_default_rounds) {
   constexpr uint16_t guard = 0xA5A5;
   constexpr std::size_t guards = 64;
   std::vector<uint16_t> buf(1 + n + guards, guard);
   uint16_t* out = buf.data() + 1;
-  solder::eval::cpu::philox_bits16<A>(seed, offset, i0, n, out);
+  solder::eval::cpu::philox_bits16<A>(seed, offset, i0, n, out, rounds);
   for (std::size_t k = 0; k < n; ++k)
-    if (out[k] != solder::random::bits16(seed, offset, i0 + k)) return k;
+    if (out[k] != solder::random::bits16(seed, offset, i0 + k, rounds)) return k;
   for (std::size_t k = 0; k <= guards; ++k)
     if (buf[(k == 0 ? 0 : n + k)] != guard) return n + 1;  // wrote outside [out, out + n)
   return n;
@@ -94,16 +103,18 @@ void check_simd_equals_scalar() {
                              u64_max - 1023};  // whole groups ending at 2^64 - 1 with n = 1024
   // 256, 768 and 1024: whole steps of groups from a group start, drawn inline.
   const std::size_t sizes[] = {0, 1, 15, 16, 17, 127, 128, 129, 256, 768, 1000, 1024};
-  for (uint64_t seed : seeds)
-    for (uint64_t offset : offsets)
-      for (uint64_t i0 : starts)
-        for (std::size_t n : sizes) {
-          if (n != 0 && n - 1 > u64_max - i0) continue;  // past 2^64: rejected (tested below)
-          CAPTURE(seed, offset, i0, n);
-          REQUIRE(first_mismatch<A>(seed, offset, i0, n) == n);
-        }
+  for (uint32_t rounds : {7u, 10u})
+    for (uint64_t seed : seeds)
+      for (uint64_t offset : offsets)
+        for (uint64_t i0 : starts)
+          for (std::size_t n : sizes) {
+            if (n != 0 && n - 1 > u64_max - i0) continue;  // past 2^64: rejected (tested below)
+            CAPTURE(rounds, seed, offset, i0, n);
+            REQUIRE(first_mismatch<A>(seed, offset, i0, n, rounds) == n);
+          }
   // The last element of the counter range, alone.
   REQUIRE(first_mismatch<A>(7, 9, u64_max, 1) == 1);
+  REQUIRE(first_mismatch<A>(7, 9, u64_max, 1, 10) == 1);
 }
 
 template <class A>
@@ -155,30 +166,54 @@ TEST_CASE("philox4x32_10 matches the Random123 known-answer vectors", "[philox]"
     const philox_ctr got = solder::random::philox4x32_10(k.ctr, k.key);
     CAPTURE(got.v[0], got.v[1], got.v[2], got.v[3]);
     REQUIRE(same_block(got, k.expected));
+    REQUIRE(same_block(solder::random::philox4x32_rounds(k.ctr, k.key, 10), k.expected));
   }
   // The scalar generator is constexpr: the known answers hold at compile time too.
   STATIC_REQUIRE(solder::random::philox4x32_10(kats[2].ctr, kats[2].key).v[0] == kats[2].expected.v[0]);
   STATIC_REQUIRE(solder::random::philox4x32_10(kats[1].ctr, kats[1].key).v[3] == kats[1].expected.v[3]);
 }
 
+TEST_CASE("philox4x32_7 matches the Random123 known-answer vectors", "[philox]") {
+  for (const kat& k : kats7) {
+    const philox_ctr got = solder::random::philox4x32_7(k.ctr, k.key);
+    CAPTURE(got.v[0], got.v[1], got.v[2], got.v[3]);
+    REQUIRE(same_block(got, k.expected));
+    REQUIRE(same_block(solder::random::philox4x32_rounds(k.ctr, k.key, 7), k.expected));
+  }
+  STATIC_REQUIRE(solder::random::philox4x32_7(kats7[2].ctr, kats7[2].key).v[1] == kats7[2].expected.v[1]);
+  // Seven rounds are the default of every stream that does not ask for ten.
+  STATIC_REQUIRE(solder::random::philox_default_rounds == 7);
+  STATIC_REQUIRE(solder::philox_state{}.rounds == 7);
+}
+
 TEST_CASE("bits16 follows the element -> block, word and half mapping", "[philox]") {
   for (const bits16_case& c : bits16_cases) {
     CAPTURE(c.seed, c.offset, c.i);
-    REQUIRE(solder::random::bits16(c.seed, c.offset, c.i) == c.expected);
+    REQUIRE(solder::random::bits16(c.seed, c.offset, c.i, 10) == c.expected);
   }
-  // Element 16 k + l of group g is half k & 1 of word k >> 1 of block 16 g + l.
+  // Element 16 k + l of group g is half k & 1 of word k >> 1 of block 16 g + l, with the
+  // stream's rounds (7 by default).
   const uint64_t seed = 0x0123456789ABCDEFull, offset = 0xFEDCBA9876543210ull;
-  for (uint64_t g : {uint64_t(0), uint64_t(1), uint64_t(1) << 28, (uint64_t(1) << 57) - 1}) {
-    for (uint64_t l = 0; l < 16; ++l) {
-      const uint64_t block = 16 * g + l;
-      const philox_ctr w = solder::random::philox4x32_10({{uint32_t(block), uint32_t(block >> 32), uint32_t(offset), uint32_t(offset >> 32)}},
-                                                         {{uint32_t(seed), uint32_t(seed >> 32)}});
-      for (uint64_t k = 0; k < 8; ++k) {
-        CAPTURE(g, l, k);
-        REQUIRE(solder::random::bits16(seed, offset, 128 * g + 16 * k + l) == ((w.v[k >> 1] >> (16 * (k & 1))) & 0xFFFFu));
+  for (uint32_t rounds : {7u, 10u}) {
+    for (uint64_t g : {uint64_t(0), uint64_t(1), uint64_t(1) << 28, (uint64_t(1) << 57) - 1}) {
+      for (uint64_t l = 0; l < 16; ++l) {
+        const uint64_t block = 16 * g + l;
+        const philox_ctr ctr{{uint32_t(block), uint32_t(block >> 32), uint32_t(offset), uint32_t(offset >> 32)}};
+        const philox_key key{{uint32_t(seed), uint32_t(seed >> 32)}};
+        const philox_ctr w = rounds == 7 ? solder::random::philox4x32_7(ctr, key) : solder::random::philox4x32_10(ctr, key);
+        for (uint64_t k = 0; k < 8; ++k) {
+          CAPTURE(rounds, g, l, k);
+          const uint32_t expected = (w.v[k >> 1] >> (16 * (k & 1))) & 0xFFFFu;
+          REQUIRE(solder::random::bits16(seed, offset, 128 * g + 16 * k + l, rounds) == expected);
+          if (rounds == 7) REQUIRE(solder::random::bits16(seed, offset, 128 * g + 16 * k + l) == expected);
+        }
       }
     }
   }
+  // The two rounds give different streams.
+  int same = 0;
+  for (uint64_t i = 0; i < 256; ++i) same += solder::random::bits16(seed, offset, i, 7) == solder::random::bits16(seed, offset, i, 10);
+  REQUIRE(same < 8);
 }
 
 TEST_CASE("threshold16 rounds p * 65536 and clamps it to [0, 65536]", "[philox]") {

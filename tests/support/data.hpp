@@ -106,9 +106,10 @@ void fill_integers(R&& t, int lo, int hi, std::uint32_t seed) {
 struct dropout_rule {
   double p;
   std::uint64_t seed, offset;
+  std::uint32_t rounds = solder::random::philox_default_rounds;  // the stream's Philox rounds
   /// p as the float the API takes, times 2^16, rounded half up.
   std::uint32_t threshold() const { return std::uint32_t(std::floor(double(float(p)) * 65536.0 + 0.5)); }
-  bool keep(std::uint64_t i) const { return solder::random::bits16(seed, offset, i) >= threshold(); }
+  bool keep(std::uint64_t i) const { return solder::random::bits16(seed, offset, i, rounds) >= threshold(); }
   /// The scale as the float the kernels multiply by.
   float scale() const { return float(65536.0 / (65536.0 - threshold())); }
 };

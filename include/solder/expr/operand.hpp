@@ -14,6 +14,7 @@
 
 #include "solder/backend.hpp"
 #include "solder/expr/expression.hpp"
+#include "solder/random/philox.hpp"
 #include "solder/shape.hpp"
 #include "solder/tensor.hpp"
 
@@ -62,8 +63,9 @@ struct prepacked {
 enum class sketch_stack { columns, rows };
 
 /// Terms sketches of [TR, TC], stacked, each entry +scale or -scale: element e = r * TC + c of
-/// term t has the sign random::sketch_sign(seed, t, e). Read transposed when Trans. Generated
-/// while a product packs it; nothing is stored but the seed and the scale.
+/// term t has the sign random::sketch_sign(seed, t, e, rounds). Read transposed when Trans.
+/// Generated while a product packs it; nothing is stored but the seed, the scale and the
+/// stream's Philox rounds (random::philox_default_rounds, or 10).
 template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack, bool Trans = false>
 struct sign_sketch {
   static_assert(TR >= 1 && TC >= 1 && Terms >= 1, "solder::sign_sketch: extents and terms must be at least 1");
@@ -74,6 +76,7 @@ struct sign_sketch {
   static constexpr std::size_t stored_cols = Stack == sketch_stack::columns ? Terms * TC : TC;
   std::uint64_t seed = 0;
   float scale = 1.0f;
+  std::uint32_t rounds = random::philox_default_rounds;
 };
 
 /// One sample's image, C planes [H, W] from `image` (a sample of a batch [N, C, H, W], or one
@@ -335,7 +338,7 @@ column_block<S, C0, C1, !Trans, Space> transpose(const column_block<S, C0, C1, T
 }
 template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack, bool Trans>
 sign_sketch<TR, TC, Terms, Stack, !Trans> transpose(const sign_sketch<TR, TC, Terms, Stack, Trans>& u) {
-  return {u.seed, u.scale};
+  return {u.seed, u.scale, u.rounds};
 }
 template <std::size_t C, std::size_t Plane, class Space, bool Trans, std::size_t Stored>
 image_pixels<C, Plane, Space, !Trans, Stored> transpose(const image_pixels<C, Plane, Space, Trans, Stored>& p) {

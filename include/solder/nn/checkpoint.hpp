@@ -111,8 +111,8 @@ struct checkpoint_read {
 /// "solder.checkpoint" (the layout's version), "optimizer" (its kind), "optimizer.steps",
 /// "optimizer.<hyperparameter>" for each, "optimizer.params" and "optimizer.param.<k>" (the
 /// names of the optimizer's parameters), "train.step", "train.epoch", "dropout.streams" and
-/// "dropout.<i>.seed" / ".offset" / ".first" for every dropout layer, "extra.<key>" for each
-/// entry of info.extra. Throws solder::error for an empty extra key or an I/O failure.
+/// "dropout.<i>.seed" / ".offset" / ".first" / ".rounds" for every dropout layer,
+/// "extra.<key>" for each entry of info.extra. Throws solder::error for an empty extra key or an I/O failure.
 template <CheckpointModel Model, optim::StatefulOptimizer Optimizer>
 void save_checkpoint(const std::filesystem::path& path, Model& model, Optimizer& opt, const checkpoint_info& info = {}) {
   constexpr const char* who = "solder::nn::save_checkpoint";
@@ -143,6 +143,7 @@ void save_checkpoint(const std::filesystem::path& path, Model& model, Optimizer&
       md[at + "seed"] = detail::checkpoint_text(streams[i].seed);
       md[at + "offset"] = detail::checkpoint_text(streams[i].offset);
       md[at + "first"] = detail::checkpoint_text(streams[i].first);
+      md[at + "rounds"] = detail::checkpoint_text(streams[i].rounds);
     }
   }
   for (const auto& [key, value] : info.extra) {
@@ -156,10 +157,10 @@ void save_checkpoint(const std::filesystem::path& path, Model& model, Optimizer&
 /// same layers, the same optimizer kind over the same parameters) and returns the caller's
 /// counters. Restored: parameters, buffers, the optimizer's state tensors, step count and
 /// hyperparameters (as torch's load_state_dict restores the param group; set_lr afterwards to
-/// change the rate), every dropout stream (seed, offset, first). All or nothing: a file that is
-/// missing, truncated or malformed, not a checkpoint, of another optimizer kind, of another
-/// parameter list, with a tensor missing or of another shape, or with metadata that does not
-/// read, throws solder::error naming the file and the problem, and leaves model and opt unchanged.
+/// change the rate), every dropout stream (seed, offset, first, rounds; a file without rounds
+/// ran 10). All or nothing: a file that is missing, truncated or malformed, not a checkpoint, of
+/// another optimizer kind, of another parameter list, with a tensor missing or of another shape,
+/// or with metadata that does not read, throws solder::error naming the file and the problem, and leaves model and opt unchanged.
 template <CheckpointModel Model, optim::StatefulOptimizer Optimizer>
 checkpoint_info load_checkpoint(const std::filesystem::path& path, Model& model, Optimizer& opt) {
   constexpr const char* who = "solder::nn::load_checkpoint";
@@ -228,6 +229,12 @@ checkpoint_info load_checkpoint(const std::filesystem::path& path, Model& model,
       read(at + "seed", streams[i].seed);
       read(at + "offset", streams[i].offset);
       read(at + "first", streams[i].first);
+      // A checkpoint written before the streams kept their rounds ran Philox4x32-10.
+      streams[i].rounds = 10;
+      if (md.contains(at + "rounds")) read(at + "rounds", streams[i].rounds);
+      if (!random::philox_rounds_supported(streams[i].rounds))
+        fail("metadata entry '" + at + "rounds' is " + std::to_string(streams[i].rounds) +
+             "; a dropout stream runs 7 or 10 Philox rounds");
     }
   }
 

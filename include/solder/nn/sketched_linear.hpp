@@ -131,6 +131,9 @@ struct sketched_linear {
   [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Out>, Space>, std::tuple<>> bias{};
   [[no_unique_address]] std::conditional_t<Bias, tensor<float, shape<Out>, Space>, std::tuple<>> bias_grad{};
   std::uint64_t sketch_seed = 0;  // the sketches' Philox keys derive from it
+  /// The sketches' Philox rounds (random::philox_default_rounds, or 10). S1 and S2 are drawn
+  /// against the sketches: set it, then reset_parameters.
+  std::uint32_t sketch_rounds = random::philox_default_rounds;
 
   explicit sketched_linear(std::uint64_t seed = 0) { reset_parameters(seed); }
 
@@ -139,6 +142,9 @@ struct sketched_linear {
   /// expectation is W; b from stream (seed, 1); the sketches from derive_seed(seed, 2). Drawn
   /// and multiplied on the host, then copied into Space: every space starts from the same bits.
   void reset_parameters(std::uint64_t seed) {
+    if (!random::philox_rounds_supported(sketch_rounds))
+      solder::detail::fail_message({"solder::nn::sketched_linear: sketch_rounds is ", std::size_t(sketch_rounds),
+                                    "; a sketch's Philox stream runs 7 or 10 rounds"});
     sketch_seed = random::derive_seed(seed, 2);
     const float bound = float(1.0 / std::sqrt(double(In)));
     using exec = executor<backend_of_t<Space>>;
@@ -152,8 +158,8 @@ struct sketched_linear {
   }
 
   /// U1 and U2, generated operands (+-1/sqrt(k)).
-  u1_type u1() const { return {random::derive_seed(sketch_seed, 0), sign_scale}; }
-  u2_type u2() const { return {random::derive_seed(sketch_seed, 1), sign_scale}; }
+  u1_type u1() const { return {random::derive_seed(sketch_seed, 0), sign_scale, sketch_rounds}; }
+  u2_type u2() const { return {random::derive_seed(sketch_seed, 1), sign_scale, sketch_rounds}; }
   /// The factors of the two products: [S1 | U2] [In, 2 L k] and [U1; S2] [2 L k, Out].
   auto left_factor() const { return hcat(s1, u2()); }
   auto right_factor() const { return vcat(u1(), s2); }

@@ -1,5 +1,6 @@
 // random/sketch.hpp: the random signs of sketch matrices, a pure function of (seed, term,
-// element) through Philox4x32-10, so a sketch is regenerated wherever it is read and never stored.
+// element) through Philox4x32 (7 rounds unless the sketch asks for 10), so a sketch is
+// regenerated wherever it is read and never stored.
 #pragma once
 
 #include <cstdint>
@@ -14,9 +15,10 @@ inline constexpr uint64_t signs_per_block = 128;
 
 /// The Philox block holding the signs of elements [128 b, 128 b + 128) of sketch `term` under
 /// `seed`: counter (b, term), key seed.
-SOLDER_HD constexpr philox_ctr sign_block(uint64_t seed, uint64_t term, uint64_t b) {
-  return philox4x32_10({{uint32_t(b), uint32_t(b >> 32), uint32_t(term), uint32_t(term >> 32)}},
-                       {{uint32_t(seed), uint32_t(seed >> 32)}});
+SOLDER_HD constexpr philox_ctr sign_block(uint64_t seed, uint64_t term, uint64_t b,
+                                          std::uint32_t rounds = philox_default_rounds) {
+  return philox4x32_rounds({{uint32_t(b), uint32_t(b >> 32), uint32_t(term), uint32_t(term >> 32)}},
+                           {{uint32_t(seed), uint32_t(seed >> 32)}}, rounds);
 }
 
 /// Whether element e's sign is negative, from its block: bit e & 31 of word (e >> 5) & 3.
@@ -28,8 +30,9 @@ SOLDER_HD constexpr bool sign_bit(const philox_ctr& block, uint64_t e) {
 
 /// The sign (+1 or -1) of element e of sketch `term` under `seed`; an [R, C] sketch numbers its
 /// elements row-major, e = r * C + c.
-SOLDER_HD constexpr float sketch_sign(uint64_t seed, uint64_t term, uint64_t e) {
-  return sign_bit(sign_block(seed, term, e / signs_per_block), e) ? -1.0f : 1.0f;
+SOLDER_HD constexpr float sketch_sign(uint64_t seed, uint64_t term, uint64_t e,
+                                     std::uint32_t rounds = philox_default_rounds) {
+  return sign_bit(sign_block(seed, term, e / signs_per_block, rounds), e) ? -1.0f : 1.0f;
 }
 
 }  // namespace solder::random

@@ -48,6 +48,7 @@ struct pass_context {
   static constexpr std::size_t padding = 64;  // a vector load may run past the segment's end
   struct slot {
     std::uint64_t seed = 0, offset = 0, first = 0;
+    std::uint32_t rounds = 0;
     std::size_t len = 0;
     std::size_t claimed = 0;  // the segment that last read this slot (0: none yet)
     bool used = false;
@@ -60,20 +61,22 @@ struct pass_context {
   /// Called by the loop nest before the seeks of each segment.
   void next_segment() { ++segment; }
 
-  /// The 16-bit draws of elements [first, first + len) of stream (seed, offset).
-  const std::uint16_t* bits16(std::uint64_t seed, std::uint64_t offset, std::uint64_t first, std::size_t len) {
+  /// The 16-bit draws of elements [first, first + len) of stream (seed, offset, rounds).
+  const std::uint16_t* bits16(std::uint64_t seed, std::uint64_t offset, std::uint32_t rounds, std::uint64_t first,
+                              std::size_t len) {
     for (auto& s : slots) {
-      if (s.used && s.seed == seed && s.offset == offset && s.first == first && s.len == len) {
+      if (s.used && s.seed == seed && s.offset == offset && s.rounds == rounds && s.first == first && s.len == len) {
         s.claimed = segment;
         return s.bits;
       }
     }
     for (auto& s : slots) {
       if (s.claimed == segment) continue;  // read by another leaf in this segment
-      if (!s.used || s.seed != seed || s.offset != offset) {
+      if (!s.used || s.seed != seed || s.offset != offset || s.rounds != rounds) {
         s.seed = seed;
         s.offset = offset;
-        s.stream = detail::philox_stream(seed, offset);
+        s.rounds = rounds;
+        s.stream = detail::philox_stream(seed, offset, rounds);
         s.used = true;
       }
       s.first = first;
@@ -187,7 +190,7 @@ struct evaluator<dropout_mask<L>, Lay, V> {
   template <class Ctx>
   SOLDER_INLINE void seek(const segment& s, Ctx& ctx) {
     const std::size_t first = Lay::flat ? s.col : map::row_offset(s.row) + (map::inner ? s.col : 0);
-    bits = ctx.bits16(mask.rng.seed, mask.rng.offset, mask.rng.first + first, contiguous ? s.len : 1);
+    bits = ctx.bits16(mask.rng.seed, mask.rng.offset, mask.rng.rounds, mask.rng.first + first, contiguous ? s.len : 1);
     if constexpr (!contiguous) row_bits = bits[0];
   }
   SOLDER_INLINE M load(std::size_t j) const {

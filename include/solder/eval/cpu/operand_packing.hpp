@@ -80,8 +80,11 @@ class sign_bits {
  public:
   static constexpr std::uint64_t group_signs = 16 * random::signs_per_block;
 
-  sign_bits(std::uint64_t seed, std::uint64_t term) : stream_(seed, term), seed_(seed), term_(term) {}
-  bool is(std::uint64_t seed, std::uint64_t term) const { return seed == seed_ && term == term_; }
+  sign_bits(std::uint64_t seed, std::uint64_t term, std::uint32_t rounds)
+      : stream_(seed, term, rounds), seed_(seed), term_(term), rounds_(rounds) {}
+  bool is(std::uint64_t seed, std::uint64_t term, std::uint32_t rounds) const {
+    return seed == seed_ && term == term_ && rounds == rounds_;
+  }
 
   /// The signs of elements e .. e + 15 (e a multiple of 16): bit j set where e + j is negative.
   /// The group's word 16 k + l is bits 16 k .. 16 k + 15 of its block l.
@@ -101,16 +104,17 @@ class sign_bits {
 
   detail::philox_stream stream_;
   std::uint64_t seed_, term_;
+  std::uint32_t rounds_;
   std::uint64_t group_ = ~std::uint64_t{0};
   alignas(64) std::uint16_t bits_[random::bits16_group];
 };
 
-/// The calling thread's sign_bits of (seed, term), kept between calls so the rows of a block
+/// The calling thread's sign_bits of (seed, term, rounds), kept between calls so the rows of a block
 /// that share a group generate it once (one slot per term mod 8: the terms a block spans).
-inline sign_bits& sign_source(std::uint64_t seed, std::uint64_t term) {
+inline sign_bits& sign_source(std::uint64_t seed, std::uint64_t term, std::uint32_t rounds) {
   thread_local std::optional<sign_bits> slots[8];
   std::optional<sign_bits>& slot = slots[term % 8];
-  if (!slot || !slot->is(seed, term)) slot.emplace(seed, term);
+  if (!slot || !slot->is(seed, term, rounds)) slot.emplace(seed, term, rounds);
   return *slot;
 }
 
@@ -148,13 +152,13 @@ void sketch_row(const U& u, std::size_t r, std::size_t c0, std::size_t c1, float
   if constexpr (U::stack == sketch_stack::columns) {
     for (std::size_t c = c0; c < c1;) {
       const std::size_t t = c / TC, stop = std::min(c1, (t + 1) * TC);
-      fill_signs(sign_source(u.seed, t), std::uint64_t(r) * TC + (c - t * TC), stop - c, u.scale, out + (c - c0) * stride,
+      fill_signs(sign_source(u.seed, t, u.rounds), std::uint64_t(r) * TC + (c - t * TC), stop - c, u.scale, out + (c - c0) * stride,
                  stride);
       c = stop;
     }
   } else {
     const std::size_t t = r / TR;
-    fill_signs(sign_source(u.seed, t), std::uint64_t(r - t * TR) * TC + c0, c1 - c0, u.scale, out, stride);
+    fill_signs(sign_source(u.seed, t, u.rounds), std::uint64_t(r - t * TR) * TC + c0, c1 - c0, u.scale, out, stride);
   }
 }
 

@@ -27,23 +27,25 @@ inline constexpr bool philox_avx512 = std::is_base_of_v<xsimd::avx512f, A>;
 template <class A>
 inline constexpr bool philox_avx2 = !philox_avx512<A> && std::is_base_of_v<xsimd::avx2, A>;
 
-/// The per-call constants of one (seed, offset) stream: the ten round keys, and the parts of
-/// rounds 0 and 1 that are the same for every block (the counter's words 1..3 are the same for
-/// the 16 blocks of a group, and words 2..3 for every group).
+/// The per-call constants of one (seed, offset) stream of `rounds` rounds: the round keys, and
+/// the parts of rounds 0 and 1 that are the same for every block (the counter's words 1..3 are
+/// the same for the 16 blocks of a group, and words 2..3 for every group).
 struct philox_stream {
-  uint32_t k0[random::philox_rounds];
-  uint32_t k1[random::philox_rounds];
+  uint32_t k0[random::philox_max_rounds];
+  uint32_t k1[random::philox_max_rounds];
   uint32_t r0_c0;  // word 0 after round 0 is r0_c0 ^ hi32(block): hi(m1 lo(offset)) ^ k0[0]
   uint32_t r0_c2;  // word 2 after round 0 is hi(m0 lo32(block)) ^ r0_c2: hi(offset) ^ k1[0]
   uint32_t r1_c0;  // word 0 after round 1 is hi(m1 c2) ^ r1_c0: lo(m1 lo(offset)) ^ k0[1]
   random::philox_key key;
   uint32_t offset_lo, offset_hi;
+  uint32_t rounds;  // 7 or 10 (random::philox_rounds_supported)
 
-  philox_stream(uint64_t seed, uint64_t offset)
-      : key{{uint32_t(seed), uint32_t(seed >> 32)}}, offset_lo(uint32_t(offset)), offset_hi(uint32_t(offset >> 32)) {
+  philox_stream(uint64_t seed, uint64_t offset, uint32_t rounds = random::philox_default_rounds)
+      : key{{uint32_t(seed), uint32_t(seed >> 32)}}, offset_lo(uint32_t(offset)), offset_hi(uint32_t(offset >> 32)),
+        rounds(rounds == 10 ? 10 : 7) {
     uint32_t a = uint32_t(seed);
     uint32_t b = uint32_t(seed >> 32);
-    for (int r = 0; r < random::philox_rounds; ++r) {
+    for (uint32_t r = 0; r < random::philox_max_rounds; ++r) {
       k0[r] = a;
       k1[r] = b;
       a += random::philox_w0;
@@ -74,7 +76,7 @@ struct philox_group_scalars {
 inline void philox_group_portable(const philox_stream& s, uint64_t g, uint16_t* out) {
   for (uint32_t l = 0; l < 16; ++l) {
     const uint64_t block = (g << 4) | l;
-    const random::philox_ctr w = random::philox4x32_10({{uint32_t(block), uint32_t(block >> 32), s.offset_lo, s.offset_hi}}, s.key);
+    const random::philox_ctr w = random::philox4x32_rounds({{uint32_t(block), uint32_t(block >> 32), s.offset_lo, s.offset_hi}}, s.key, s.rounds);
     for (uint32_t k = 0; k < 8; ++k) out[16 * k + l] = uint16_t(w.v[k >> 1] >> (16 * (k & 1)));
   }
 }
@@ -87,11 +89,13 @@ inline void philox_group_portable(const philox_stream& s, uint64_t g, uint16_t* 
 // parity (blocks 0, 2, .., 14 and 1, 3, .., 15) so a register pair holds consecutive blocks.
 // Ops supplies the instructions: reg, mul, high, xor2, xor3, word (broadcast a uint32).
 
-/// Rounds 0..9 of H registers of blocks; ctr_lo[h] holds the blocks' counter words 0 (their
-/// word 1, and the offset words 2 and 3, are lane-independent and folded into s and r1_c2/r2_c2).
-template <class Ops, int H>
+/// Rounds 0 .. Rounds - 1 of H registers of blocks; ctr_lo[h] holds the blocks' counter words 0
+/// (their word 1, and the offset words 2 and 3, are lane-independent and folded into s and
+/// r1_c2/r2_c2).
+template <class Ops, int H, int Rounds>
 SOLDER_INLINE void philox_rounds(typename Ops::reg (&c)[4][H], const philox_stream& s, const typename Ops::reg (&ctr_lo)[H],
                                  const uint32_t (&r1_c2)[H], const uint32_t (&r2_c2)[H]) {
+  static_assert(Rounds >= 3 && Rounds <= int(random::philox_max_rounds), "solder: a Philox core runs 3 to 10 rounds");
   using reg = typename Ops::reg;
   const reg m0 = Ops::word(random::philox_m0);
   const reg m1 = Ops::word(random::philox_m1);
@@ -121,7 +125,7 @@ SOLDER_INLINE void philox_rounds(typename Ops::reg (&c)[4][H], const philox_stre
     c[3][h] = p0;
   }
 #pragma GCC unroll 8
-  for (int r = 3; r < random::philox_rounds; ++r) {
+  for (int r = 3; r < Rounds; ++r) {
 #pragma GCC unroll 16
     for (int h = 0; h < H; ++h) {
       const reg p0 = Ops::mul(c[0][h], m0);
@@ -167,7 +171,7 @@ SOLDER_INLINE void philox_avx512_store(__m512i even, __m512i odd, uint16_t* out)
 
 /// Groups g .. g + G - 1 into out[0 .. 128 G): 2 G registers of 8 blocks. Two groups at once
 /// give the out-of-order core independent multiplies to fill the 5-cycle multiply latency.
-template <class A, int G>
+template <class A, int G, int Rounds>
 SOLDER_INLINE void philox_groups_avx512(const philox_stream& s, uint64_t g, uint16_t* out) {
   constexpr int H = 2 * G;
   __m512i ctr_lo[H];
@@ -183,7 +187,7 @@ SOLDER_INLINE void philox_groups_avx512(const philox_stream& s, uint64_t g, uint
     r2_c2[2 * q] = r2_c2[2 * q + 1] = gs.r2_c2;
   }
   __m512i c[4][H];
-  philox_rounds<philox_avx512_ops, H>(c, s, ctr_lo, r1_c2, r2_c2);
+  philox_rounds<philox_avx512_ops, H, Rounds>(c, s, ctr_lo, r1_c2, r2_c2);
 #pragma GCC unroll 4
   for (int q = 0; q < G; ++q) {
 #pragma GCC unroll 4
@@ -216,6 +220,7 @@ SOLDER_INLINE void philox_avx2_store(__m256i even, __m256i odd, uint16_t* out) {
 
 /// Group g into out[0 .. 128): two halves of 8 blocks (0..7, 8..15), each 2 registers of 4,
 /// all 4 registers interleaved so the two halves' multiply chains overlap.
+template <int Rounds>
 SOLDER_INLINE void philox_group_avx2(const philox_stream& s, uint64_t g, uint16_t* out) {
   const uint64_t base = g << 4;
   const philox_group_scalars gs(s, base);
@@ -225,7 +230,7 @@ SOLDER_INLINE void philox_group_avx2(const philox_stream& s, uint64_t g, uint16_
   const __m256i ctr_lo[4] = {_mm256_or_si256(b, _mm256_setr_epi64x(0, 2, 4, 6)), _mm256_or_si256(b, _mm256_setr_epi64x(1, 3, 5, 7)),
                              _mm256_or_si256(b, _mm256_setr_epi64x(8, 10, 12, 14)), _mm256_or_si256(b, _mm256_setr_epi64x(9, 11, 13, 15))};
   __m256i c[4][4];
-  philox_rounds<philox_avx2_ops, 4>(c, s, ctr_lo, r1_c2, r2_c2);
+  philox_rounds<philox_avx2_ops, 4, Rounds>(c, s, ctr_lo, r1_c2, r2_c2);
 #pragma GCC unroll 4
   for (int w = 0; w < 4; ++w) {
     philox_avx2_store(c[w][0], c[w][1], out + 32 * w);
@@ -238,20 +243,28 @@ SOLDER_INLINE void philox_group_avx2(const philox_stream& s, uint64_t g, uint16_
 template <class A>
 inline constexpr int philox_step = philox_avx512<A> ? 2 : 1;
 
-/// The 128 G bits16 values of groups g .. g + G - 1 into out[0 .. 128 G), on the core A selects.
-template <class A, int G>
-SOLDER_INLINE void philox_groups(const philox_stream& s, uint64_t g, uint16_t* out) {
+/// The 128 G bits16 values of groups g .. g + G - 1 into out[0 .. 128 G), on the core A selects,
+/// with the stream's rounds.
+template <class A, int G, int Rounds>
+SOLDER_INLINE void philox_groups_of(const philox_stream& s, uint64_t g, uint16_t* out) {
   if constexpr (philox_avx512<A>) {
 #if defined(__AVX512F__)
-    philox_groups_avx512<A, G>(s, g, out);
+    philox_groups_avx512<A, G, Rounds>(s, g, out);
 #endif
   } else if constexpr (philox_avx2<A>) {
 #if defined(__AVX2__)
-    for (int q = 0; q < G; ++q) philox_group_avx2(s, g + uint64_t(q), out + 128 * q);
+    for (int q = 0; q < G; ++q) philox_group_avx2<Rounds>(s, g + uint64_t(q), out + 128 * q);
 #endif
   } else {
     for (int q = 0; q < G; ++q) philox_group_portable(s, g + uint64_t(q), out + 128 * q);
   }
+}
+template <class A, int G>
+SOLDER_INLINE void philox_groups(const philox_stream& s, uint64_t g, uint16_t* out) {
+  if (s.rounds == 10)
+    philox_groups_of<A, G, 10>(s, g, out);
+  else
+    philox_groups_of<A, G, 7>(s, g, out);
 }
 
 }  // namespace detail
@@ -284,7 +297,7 @@ inline void philox_bits16_any(const philox_stream& s, uint64_t i0, std::size_t n
 }
 }  // namespace detail
 
-/// out[k] = random::bits16(seed, offset, i0 + k) for k in [0, n). Requires i0 + n <= 2^64 (the
+/// out[k] = random::bits16(seed, offset, i0 + k, rounds) for k in [0, n). Requires i0 + n <= 2^64 (the
 /// element counter does not wrap). A range of whole steps of groups (a pass's segment) is drawn
 /// inline: a call per segment cost a tenth of the generator's time (docs/random.md); any other
 /// range goes through a stack buffer for its partial groups.
@@ -303,9 +316,10 @@ SOLDER_INLINE void philox_bits16(const detail::philox_stream& s, uint64_t i0, st
 }
 
 template <class A = arch>
-inline void philox_bits16(uint64_t seed, uint64_t offset, uint64_t i0, std::size_t n, uint16_t* out) {
+inline void philox_bits16(uint64_t seed, uint64_t offset, uint64_t i0, std::size_t n, uint16_t* out,
+                          uint32_t rounds = random::philox_default_rounds) {
   static_assert(A::supported(), "solder::eval::cpu::philox_bits16: the arch is not enabled by the compiler flags; use solder::eval::cpu::arch or build with its -m flags");
-  philox_bits16<A>(detail::philox_stream(seed, offset), i0, n, out);
+  philox_bits16<A>(detail::philox_stream(seed, offset, rounds), i0, n, out);
 }
 
 /// Loads vec<float, A>::size consecutive uint16 values from p and zero-extends them to uint32.

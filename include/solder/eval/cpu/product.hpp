@@ -61,6 +61,7 @@ struct philox_group_cache {
   static constexpr std::size_t group = random::bits16_group;
   struct entry {
     std::uint64_t seed = 0, offset = 0, index = 0;
+    std::uint32_t rounds = 0;
     bool valid = false;
     alignas(alignment) std::uint16_t bits[group + 64] = {};  // + padding: a vector load may run past
   };
@@ -70,12 +71,13 @@ struct philox_group_cache {
     thread_local philox_group_cache cache;
     return cache;
   }
-  const std::uint16_t* group_bits(std::uint64_t seed, std::uint64_t offset, std::uint64_t g) {
+  const std::uint16_t* group_bits(std::uint64_t seed, std::uint64_t offset, std::uint32_t rounds, std::uint64_t g) {
     entry& e = slots[g % entries];
-    if (!(e.valid && e.seed == seed && e.offset == offset && e.index == g)) {
-      philox_bits16(detail::philox_stream(seed, offset), g * group, group, e.bits);
+    if (!(e.valid && e.seed == seed && e.offset == offset && e.rounds == rounds && e.index == g)) {
+      philox_bits16(detail::philox_stream(seed, offset, rounds), g * group, group, e.bits);
       e.seed = seed;
       e.offset = offset;
+      e.rounds = rounds;
       e.index = g;
       e.valid = true;
     }
@@ -91,11 +93,12 @@ struct tile_context : pass_context<Slots> {
 
   /// A tile row's draws: from the thread's group cache when they lie in one group (the usual
   /// case), else generated for the segment alone.
-  const std::uint16_t* bits16(std::uint64_t seed, std::uint64_t offset, std::uint64_t first, std::size_t len) {
+  const std::uint16_t* bits16(std::uint64_t seed, std::uint64_t offset, std::uint32_t rounds, std::uint64_t first,
+                              std::size_t len) {
     constexpr std::uint64_t group = philox_group_cache::group;
     const std::uint64_t g = first / group;
-    if (len == 0 || (first + len - 1) / group != g) return pass_context<Slots>::bits16(seed, offset, first, len);
-    return philox_group_cache::local().group_bits(seed, offset, g) + (first - g * group);
+    if (len == 0 || (first + len - 1) / group != g) return pass_context<Slots>::bits16(seed, offset, rounds, first, len);
+    return philox_group_cache::local().group_bits(seed, offset, rounds, g) + (first - g * group);
   }
 };
 

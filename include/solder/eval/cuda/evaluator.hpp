@@ -159,14 +159,15 @@ struct evaluator<dropout_mask<L>, Lay> {
   static constexpr bool grouped = pos::same && Lay::grouped;
   using value_type = bool;
   std::uint64_t seed, offset, first;
-  std::uint32_t threshold;
+  std::uint32_t threshold, rounds;
   // A mask whose element 0 draws a counter off a group boundary (rng.first not a multiple of
   // 128) is read element by element: its tiles straddle two groups.
   bool aligned;
   random::philox_ctr blocks[grouped ? 4 : 1] = {};
 
   explicit evaluator(const dropout_mask<L>& m)
-      : seed(m.rng.seed), offset(m.rng.offset), first(m.rng.first), threshold(m.threshold), aligned(m.rng.first % tile == 0) {}
+      : seed(m.rng.seed), offset(m.rng.offset), first(m.rng.first), threshold(m.threshold), rounds(m.rng.rounds),
+        aligned(m.rng.first % tile == 0) {}
 
   /// base: the tile's first flat index (a multiple of 128 when grouped), t: the item's quarter.
   SOLDER_HD SOLDER_INLINE void seek(std::size_t base, unsigned t = 0) {
@@ -176,15 +177,15 @@ struct evaluator<dropout_mask<L>, Lay> {
       const random::philox_key key{{std::uint32_t(seed), std::uint32_t(seed >> 32)}};
       for (unsigned j = 0; j < 4; ++j) {
         const std::uint64_t b = block0 + j;
-        blocks[j] = random::philox4x32_10(
-            {{std::uint32_t(b), std::uint32_t(b >> 32), std::uint32_t(offset), std::uint32_t(offset >> 32)}}, key);
+        blocks[j] = random::philox4x32_rounds(
+            {{std::uint32_t(b), std::uint32_t(b >> 32), std::uint32_t(offset), std::uint32_t(offset >> 32)}}, key, rounds);
       }
     }
   }
   /// Element i's keep bit; when grouped, i must lie in the sought item.
   SOLDER_HD SOLDER_INLINE bool at(std::size_t i) const {
     if constexpr (grouped) {
-      if (!aligned) return random::bits16(seed, offset, first + pos::at(i)) >= threshold;
+      if (!aligned) return random::bits16(seed, offset, first + pos::at(i), rounds) >= threshold;
       // Selected by value: a reference to a runtime-chosen block would put the blocks in
       // local memory.
       const unsigned j = unsigned(i) & 3u, k = unsigned(i >> 4) & 7u;
@@ -193,7 +194,7 @@ struct evaluator<dropout_mask<L>, Lay> {
       const std::uint32_t w = j == 0 ? w0 : j == 1 ? w1 : j == 2 ? w2 : w3;
       return ((w >> (16u * (k & 1u))) & 0xFFFFu) >= threshold;
     } else {
-      return random::bits16(seed, offset, first + pos::at(i)) >= threshold;
+      return random::bits16(seed, offset, first + pos::at(i), rounds) >= threshold;
     }
   }
   /// Elements i..i+3 (i a multiple of 4 when grouped: lane j is block j, no runtime index).

@@ -374,16 +374,17 @@ struct matrix_operand {
 };
 
 /// One term of a sign sketch (expr/operand.hpp, sign_sketch): [TR, TC] entries of +scale or
-/// -scale, entry e = r * TC + c with random::sketch_sign(seed, term, e); read transposed when
-/// Trans. Regenerated while staging, never stored: the same signs as the CPU's packing.
+/// -scale, entry e = r * TC + c with random::sketch_sign(seed, term, e, rounds); read transposed
+/// when Trans. Regenerated while staging, never stored: the same signs as the CPU's packing.
 template <std::size_t TR, std::size_t TC, bool Trans>
 struct sign_operand {
   static constexpr bool transposed = Trans;
   std::uint64_t seed, term;
   float scale;
+  std::uint32_t rounds = random::philox_default_rounds;
   SOLDER_HD SOLDER_INLINE float at(std::size_t r, std::size_t c) const {
     const std::size_t e = Trans ? c * TC + r : r * TC + c;
-    return scale * random::sketch_sign(seed, term, e);
+    return scale * random::sketch_sign(seed, term, e, rounds);
   }
   static constexpr bool cols_contiguous = !Trans;
 };
@@ -397,11 +398,12 @@ struct sketch_operand {
   static constexpr bool transposed = Trans;
   std::uint64_t seed;
   float scale;
+  std::uint32_t rounds = random::philox_default_rounds;
   SOLDER_HD SOLDER_INLINE float at(std::size_t r, std::size_t c) const {
     const std::size_t sr = Trans ? c : r, sc = Trans ? r : c;  // in the stack as stored
     const std::size_t t = Stack == sketch_stack::columns ? sc / TC : sr / TR;
     const std::size_t e = Stack == sketch_stack::columns ? sr * TC + sc % TC : (sr % TR) * TC + sc;
-    return scale * random::sketch_sign(seed, t, e);
+    return scale * random::sketch_sign(seed, t, e, rounds);
   }
   static constexpr bool cols_contiguous = !Trans;
 };
@@ -717,7 +719,7 @@ struct device_operand<transposed<S, device>> {
 template <std::size_t TR, std::size_t TC, sketch_stack Stack, bool Trans>
 struct device_operand<sign_sketch<TR, TC, 1, Stack, Trans>> {
   using type = sign_operand<TR, TC, Trans>;
-  static type of(const sign_sketch<TR, TC, 1, Stack, Trans>& u) { return {u.seed, 0, u.scale}; }
+  static type of(const sign_sketch<TR, TC, 1, Stack, Trans>& u) { return {u.seed, 0, u.scale, u.rounds}; }
 };
 template <class S, std::size_t C0, std::size_t C1, bool Trans>
 struct device_operand<column_block<S, C0, C1, Trans, device>> {
@@ -728,7 +730,7 @@ template <std::size_t TR, std::size_t TC, std::size_t Terms, sketch_stack Stack,
   requires(Terms > 1)
 struct device_operand<sign_sketch<TR, TC, Terms, Stack, Trans>> {
   using type = sketch_operand<TR, TC, Terms, Stack, Trans>;
-  static type of(const sign_sketch<TR, TC, Terms, Stack, Trans>& u) { return {u.seed, u.scale}; }
+  static type of(const sign_sketch<TR, TC, Terms, Stack, Trans>& u) { return {u.seed, u.scale, u.rounds}; }
 };
 /// A batch's image patches (expr/operand.hpp): a convolution's A', or the B' of its dW = g^T A',
 /// staged from the NCHW images.
