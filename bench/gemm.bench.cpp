@@ -3,7 +3,8 @@
 // followed by a separate bias + ReLU pass, oneDNN's matmul with bias and a ReLU post-op, and
 // Eigen. Also the FMA peak that the `roofline` counter divides by.
 //
-// Cases: BM_peak_fma[/threads:2] and BM_linear_bias_relu_fwd/<impl>/<M>x<N>x<K>[/threads:2]
+// Cases: BM_peak_fma[/threads:2] (the best chain count), BM_peak_fma_chains/<n> (n chains, one
+// thread) and BM_linear_bias_relu_fwd/<impl>/<M>x<N>x<K>[/threads:2]
 // (Google Benchmark appends /real_time to the 2-thread names). Method and figures: docs/gemm.md.
 #include <algorithm>
 #include <chrono>
@@ -15,6 +16,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common.hpp"
@@ -38,29 +40,32 @@ namespace {
 using namespace solder_bench;
 
 // ---------------------------------------------------------------------------------------------
-// The FMA peak: 16 independent chains of vector FMAs (4-cycle latency x 2 FMA ports needs 8)
+// The FMA peak: independent chains of vector FMAs, as many as give the best rate on this host
+// (solder/benchmark.hpp tries every count its registers allow)
 // ---------------------------------------------------------------------------------------------
 
-using solder::bench::detail::fma_chains;
-using solder::bench::detail::run_fma_chains;  // the loop solder/benchmark.hpp's peak runs
+using solder::bench::detail::run_fma_chains_of;  // the loop solder/benchmark.hpp's peak runs
 constexpr long fma_steps_per_call = 1L << 20;  // ~2.5 ms at 214 GFLOP/s
 
-/// Flops of one run_fma_chains(fma_steps_per_call) on each of `threads` threads.
-double fma_flops(int threads) {
-  return 2.0 * fma_chains * double(solder::eval::cpu::float_lanes) * double(fma_steps_per_call) * threads;
+/// Flops of one run of `chains` chains for fma_steps_per_call steps on each of `threads` threads.
+double fma_flops(int threads, int chains) {
+  return 2.0 * chains * double(solder::eval::cpu::float_lanes) * double(fma_steps_per_call) * threads;
 }
 
-/// One round of the peak: every thread runs the chains once (an OpenMP team of `threads`).
-void fma_round(int threads) {
+/// One round of the loop: every thread runs the chains once (an OpenMP team of `threads`).
+void fma_round(int threads, int chains) {
   float sink = 0;
   if (threads <= 1) {
-    sink = run_fma_chains(fma_steps_per_call);
+    sink = run_fma_chains_of(chains, fma_steps_per_call);
   } else {
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += run_fma_chains(fma_steps_per_call);
+    sink += run_fma_chains_of(chains, fma_steps_per_call);
   }
   benchmark::DoNotOptimize(sink);
 }
+
+/// The chain count of the peak on `threads` threads: the best of the counts solder's probe tries.
+int peak_chains(int threads) { return solder::bench::fma_peak_chains(threads); }
 
 }  // namespace
 
@@ -73,13 +78,14 @@ double peak_gflops(int threads) {
   static std::map<int, double> cache;
   if (auto it = cache.find(threads); it != cache.end()) return it->second;
   using clock = std::chrono::steady_clock;
-  fma_round(threads);
-  fma_round(threads);
+  const int chains = peak_chains(threads);
+  fma_round(threads, chains);
+  fma_round(threads, chains);
   std::vector<double> rates;
   for (int r = 0; r < 15; ++r) {
     const auto t0 = clock::now();
-    fma_round(threads);
-    rates.push_back(fma_flops(threads) / std::chrono::duration<double>(clock::now() - t0).count() * 1e-9);
+    fma_round(threads, chains);
+    rates.push_back(fma_flops(threads, chains) / std::chrono::duration<double>(clock::now() - t0).count() * 1e-9);
   }
   std::nth_element(rates.begin(), rates.begin() + 7, rates.end());
   return cache[threads] = rates[7];
@@ -97,11 +103,14 @@ void set_flop_counters(benchmark::State& state, double flops_per_iteration, doub
 
 namespace {
 
-void peak_case(benchmark::State& state, int threads) {
+/// The loop with `chains` chains (0: the peak's count on this host, found once per process).
+void peak_case(benchmark::State& state, int threads, int chains) {
+  if (chains == 0) chains = peak_chains(threads);
   const auto t0 = std::chrono::steady_clock::now();
-  for (auto _ : state) fma_round(threads);
+  for (auto _ : state) fma_round(threads, chains);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  set_flop_counters(state, fma_flops(threads), seconds, threads);
+  set_flop_counters(state, fma_flops(threads, chains), seconds, threads);
+  state.counters["chains"] = chains;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -425,10 +434,17 @@ int pairs_for(const shape& s) { return s.M <= 64 ? 400 : s.M <= 256 ? 60 : 4; }
 /// implementation back to back; then the paired cases, solder against each peer it is judged by.
 const bool registered = [] {
   for (int threads : {1, 2}) {
-    auto* b = benchmark::RegisterBenchmark(threads > 1 ? "BM_peak_fma/threads:2" : "BM_peak_fma", peak_case, threads);
+    auto* b = benchmark::RegisterBenchmark(threads > 1 ? "BM_peak_fma/threads:2" : "BM_peak_fma", peak_case, threads, 0);
     b->Unit(benchmark::kMillisecond);
     if (threads > 1) b->UseRealTime();
   }
+  // Each chain count the probe tries, one thread: the peak is the best of them.
+  [&]<int... C>(std::integer_sequence<int, C...>) {
+    for (int chains : {C...}) {
+      const std::string name = "BM_peak_fma_chains/" + std::to_string(chains);
+      benchmark::RegisterBenchmark(name.c_str(), peak_case, 1, chains)->Unit(benchmark::kMillisecond);
+    }
+  }(solder::bench::detail::fma_chain_counts{});
   static const std::vector<impl> list = impls();
   for (const auto& mnk : shape_list)
     for (int threads : {1, 2})

@@ -34,6 +34,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -201,24 +202,22 @@ void on_threads(int threads, F&& f) {
   eval::cpu::parallel_for(std::size_t(threads), threads, f);
 }
 
-/// The peak's loop: 16 independent chains of vector FMAs (latency 4 x 2 ports needs 8 to fill
-/// the pipes). The start values are volatile reads, so a call is never folded or hoisted.
-inline constexpr int fma_chains = 16;
+/// The peak's loop: `Chains` independent chains of vector FMAs, `steps` rounds of them; returns a
+/// value that depends on all of them. The start values are volatile reads, so a call is never
+/// folded or hoisted. solder_bench's BM_peak_fma runs the same loop.
 inline constexpr long fma_steps = 1L << 15;  // ~0.08 ms on a 200 GFLOP/s core
-
-/// `steps` rounds of the chains; returns a value that depends on all of them. solder_bench's
-/// BM_peak_fma runs the same loop.
-[[gnu::noinline]] inline float run_fma_chains(long steps = fma_steps) {
+template <int Chains>
+[[gnu::noinline]] float run_fma_chains(long steps = fma_steps) {
   using V = executor<cpu>::vec;
   static volatile float start = 1e-3f, scale = 0.999f, shift = 1e-4f;  // converges to 0.1: no overflow, no subnormals
-  V acc[fma_chains];
-  for (int i = 0; i < fma_chains; ++i) acc[i] = V(start * float(i));
+  V acc[Chains];
+  for (int i = 0; i < Chains; ++i) acc[i] = V(start * float(i));
   const V m(scale), c(shift);
   for (long k = 0; k < steps; ++k) {
-#pragma GCC unroll 16
-    for (int i = 0; i < fma_chains; ++i) acc[i] = eval::cpu::fma(acc[i], m, c);  // as the GEMM micro-kernel
+#pragma GCC unroll 32
+    for (int i = 0; i < Chains; ++i) acc[i] = eval::cpu::fma(acc[i], m, c);  // as the GEMM micro-kernel
   }
-  for (int i = 1; i < fma_chains; ++i) acc[0] += acc[i];
+  for (int i = 1; i < Chains; ++i) acc[0] += acc[i];
   alignas(64) float lanes[V::size];
   acc[0].store_aligned(lanes);
   float s = 0;
@@ -226,18 +225,50 @@ inline constexpr long fma_steps = 1L << 15;  // ~0.08 ms on a 200 GFLOP/s core
   return s;
 }
 
-inline double measure_fma_peak(int threads) {
-  const double flops = 2.0 * fma_chains * double(executor<cpu>::vec::size) * double(fma_steps) * threads;
+/// The chain counts the probe tries. The FMA pipes need latency x ports independent chains (8
+/// for 4 cycles on two ports, more where the latency is longer), and the chains with the loop's
+/// two constants must fit the vector registers (32 with AVX-512, 16 with AVX2 or SSE): past that
+/// they spill, and the loop measures the loads and stores (16 chains on AVX2 ran at 0.56 of 14).
+using fma_chain_counts = std::conditional_t<std::is_base_of_v<xsimd::avx512f, eval::cpu::arch>,
+                                            std::integer_sequence<int, 8, 12, 16, 20, 24, 28>,
+                                            std::integer_sequence<int, 6, 8, 10, 12, 14>>;
+
+/// run_fma_chains with the chain count a runtime value (one of fma_chain_counts); 0 otherwise.
+inline float run_fma_chains_of(int chains, long steps) {
+  float out = 0;
+  [&]<int... C>(std::integer_sequence<int, C...>) {
+    ((chains == C ? (out = run_fma_chains<C>(steps), true) : false) || ...);
+  }(fma_chain_counts{});
+  return out;
+}
+
+/// The rate of the loop of `chains` chains on `threads` threads, in GFLOP/s (best_rate's best).
+inline double measure_fma_rate(int threads, int chains) {
+  const double flops = 2.0 * chains * double(executor<cpu>::vec::size) * double(fma_steps) * threads;
   std::vector<float> sums(static_cast<std::size_t>(threads));
   const double rate = best_rate(
       [&](int reps) {
         on_threads(threads, [&](std::size_t t) {
-          for (int r = 0; r < reps; ++r) sums[t] += run_fma_chains();
+          for (int r = 0; r < reps; ++r) sums[t] += run_fma_chains_of(chains, fma_steps);
         });
         keep(sums.data());
       },
       flops);
   return rate * 1e-9;
+}
+
+/// The FMA peak on `threads` threads: the best of every chain count, and the count it took.
+struct fma_peak {
+  double gflops = 0;
+  int chains = 0;
+};
+inline fma_peak measure_fma_peak(int threads) {
+  fma_peak best;
+  [&]<int... C>(std::integer_sequence<int, C...>) {
+    for (int chains : {C...})
+      if (const double r = measure_fma_rate(threads, chains); r > best.gflops) best = {r, chains};
+  }(fma_chain_counts{});
+  return best;
 }
 
 inline double measure_copy(int threads, std::size_t bytes) {
@@ -261,24 +292,28 @@ inline double measure_copy(int threads, std::size_t bytes) {
 
 /// Measured limits by thread count (and copy size), kept for the process. Cases run one at a time.
 struct limits_cache {
-  std::map<int, double> peak;
+  std::map<int, fma_peak> peak;
   std::map<std::pair<int, std::size_t>, double> copy;
 };
 inline limits_cache& limits() {
   static limits_cache c;
   return c;
 }
+inline const fma_peak& peak_on(int threads) {
+  auto& peak = limits().peak;
+  if (auto it = peak.find(threads); it != peak.end()) return it->second;
+  return peak[threads] = measure_fma_peak(threads);
+}
 
 }  // namespace detail
 
 /// This host's FP32 FMA peak on `threads` threads, in GFLOP/s: independent FMA chains on the
-/// vectors this build compiles for (-march=native: the host's widest). Measured on first use
-/// (a few milliseconds), then kept.
-inline double fma_peak_gflops(int threads) {
-  auto& peak = detail::limits().peak;
-  if (auto it = peak.find(threads); it != peak.end()) return it->second;
-  return peak[threads] = detail::measure_fma_peak(threads);
-}
+/// vectors this build compiles for (-march=native: the host's widest), the best of several
+/// chain counts (detail::fma_chain_counts). Measured on first use (tens of milliseconds), then
+/// kept.
+inline double fma_peak_gflops(int threads) { return detail::peak_on(threads).gflops; }
+/// The chain count that gave fma_peak_gflops(threads).
+inline int fma_peak_chains(int threads) { return detail::peak_on(threads).chains; }
 
 /// The bytes of the copy that stands for a working set: half of it copied into the other half,
 /// a power of two from 4 KiB to 64 MiB (the nearest; beyond 64 MiB memory is as slow as it gets).
@@ -377,8 +412,9 @@ struct roofline_report {
     const auto flags = os.flags();
     const auto precision = os.precision();
     os << std::fixed << std::setprecision(1) << "this host's roofline, measured in this process:\n";
-    for (const auto& [threads, gflops] : detail::limits().peak)
-      os << "  FMA peak, " << threads << (threads == 1 ? " thread: " : " threads: ") << gflops << " GFLOP/s\n";
+    for (const auto& [threads, peak] : detail::limits().peak)
+      os << "  FMA peak, " << threads << (threads == 1 ? " thread: " : " threads: ") << peak.gflops << " GFLOP/s ("
+         << peak.chains << " chains)\n";
     int shown = 0;  // the thread count of the copies on the current line
     for (const auto& [key, gbps] : detail::limits().copy) {
       const auto [threads, bytes] = key;

@@ -3,12 +3,15 @@
 // for Google Benchmark's State and RegisterBenchmark (found by the same lookup as the real ones).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "solder/benchmark.hpp"
@@ -117,6 +120,29 @@ TEST_CASE("bench::rates_of: rates and fractions of the roofline", "[bench]") {
   CHECK(streaming.gbps == Approx(16.0));
   CHECK(streaming.floor_fraction == Approx(0.8));  // bytes bound it, not FLOPs
   CHECK(streaming.peak_fraction == Approx(0.004));
+}
+
+TEST_CASE("bench: the FMA peak probe tries chain counts the registers hold, and keeps the best", "[bench]") {
+  namespace d = solder::bench::detail;
+  std::vector<int> counts;
+  [&]<int... C>(std::integer_sequence<int, C...>) { counts = {C...}; }(d::fma_chain_counts{});
+  const int registers = std::is_base_of_v<xsimd::avx512f, eval::cpu::arch> ? 32 : 16;
+  for (int c : counts) {
+    CAPTURE(c);
+    CHECK(c + 2 <= registers);  // the chains and the loop's two constants
+    CHECK(c >= 6);
+    // The dispatch runs the loop of that count: the same value as the loop called directly.
+    float direct = 0;
+    [&]<int... C>(std::integer_sequence<int, C...>) {
+      ((c == C ? (direct = d::run_fma_chains<C>(64), true) : false) || ...);
+    }(d::fma_chain_counts{});
+    CHECK(d::run_fma_chains_of(c, 64) == direct);
+  }
+  CHECK(d::run_fma_chains_of(7, 64) == 0.0f);  // not a count the probe tries
+  const int best = solder::bench::fma_peak_chains(1);
+  CHECK(std::find(counts.begin(), counts.end(), best) != counts.end());
+  CHECK(solder::bench::fma_peak_gflops(1) > 0.0);
+  CHECK(solder::bench::fma_peak_chains(1) == best);  // measured once, then kept
 }
 
 TEST_CASE("bench::case_name: <model>[/<kernel>]/<pass>/<fused|unfused>/<batch>", "[bench]") {
