@@ -109,8 +109,8 @@ class sign_bits {
   alignas(64) std::uint16_t bits_[random::bits16_group];
 };
 
-/// The calling thread's sign_bits of (seed, term, rounds), kept between calls so the rows of a block
-/// that share a group generate it once (one slot per term mod 8: the terms a block spans).
+/// The calling thread's sign_bits of (seed, term, rounds), kept between calls so the rows of a
+/// block that share a group generate it once (one slot per term mod 8: the terms a block spans).
 inline sign_bits& sign_source(std::uint64_t seed, std::uint64_t term, std::uint32_t rounds) {
   thread_local std::optional<sign_bits> slots[8];
   std::optional<sign_bits>& slot = slots[term % 8];
@@ -152,8 +152,8 @@ void sketch_row(const U& u, std::size_t r, std::size_t c0, std::size_t c1, float
   if constexpr (U::stack == sketch_stack::columns) {
     for (std::size_t c = c0; c < c1;) {
       const std::size_t t = c / TC, stop = std::min(c1, (t + 1) * TC);
-      fill_signs(sign_source(u.seed, t, u.rounds), std::uint64_t(r) * TC + (c - t * TC), stop - c, u.scale, out + (c - c0) * stride,
-                 stride);
+      fill_signs(sign_source(u.seed, t, u.rounds), std::uint64_t(r) * TC + (c - t * TC), stop - c, u.scale,
+                 out + (c - c0) * stride, stride);
       c = stop;
     }
   } else {

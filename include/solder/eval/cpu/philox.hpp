@@ -76,7 +76,8 @@ struct philox_group_scalars {
 inline void philox_group_portable(const philox_stream& s, uint64_t g, uint16_t* out) {
   for (uint32_t l = 0; l < 16; ++l) {
     const uint64_t block = (g << 4) | l;
-    const random::philox_ctr w = random::philox4x32_rounds({{uint32_t(block), uint32_t(block >> 32), s.offset_lo, s.offset_hi}}, s.key, s.rounds);
+    const random::philox_ctr w =
+        random::philox4x32_rounds({{uint32_t(block), uint32_t(block >> 32), s.offset_lo, s.offset_hi}}, s.key, s.rounds);
     for (uint32_t k = 0; k < 8; ++k) out[16 * k + l] = uint16_t(w.v[k >> 1] >> (16 * (k & 1)));
   }
 }
