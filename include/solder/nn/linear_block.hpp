@@ -256,7 +256,6 @@ class linear_block
   // folded GEMM, its batch, and rows of Out floats grown to the largest batch: the product's
   // output z, the tail's input u (the normalization's output), and their gradients.
   using vector_type = tensor<float, shape<out_features>, space>;
-  using rows_type = tensor<float, shape<dyn, out_features>, space>;
   using weight_type = tensor<float, shape<out_features, in_features>, space>;
   [[no_unique_address]] std::conditional_t<has_norm, vector_type, std::tuple<>> folded_bias{};
   /// W' in device memory (the host packs it instead).
@@ -264,14 +263,11 @@ class linear_block
       folded_weight{};
   bool folded_last = false;
   std::size_t saved_batch = 0;
-  using rows_or_none = std::conditional_t<has_norm, rows_type, std::tuple<>>;
-  static rows_or_none no_rows() {
-    if constexpr (has_norm)
-      return rows_type(1);
-    else
-      return {};
-  }
-  [[no_unique_address]] rows_or_none z_buf = no_rows(), u_buf = no_rows(), gz_buf = no_rows(), gu_buf = no_rows();
+  using rows_or_none = typename base::template rows_if<has_norm>;
+  [[no_unique_address]] rows_or_none z_buf = base::template one_row_if<has_norm>(),
+                                     u_buf = base::template one_row_if<has_norm>(),
+                                     gz_buf = base::template one_row_if<has_norm>(),
+                                     gu_buf = base::template one_row_if<has_norm>();
 
   /// The gate g = dL/dz with db (one pass), then dW = g^T x; returns g. With a batch_norm, z is
   /// the product's output before it.

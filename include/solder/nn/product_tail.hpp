@@ -47,6 +47,15 @@ class product_tail {
  protected:
   mode current = mode::train;
 
+  /// Rows of Out floats in Space where a block needs them (grown by workspace), else nothing.
+  template <bool Used>
+  using rows_if = std::conditional_t<Used, tensor<float, shape<dyn, Out>, Space>, std::tuple<>>;
+  template <bool Used>
+  static rows_if<Used> one_row_if() {
+    if constexpr (Used) return rows_if<Used>(1);
+    else return {};
+  }
+
   /// f(std::integral_constant<mode, M>) in the current mode M; a training call first moves the
   /// dropout streams on, so every training forward draws fresh masks.
   template <class F>
@@ -102,17 +111,9 @@ class product_tail {
   }
 
  private:
-  // Rows of Out floats where the block needs them, else nothing.
-  template <bool Used>
-  using rows_if = std::conditional_t<Used, tensor<float, shape<dyn, Out>, Space>, std::tuple<>>;
-  template <bool Used>
-  static rows_if<Used> rows_or_none() {
-    if constexpr (Used) return rows_if<Used>(1);
-    else return {};
-  }
   static constexpr bool has_gate_buffer = sizeof...(Tail) > 0;
-  [[no_unique_address]] rows_if<has_gate_buffer> gate_buffer = rows_or_none<has_gate_buffer>();  // g = dL/dz
-  [[no_unique_address]] rows_if<keeps_preactivation> pre = rows_or_none<keeps_preactivation>();   // z of the last training forward
+  [[no_unique_address]] rows_if<has_gate_buffer> gate_buffer = one_row_if<has_gate_buffer>();  // g = dL/dz
+  [[no_unique_address]] rows_if<keeps_preactivation> pre = one_row_if<keeps_preactivation>();   // z of the last training forward
   std::size_t pre_batch = 0;  // its batch; 0: none
 
   template <mode M, class SY, class DB>
