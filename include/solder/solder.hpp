@@ -16,6 +16,7 @@
 #include "solder/expr/contract.hpp"
 #include "solder/expr/operators.hpp"
 #include "solder/expr/reduce.hpp"
+#include "solder/expr/same.hpp"
 #include "solder/io/safetensors.hpp"
 #include "solder/nn/batch_norm.hpp"
 #include "solder/nn/chain.hpp"

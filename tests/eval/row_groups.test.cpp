@@ -117,3 +117,71 @@ TEST_CASE("row groups: the same bits for 1 and 2 threads, and as a mean", "[redu
   }
   CHECK(worst < 1e-5);
 }
+
+TEST_CASE("row groups: writes of one expression type over different data are not shared", "[reduce][row_groups]") {
+  // Each pair has the same expression type, so the pass may evaluate it once for both writes,
+  // but only after checking that the tensors and constants are the same: here they are not.
+  constexpr std::size_t B = 203, N = 1000;
+  tensor<float, shape<dyn, N>> x(B), z(B), y(B), y2(B);
+  tensor<float, shape<N>> s, s2;
+  solder::test::fill_integers(x, -50, 50, 815);
+  solder::test::fill_integers(z, -50, 50, 816);
+  solder::assign_all(solder::write(y, x * 2.0f), solder::write(s, solder::sum<0>(z * 2.0f)));
+  solder::assign_all(solder::write(y2, x * 2.0f), solder::write(s2, solder::sum<0>(x * 3.0f)));
+  bool ok = true;
+  for (std::size_t j = 0; j < N; ++j) {
+    double sz = 0, sx = 0;
+    for (std::size_t i = 0; i < B; ++i) {
+      ok = ok && y.data()[i * N + j] == x.data()[i * N + j] * 2.0f && y2.data()[i * N + j] == y.data()[i * N + j];
+      sz += z.data()[i * N + j] * 2.0;
+      sx += x.data()[i * N + j] * 3.0;
+    }
+    ok = ok && s.data()[j] == float(sz) && s2.data()[j] == float(sx);
+  }
+  CHECK(ok);
+}
+
+TEST_CASE("row groups: a shared expression gives the bits of separate passes", "[reduce][row_groups]") {
+  // dx = g and db = sum(g) in one pass, g evaluated once per element, against each write in a
+  // pass of its own, on non-integer data (so the order of the additions shows in the bits).
+  constexpr std::size_t B = 300, N = 1100;
+  tensor<float, shape<dyn, N>> y(B), dy(B), dx(B), dx_alone(B);
+  tensor<float, shape<N>> db, db_alone;
+  solder::test::fill_uniform(y, -1, 2, 817);
+  solder::test::fill_uniform(dy, -1, 1, 818);
+  const auto g = solder::map(solder::ops::gradient_from_output<solder::ops::relu, true>{{}, 1.25f}, y, dy);
+  solder::assign_all(solder::write(dx, g), solder::write(db, solder::sum<0>(g)));
+  solder::assign(dx_alone, g);
+  solder::assign(db_alone, solder::sum<0>(g));
+  CHECK(same_bits(dx, dx_alone));
+  CHECK(same_bits(db, db_alone));
+}
+
+TEST_CASE("row groups: chunks whose first group starts the column sums, beside row sums", "[reduce][row_groups]") {
+  // 512 columns (whole vectors) and 300 rows: chunks of 32 whole rows, each starting with a
+  // group that writes its whole partial row, so the column folds start at identity rather than
+  // at a filled block; the row sums in the same pass fold through memory as before.
+  constexpr std::size_t B = 300, N = 512;
+  tensor<float, shape<dyn, N>> x(B), y(B);
+  tensor<float, shape<N>> cols, colmax;
+  tensor<float, shape<dyn>> rows(B);
+  solder::test::fill_integers(x, -60, 60, 819);
+  solder::assign_all(solder::write(y, x * 2.0f), solder::write(cols, solder::sum<0>(x * 2.0f)),
+                     solder::write(colmax, solder::max<0>(x * 2.0f)), solder::write(rows, solder::sum<1>(x * 2.0f)));
+  bool ok = true;
+  for (std::size_t j = 0; j < N; ++j) {
+    double s = 0;
+    float m = -INFINITY;
+    for (std::size_t i = 0; i < B; ++i) {
+      s += x.data()[i * N + j] * 2.0;
+      m = std::max(m, x.data()[i * N + j] * 2.0f);
+    }
+    ok = ok && cols.data()[j] == float(s) && colmax.data()[j] == m;
+  }
+  for (std::size_t i = 0; i < B; ++i) {
+    double s = 0;
+    for (std::size_t j = 0; j < N; ++j) s += x.data()[i * N + j] * 2.0;
+    ok = ok && rows.data()[i] == float(s);
+  }
+  CHECK(ok);
+}

@@ -97,21 +97,25 @@ TEST_CASE("tuning: the choices for the hosts solder has met, and for unknown one
   constexpr auto intel = choose_tuning(cpu_vendor::intel, 2 * MiB, 300 * MiB);
   STATIC_REQUIRE(intel.stream_min_bytes == 8 * MiB);
   STATIC_REQUIRE(intel.gemm_l2_b_bytes == 512 * KiB);
+  STATIC_REQUIRE(intel.prefetch_cached);
   // AMD Zen 4: 1 MiB L2, 32 MiB L3 per core complex: outputs up to half of it stay cached.
   constexpr auto zen4 = choose_tuning(cpu_vendor::amd, 1 * MiB, 32 * MiB);
   STATIC_REQUIRE(zen4.stream_min_bytes == 16 * MiB);
   STATIC_REQUIRE(zen4.gemm_l2_b_bytes == 256 * KiB);
+  STATIC_REQUIRE(!zen4.prefetch_cached);  // the hardware prefetchers keep up with the CCX's L3
   // A small L3 never streams below the floor; nothing reported keeps the defaults.
   STATIC_REQUIRE(choose_tuning(cpu_vendor::amd, 512 * KiB, 8 * MiB).stream_min_bytes == 8 * MiB);
   STATIC_REQUIRE(choose_tuning(cpu_vendor::amd, 512 * KiB, 8 * MiB).gemm_l2_b_bytes == 128 * KiB);
   STATIC_REQUIRE(choose_tuning(cpu_vendor::other, 0, 0).stream_min_bytes == 8 * MiB);
   STATIC_REQUIRE(choose_tuning(cpu_vendor::other, 0, 0).gemm_l2_b_bytes == 512 * KiB);
+  STATIC_REQUIRE(choose_tuning(cpu_vendor::other, 0, 0).prefetch_cached);
   STATIC_REQUIRE(choose_tuning(cpu_vendor::intel, 64 * MiB, 0).gemm_l2_b_bytes == 512 * KiB);
 
   const solder::host_cpu& h = solder::this_host();
   const auto mine = choose_tuning(h.vendor, h.l2_bytes, h.l3_bytes);
   CHECK(solder::eval::cpu::tuning().stream_min_bytes == mine.stream_min_bytes);
   CHECK(solder::eval::cpu::tuning().gemm_l2_b_bytes == mine.gemm_l2_b_bytes);
+  CHECK(solder::eval::cpu::tuning().prefetch_cached == mine.prefetch_cached);
 }
 
 TEST_CASE("tuning: set_tuning replaces the choice and keeps the streaming floor", "[host]") {
@@ -137,4 +141,6 @@ TEST_CASE("host_report names the CPU, the build's instruction set and the choice
   CHECK(r.find("streaming stores from " + solder::detail::byte_size(solder::eval::cpu::tuning().stream_min_bytes)) !=
         std::string::npos);
   CHECK(r.find("GEMM tile") != std::string::npos);
+  CHECK(r.find(std::string("software prefetch in cached passes ") + (solder::eval::cpu::tuning().prefetch_cached ? "on" : "off")) !=
+        std::string::npos);
 }

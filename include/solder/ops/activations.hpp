@@ -272,7 +272,7 @@ struct gradient_from_output {
   static constexpr int flops = Act::flops + (Dropout ? dropout::flops : 0);
   static constexpr bool differentiable(int /*arg*/) { return false; }
 
-  Act act{};
+  [[no_unique_address]] Act act{};  // no padding: two equal ops have equal bytes (expr/same.hpp)
   /// The dropout's 1 / (1 - p); unused without Dropout.
   float scale = 1;
 

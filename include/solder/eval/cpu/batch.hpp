@@ -26,6 +26,10 @@ using vec = xsimd::batch<T, A>;
 /// Lanes of a float vector on solder's arch (16 with AVX-512, 8 with AVX2).
 inline constexpr std::size_t float_lanes = vec<float>::size;
 
+/// Vector registers of instruction set A: 32 with AVX-512, 16 with SSE, AVX, AVX2 and NEON.
+template <class A>
+inline constexpr std::size_t vector_registers = std::is_base_of_v<xsimd::avx512f, A> ? 32 : 16;
+
 /// a * b + c rounded once, on every compiler. xsimd 8 has no AVX-512 fma: its generic form is
 /// a * b + c, which GCC's default contraction (-ffp-contract=fast) turns into one vfmadd and
 /// Clang's (on: within one expression) leaves as a multiply and an add: half the GEMM's speed.

@@ -107,7 +107,8 @@ struct evaluator;
 /// random-bit generation of a dropout pass is pure ALU work, and without prefetches running
 /// ahead, memory sits idle while it runs. Measured with a dropout pass on this machine: no
 /// prefetch 22.7 GB/s at 4 MiB and 11.7 at 64 MiB; T1 4 KiB ahead 29.2 (regular stores, 4 MiB);
-/// T1 8 KiB ahead 24.8 (non-temporal stores, 64 MiB); T0 (into L1) was slower than none.
+/// T1 8 KiB ahead 24.8 (non-temporal stores, 64 MiB); T0 (into L1) was slower than none. On AMD
+/// Zen the cached passes run without them (cpu_tuning::prefetch_cached).
 inline constexpr std::size_t prefetch_bytes_cached = 4096;
 inline constexpr std::size_t prefetch_bytes_streaming = 8192;
 

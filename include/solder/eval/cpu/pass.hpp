@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "solder/eval/cpu/tuning.hpp"
 #include "solder/memory.hpp"
 #include "solder/expr/reduce.hpp"
+#include "solder/expr/same.hpp"
 #include "solder/expr/write.hpp"
 
 namespace solder {
@@ -40,7 +42,7 @@ struct store_sink {
   T* base;
   T* p = nullptr;
   explicit store_sink(T* b) : base(b) {}
-  SOLDER_INLINE void begin_chunk(std::size_t) {}
+  SOLDER_INLINE void begin_chunk(std::size_t, bool) {}
   SOLDER_INLINE void seek(const segment& s) {
     p = base + (Lay::flat ? s.col : s.row * Lay::shape::last + s.col);
   }
@@ -76,9 +78,11 @@ struct reduce_sink {
   V acc{};
 
   reduce_sink(T* parts, std::size_t ks) : partials(parts), keep_size(ks) {}
-  SOLDER_INLINE void begin_chunk(std::size_t c) {
+  /// `fresh`: the chunk's first row group writes the whole block (it starts at identity), so
+  /// it is not filled.
+  SOLDER_INLINE void begin_chunk(std::size_t c, bool fresh) {
     partial = partials + c * keep_size;
-    std::fill(partial, partial + keep_size, Combine::template identity<T>());
+    if (!(inner && fresh)) std::fill(partial, partial + keep_size, Combine::template identity<T>());
   }
   SOLDER_INLINE void seek(const segment& s) {
     p = partial + (Lay::flat ? 0 : map::row_offset(s.row)) + (inner ? s.col : 0);
@@ -115,7 +119,9 @@ struct reduce_sink {
   // A row group (run_row_group): a column fold keeps the partial vector in a register across
   // the group's rows, loaded and stored once per group instead of once per row. The rows are
   // combined in the same order, so the bits are the same.
-  SOLDER_INLINE V column_begin(std::size_t j) const { return V::load_unaligned(p + j); }
+  SOLDER_INLINE V column_begin(std::size_t j, bool fresh) const {
+    return fresh ? V(Combine::template identity<T>()) : V::load_unaligned(p + j);
+  }
   template <class X>
   SOLDER_INLINE void column_put(V& a, const X& x) const {
     a = Combine::combine(a, as_value<V>(x));
@@ -127,6 +133,8 @@ struct reduce_sink {
       if (map::row_offset(row + r) != map::row_offset(row)) return false;
     return true;
   }
+  /// Whether a row group over whole rows of `row_len` elements writes every partial element.
+  SOLDER_INLINE bool one_partial_row(std::size_t row_len) const { return keep_size == row_len; }
 };
 
 /// The group interface for every sink: column folds keep a register, the others put each row.
@@ -137,12 +145,39 @@ struct folds_columns_trait<reduce_sink<T, Keep, Combine, Lay, V>> : std::bool_co
 template <class Sink>
 inline constexpr bool folds_columns_v = folds_columns_trait<Sink>::value;
 
+/// The partial vector of columns from j: the identity in a chunk's first group over fresh partials.
 template <class Sink>
-SOLDER_INLINE auto column_begin(const Sink& sk, std::size_t j) {
+SOLDER_INLINE auto column_begin(const Sink& sk, std::size_t j, bool fresh) {
   if constexpr (folds_columns_v<Sink>)
-    return sk.column_begin(j);
+    return sk.column_begin(j, fresh);
   else
     return no_column_acc{};
+}
+/// The partial vectors of C consecutive vectors of columns from j (a block of a row group).
+template <std::size_t C, class Sink>
+SOLDER_INLINE auto column_block_begin(const Sink& sk, std::size_t j, bool fresh) {
+  if constexpr (folds_columns_v<Sink>) {
+    std::array<typename Sink::vec, C> a;
+#pragma GCC unroll 16
+    for (std::size_t c = 0; c < C; ++c) a[c] = sk.column_begin(j + c * Sink::vec::size, fresh);
+    return a;
+  } else {
+    return no_column_acc{};
+  }
+}
+template <class A>
+SOLDER_INLINE auto& column_block_at(A& a, std::size_t c) {
+  if constexpr (std::is_same_v<A, no_column_acc>)
+    return a;
+  else
+    return a[c];
+}
+template <std::size_t C, class Sink, class A>
+SOLDER_INLINE void column_block_end(const Sink& sk, std::size_t j, const A& a) {
+  if constexpr (folds_columns_v<Sink>) {
+#pragma GCC unroll 16
+    for (std::size_t c = 0; c < C; ++c) sk.column_end(j + c * Sink::vec::size, a[c]);
+  }
 }
 template <class Sink, class A, class X>
 SOLDER_INLINE void column_put(Sink& row_sink, const Sink& group_sink, A& a, std::size_t j, const X& x) {
@@ -159,6 +194,13 @@ template <class Sink>
 SOLDER_INLINE bool same_partial(const Sink&, std::size_t row, std::size_t n) {
   if constexpr (folds_columns_v<Sink>)
     return Sink::same_partial(row, n);
+  else
+    return true;
+}
+template <class Sink>
+SOLDER_INLINE bool one_partial_row(const Sink& sk, std::size_t row_len) {
+  if constexpr (folds_columns_v<Sink>)
+    return sk.one_partial_row(row_len);
   else
     return true;
 }
@@ -206,22 +248,27 @@ struct partition {
 /// reference would be reloaded from memory after every store.
 /// One segment: seek every evaluator and sink, then each vector of every expression is loaded
 /// (all loads before any store, so common subexpressions of several writes can be merged by
-/// the compiler) and handed to its sink. Operands are prefetched `Ahead` bytes ahead (0: none).
-template <class V, std::size_t Ahead, class Ctx, class Evals, class Sinks, std::size_t... I>
-SOLDER_INLINE void run_segment(const segment& seg, Ctx& ctx, Evals& ev, Sinks& sk, std::index_sequence<I...>) {
+/// the compiler) and handed to its sink. Operands are prefetched `Ahead` bytes ahead where
+/// `prefetch` says so (Ahead 0: never).
+/// Write I takes its values from evaluator S_I: its own, or an earlier write's of the same
+/// expression (shared_sources).
+template <class V, std::size_t Ahead, class Ctx, class Evals, class Sinks, std::size_t... I, std::size_t... S>
+SOLDER_INLINE void run_segment(const segment& seg, Ctx& ctx, Evals& ev, Sinks& sk, std::index_sequence<I...>,
+                               std::index_sequence<S...>, bool prefetch = false) {
   constexpr std::size_t W = V::size;
   ctx.next_segment();
-  (solder::detail::get<I>(ev).seek(seg, ctx), ...);
+  ((I == S ? solder::detail::get<I>(ev).seek(seg, ctx) : void()), ...);
   (solder::detail::get<I>(sk).seek(seg), ...);
   std::size_t j = 0;
   for (; j + W <= seg.len; j += W) {
-    if constexpr (Ahead > 0) (solder::detail::get<I>(ev).template prefetch<Ahead>(j), ...);
-    auto values = solder::detail::make_tuple(solder::detail::get<I>(ev).load(j)...);
+    if constexpr (Ahead > 0)
+      if (prefetch) ((I == S ? solder::detail::get<I>(ev).template prefetch<Ahead>(j) : void()), ...);
+    auto values = solder::detail::make_tuple(solder::detail::get<S>(ev).load(j)...);
     (solder::detail::get<I>(sk).put(j, solder::detail::get<I>(values)), ...);
   }
   if (j < seg.len) {
     const std::size_t n = seg.len - j;
-    auto values = solder::detail::make_tuple(solder::detail::get<I>(ev).load_partial(j, n)...);
+    auto values = solder::detail::make_tuple(solder::detail::get<S>(ev).load_partial(j, n)...);
     (solder::detail::get<I>(sk).put_partial(j, n, solder::detail::get<I>(values)), ...);
   }
   (solder::detail::get<I>(sk).end_segment(), ...);
@@ -233,14 +280,24 @@ SOLDER_INLINE void run_segment(const segment& seg, Ctx& ctx, Evals& ev, Sinks& s
 /// the second store stream of the pass (docs/hosts.md).
 inline constexpr std::size_t group_rows = 8;
 
-/// The segments at seg's columns of rows seg.row .. seg.row + group_rows - 1, in one sweep:
-/// for each vector, every row in order (its own evaluators and sinks), column folds through a
-/// register (the same order of combination as row by row). Tails run row by row. No software
-/// prefetches (see run_chunk).
-template <class V, class Ctx, class Evals, class Sinks, std::size_t... I>
+/// Vectors of columns in one block of a row group: the partial vectors of its column folds fill
+/// half the register file.
+template <class V, std::size_t Folds>
+inline constexpr std::size_t group_block_vectors =
+    std::max<std::size_t>(1, vector_registers<typename V::arch_type> / 2 / std::max<std::size_t>(1, Folds));
+
+/// The segments at seg's columns of rows seg.row .. seg.row + group_rows - 1, in blocks of
+/// group_block_vectors vectors of columns: each block row by row, every row in order (its own
+/// evaluators and sinks), column folds through registers (the same order of combination as row
+/// by row). Within a block a row is read contiguously, so the group's rows are not all streams
+/// at once: one vector down all eight rows at a time kept 24 streams in flight, which the Zen 5
+/// prefetchers did not follow (docs/hosts.md). The vectors left after the last block go down
+/// the rows one at a time; tails run row by row. No software prefetches (see run_chunk).
+template <class V, class Ctx, class Evals, class Sinks, std::size_t... I, std::size_t... S>
 SOLDER_INLINE void run_row_group(const segment& seg, Ctx& ctx, const Evals& ev0, const Sinks& sk0,
-                                 std::index_sequence<I...>) {
+                                 std::index_sequence<I...>, std::index_sequence<S...>, bool fresh) {
   constexpr std::size_t R = group_rows, W = V::size;
+  constexpr std::size_t C = group_block_vectors<V, (std::size_t{folds_columns_v<solder::detail::tuple_element_t<I, Sinks>>} + ...)>;
   // Written out: nvcc's front end emits host code g++ rejects for an array built by a pack.
   static_assert(R == 8, "solder: run_row_group copies its evaluators and sinks for 8 rows");
   std::array<Evals, R> ev{ev0, ev0, ev0, ev0, ev0, ev0, ev0, ev0};
@@ -249,15 +306,27 @@ SOLDER_INLINE void run_row_group(const segment& seg, Ctx& ctx, const Evals& ev0,
 #pragma GCC unroll 8
   for (std::size_t r = 0; r < R; ++r) {
     const segment s{seg.row + r, seg.col, seg.len};
-    (solder::detail::get<I>(ev[r]).seek(s, ctx), ...);
+    ((I == S ? solder::detail::get<I>(ev[r]).seek(s, ctx) : void()), ...);
     (solder::detail::get<I>(sk[r]).seek(s), ...);
   }
   std::size_t j = 0;
-  for (; j + W <= seg.len; j += W) {
-    auto acc = solder::detail::make_tuple(column_begin(solder::detail::get<I>(sk[0]), j)...);
-#pragma GCC unroll 8
+  for (; j + C * W <= seg.len; j += C * W) {
+    auto acc = solder::detail::make_tuple(column_block_begin<C>(solder::detail::get<I>(sk[0]), j, fresh)...);
     for (std::size_t r = 0; r < R; ++r) {
-      auto values = solder::detail::make_tuple(solder::detail::get<I>(ev[r]).load(j)...);
+#pragma GCC unroll 16
+      for (std::size_t c = 0; c < C; ++c) {
+        auto values = solder::detail::make_tuple(solder::detail::get<S>(ev[r]).load(j + c * W)...);
+        (column_put(solder::detail::get<I>(sk[r]), solder::detail::get<I>(sk[0]),
+                    column_block_at(solder::detail::get<I>(acc), c), j + c * W, solder::detail::get<I>(values)),
+         ...);
+      }
+    }
+    (column_block_end<C>(solder::detail::get<I>(sk[0]), j, solder::detail::get<I>(acc)), ...);
+  }
+  for (; j + W <= seg.len; j += W) {
+    auto acc = solder::detail::make_tuple(column_begin(solder::detail::get<I>(sk[0]), j, fresh)...);
+    for (std::size_t r = 0; r < R; ++r) {
+      auto values = solder::detail::make_tuple(solder::detail::get<S>(ev[r]).load(j)...);
       (column_put(solder::detail::get<I>(sk[r]), solder::detail::get<I>(sk[0]), solder::detail::get<I>(acc), j, solder::detail::get<I>(values)), ...);
     }
     (column_end(solder::detail::get<I>(sk[0]), j, solder::detail::get<I>(acc)), ...);
@@ -265,22 +334,22 @@ SOLDER_INLINE void run_row_group(const segment& seg, Ctx& ctx, const Evals& ev0,
   for (std::size_t r = 0; r < R; ++r) {
     if (j < seg.len) {
       const std::size_t n = seg.len - j;
-      auto values = solder::detail::make_tuple(solder::detail::get<I>(ev[r]).load_partial(j, n)...);
+      auto values = solder::detail::make_tuple(solder::detail::get<S>(ev[r]).load_partial(j, n)...);
       (solder::detail::get<I>(sk[r]).put_partial(j, n, solder::detail::get<I>(values)), ...);
     }
     (solder::detail::get<I>(sk[r]).end_segment(), ...);
   }
 }
 
-template <class V, bool Stream, class Evals, class Sinks, std::size_t... I>
+template <class V, bool Stream, bool Plain, class Evals, class Sinks, std::size_t... I, class Sources>
 void run_chunk(const partition& part, std::size_t c, const Evals& evals, const Sinks& sinks,
-               std::index_sequence<I...> writes) {
+               std::index_sequence<I...> writes, Sources sources) {
   constexpr std::size_t ahead = Stream ? prefetch_bytes_streaming : prefetch_bytes_cached;
+  const bool prefetch = Stream || tuning().prefetch_cached;
   constexpr std::size_t slots = (mask_slots<solder::detail::tuple_element_t<I, Evals>> + ... + 0);
   Evals ev = evals;
   Sinks sk = sinks;
   pass_context<slots> ctx;
-  (solder::detail::get<I>(sk).begin_chunk(c), ...);
   const std::size_t s_begin = c * part.seg_per_chunk;
   const std::size_t s_end = std::min(part.segments, s_begin + part.seg_per_chunk);
   segment seg = part.at(s_begin);  // then stepped without divisions
@@ -289,33 +358,67 @@ void run_chunk(const partition& part, std::size_t c, const Evals& evals, const S
   // one by one. A group's rows are several streams the hardware prefetcher follows, and
   // software prefetches on top of them only cost. With streaming stores, rows one by one
   // measured faster (docs/hosts.md).
-  constexpr bool grouped = !Stream && slots == 0 && (folds_columns_v<solder::detail::tuple_element_t<I, Sinks>> || ...);
+  constexpr bool grouped = !Plain && !Stream && slots == 0 && (folds_columns_v<solder::detail::tuple_element_t<I, Sinks>> || ...);
   if constexpr (grouped) {
     const std::size_t group = group_rows * part.seg_per_row;  // segments
+    auto group_fits = [&](std::size_t s) {
+      return seg.col == 0 && s_end - s >= group && (same_partial(solder::detail::get<I>(sk), seg.row, group_rows) && ...);
+    };
+    // A chunk that starts with a group whose partial row is the whole partial block (a [B, N] ->
+    // [N] fold, N whole vectors: a tail is folded through memory) starts its sums at identity
+    // instead of filling the block and loading it back.
+    bool fresh = part.row_len % V::size == 0 && group_fits(s_begin) &&
+                 (one_partial_row(solder::detail::get<I>(sk), part.row_len) && ...);
+    (solder::detail::get<I>(sk).begin_chunk(c, fresh), ...);
     std::size_t s = s_begin;
     while (s < s_end) {
-      if (seg.col == 0 && s_end - s >= group && (same_partial(solder::detail::get<I>(sk), seg.row, group_rows) && ...)) {
-        for (std::size_t k = 0; k < part.seg_per_row; ++k, part.step(seg)) run_row_group<V>(seg, ctx, ev, sk, writes);
+      if (group_fits(s)) {
+        for (std::size_t k = 0; k < part.seg_per_row; ++k, part.step(seg))
+          run_row_group<V>(seg, ctx, ev, sk, writes, sources, fresh);
+        fresh = false;
         seg.row += group_rows - 1;  // stepping left seg at the group's first row + 1
         s += group;
       } else {
-        run_segment<V, ahead>(seg, ctx, ev, sk, writes);
+        run_segment<V, ahead>(seg, ctx, ev, sk, writes, sources, prefetch);
         ++s;
         part.step(seg);
       }
     }
   } else {
-    for (std::size_t s = s_begin; s < s_end; ++s, part.step(seg)) run_segment<V, ahead>(seg, ctx, ev, sk, writes);
+    (solder::detail::get<I>(sk).begin_chunk(c, false), ...);
+    for (std::size_t s = s_begin; s < s_end; ++s, part.step(seg)) run_segment<V, ahead>(seg, ctx, ev, sk, writes, sources, prefetch);
   }
 }
 
-/// Runs the pass over all chunks, spread over the threads when it is large enough.
-template <class V, bool Stream, class Evals, class Sinks>
+/// The evaluator write I of a pass takes its values from: the first write's whose expression has
+/// the same type (the pass checks that they are the same expression before it shares them).
+template <class Evals, std::size_t I>
+constexpr std::size_t first_of_type() {
+  return []<std::size_t... J>(std::index_sequence<J...>) {
+    std::size_t first = I;
+    ((first = first == I && std::is_same_v<solder::detail::tuple_element_t<J, Evals>, solder::detail::tuple_element_t<I, Evals>> ? J : first), ...);
+    return first;
+  }(std::make_index_sequence<I>{});
+}
+template <class Evals, class Writes>
+struct shared_sources_of;
+template <class Evals, std::size_t... I>
+struct shared_sources_of<Evals, std::index_sequence<I...>> {
+  using type = std::index_sequence<first_of_type<Evals, I>()...>;
+};
+/// S_I = first_of_type<I>: each write's values from the first write of its expression.
+template <class Evals>
+using shared_sources = typename shared_sources_of<Evals, std::make_index_sequence<solder::detail::tuple_size_v<Evals>>>::type;
+
+/// Runs the pass over all chunks, spread over the threads when it is large enough; write I takes
+/// its values from evaluator Sources_I. `Plain`: segments one by one, never in row groups (less
+/// code, for a pass that is rarely taken).
+template <class V, bool Stream, class Sources, bool Plain = false, class Evals, class Sinks>
 void run_pass(const partition& part, const Evals& evals, const Sinks& sinks, int threads) {
   constexpr auto writes = std::make_index_sequence<solder::detail::tuple_size_v<Evals>>{};
   const bool parallel = threads > 1 && part.chunks > 1 && part.rows * part.row_len >= parallel_min_elements;
   parallel_for(part.chunks, parallel ? threads : 1,
-               [&](std::size_t c) { run_chunk<V, Stream>(part, c, evals, sinks, writes); });
+               [&](std::size_t c) { run_chunk<V, Stream, Plain>(part, c, evals, sinks, writes, Sources{}); });
 }
 
 template <class W>
@@ -382,6 +485,15 @@ constexpr bool check_same_iteration() {
   }
 }
 
+/// The expression a write evaluates: its own, or the operand of its reduction.
+template <class Wt>
+const auto& expression_of(const Wt& w) {
+  if constexpr (write_traits<Wt>::reduces)
+    return w.expr.operand;
+  else
+    return w.expr;
+}
+
 template <class Lay, class V, class Wt>
 auto make_eval(const Wt& w) {
   if constexpr (write_traits<Wt>::reduces)
@@ -411,29 +523,44 @@ std::size_t scratch_size(const W&, std::size_t chunks, std::size_t batch) {
     return 0;
 }
 
+/// out[k] = scale (the partials of element k of the `chunks` blocks of n, combined in block
+/// order), k in [0, n): the same operations per element for whole vectors and the scalar tail.
+/// Blocks of vectors read each chunk's partials contiguously (one vector down all the chunks at
+/// a time made one stream per chunk). One function per combination and type, not per write.
+template <class C, class V, class T>
+[[gnu::noinline]] void combine_chunks(const T* parts, std::size_t n, std::size_t chunks, T scale, T* out) {
+  constexpr std::size_t L = V::size, Block = vector_registers<typename V::arch_type> / 2;
+  std::size_t k = 0;
+  for (; k + Block * L <= n; k += Block * L) {
+    V acc[Block];
+#pragma GCC unroll 16
+    for (std::size_t v = 0; v < Block; ++v) acc[v] = V::load_unaligned(parts + k + v * L);
+    for (std::size_t c = 1; c < chunks; ++c)
+#pragma GCC unroll 16
+      for (std::size_t v = 0; v < Block; ++v) acc[v] = C::combine(acc[v], V::load_unaligned(parts + c * n + k + v * L));
+#pragma GCC unroll 16
+    for (std::size_t v = 0; v < Block; ++v) (acc[v] * V(scale)).store_unaligned(out + k + v * L);
+  }
+  for (; k + L <= n; k += L) {
+    V acc = V::load_unaligned(parts + k);
+    for (std::size_t c = 1; c < chunks; ++c) acc = C::combine(acc, V::load_unaligned(parts + c * n + k));
+    (acc * V(scale)).store_unaligned(out + k);
+  }
+  for (; k < n; ++k) {
+    T acc = parts[k];
+    for (std::size_t c = 1; c < chunks; ++c) acc = C::combine(acc, parts[c * n + k]);
+    out[k] = acc * scale;
+  }
+}
+
 /// After the pass: a reduction's chunk partials are combined in chunk order (the same order
 /// for any thread count) and scaled into the output.
 template <class Sink, class W>
 void finish_write(const Sink& sink, const W& w, std::size_t chunks) {
   if constexpr (Sink::reduces) {
     using C = typename std::remove_cvref_t<decltype(w.expr)>::combine_type;
-    using V = typename Sink::vec;
-    const auto* parts = sink.partials;
-    auto* out = w.out.data();
-    const std::size_t n = sink.keep_size;
-    // Whole vectors of kept elements, each through the chunks in order: the same operations
-    // per element as the scalar tail, without a column walk over the partial blocks.
-    std::size_t k = 0;
-    for (; k + V::size <= n; k += V::size) {
-      V acc = V::load_unaligned(parts + k);
-      for (std::size_t c = 1; c < chunks; ++c) acc = C::combine(acc, V::load_unaligned(parts + c * n + k));
-      (acc * V(w.expr.scale)).store_unaligned(out + k);
-    }
-    for (; k < n; ++k) {
-      auto acc = parts[k];
-      for (std::size_t c = 1; c < chunks; ++c) acc = C::combine(acc, parts[c * n + k]);
-      out[k] = acc * w.expr.scale;
-    }
+    using T = std::remove_cvref_t<decltype(*sink.partials)>;
+    combine_chunks<C, typename Sink::vec, T>(sink.partials, sink.keep_size, chunks, T(w.expr.scale), w.out.data());
   }
 }
 
@@ -444,7 +571,25 @@ void run_writes(const partition& part, std::size_t batch, const Ws&... ws) {
   T* cursor = scratch_total ? scratch<T>(scratch_total) : nullptr;
   auto evals = solder::detail::make_tuple(make_eval<Lay, V>(ws)...);
   auto sinks = solder::detail::make_tuple(make_sink<Lay, V, Stream>(ws, cursor, part.chunks, batch)...);
-  run_pass<V, Stream>(part, evals, sinks, num_threads());
+  using Evals = decltype(evals);
+  using own = std::make_index_sequence<sizeof...(Ws)>;
+  using shared = shared_sources<Evals>;
+  // Writes of one expression (dx = g and db = sum(g)) evaluate it once per element: half the
+  // loads and arithmetic of such a backward, which the compiler cannot merge by itself since it
+  // cannot know that two evaluators read the same tensors. Writes of one expression type over
+  // different data (not made by solder's layers) take the plain pass, which costs less code.
+  if constexpr (!std::is_same_v<shared, own>) {
+    const auto ref = std::forward_as_tuple(expression_of(ws)...);
+    const bool same = [&]<std::size_t... I, std::size_t... S>(std::index_sequence<I...>, std::index_sequence<S...>) {
+      return (same_expression(std::get<I>(ref), std::get<S>(ref)) && ...);
+    }(own{}, shared{});
+    if (same)
+      run_pass<V, Stream, shared>(part, evals, sinks, num_threads());
+    else
+      run_pass<V, Stream, own, true>(part, evals, sinks, num_threads());
+  } else {
+    run_pass<V, Stream, own>(part, evals, sinks, num_threads());
+  }
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     (finish_write(solder::detail::get<I>(sinks), ws, part.chunks), ...);
   }(std::index_sequence_for<Ws...>{});

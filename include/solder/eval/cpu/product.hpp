@@ -146,7 +146,7 @@ struct expression_epilogue {
     Evals ev = me.evals;  // locals: the stores may alias anything reached through `me`
     Sinks sk = me.sinks;
     constexpr auto writes = std::make_index_sequence<solder::detail::tuple_size_v<Evals>>{};
-    for (std::size_t r = 0; r < mr; ++r) run_segment<V, 0>(segment{m0 + r, n0, nr}, ctx, ev, sk, writes);
+    for (std::size_t r = 0; r < mr; ++r) run_segment<V, 0>(segment{m0 + r, n0, nr}, ctx, ev, sk, writes, writes);
   }
   erased_epilogue erased() const { return {this, &rows}; }
 };

@@ -83,7 +83,7 @@ class row_writes {
       if (row + 1 < rows)
         solder::detail::apply([&](const auto&... e) { (prefetch_row(e, row + 1), ...); }, ev);
       for (std::size_t col = 0; col < S::last; col += seg_len)
-        run_segment<V, 0>(segment{row, col, std::min(seg_len, S::last - col)}, ctx, ev, sk, writes);
+        run_segment<V, 0>(segment{row, col, std::min(seg_len, S::last - col)}, ctx, ev, sk, writes, writes);
     }
   }
 

@@ -19,6 +19,9 @@ struct cpu_tuning {
   /// passes over it: a quarter of L2, leaving room for the next block arriving and the A panels
   /// and partial sums passing through.
   std::size_t gemm_l2_b_bytes;
+  /// Whether passes that store to cache prefetch their operands (prefetch_bytes_cached ahead, into
+  /// L2). Passes that stream their output always do.
+  bool prefetch_cached = true;
 };
 
 /// Below this, no output is streamed on any host (a static shape that small never checks).
@@ -35,12 +38,18 @@ inline constexpr std::size_t stream_min_bytes_floor = std::size_t(8) << 20;
 ///
 /// GEMM: a quarter of L2, leaving room for the next block arriving and the A panels and partial
 /// sums passing through, within [128 KiB, 512 KiB].
+///
+/// Prefetching in cached passes: on Intel a pass whose data stays in cache waits on the mesh L3
+/// unless its operands are fetched ahead; on AMD Zen the hardware prefetchers already keep up
+/// with the core complex's L3, and the prefetch instructions only take issue slots from a pass
+/// bound by its own instructions (a dropout pass drawing its bits).
 constexpr cpu_tuning choose_tuning(cpu_vendor vendor, std::size_t l2_bytes, std::size_t l3_bytes) {
   cpu_tuning t{};
   t.stream_min_bytes = stream_min_bytes_floor;
   if (vendor == cpu_vendor::amd && l3_bytes > 0) t.stream_min_bytes = std::max(stream_min_bytes_floor, l3_bytes / 2);
   constexpr std::size_t b_default = std::size_t(512) << 10, b_min = std::size_t(128) << 10;
   t.gemm_l2_b_bytes = l2_bytes == 0 ? b_default : std::clamp(l2_bytes / 4, b_min, b_default);
+  t.prefetch_cached = vendor != cpu_vendor::amd;
   return t;
 }
 
