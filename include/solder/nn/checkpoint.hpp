@@ -112,7 +112,8 @@ struct checkpoint_read {
 /// "optimizer.<hyperparameter>" for each, "optimizer.params" and "optimizer.param.<k>" (the
 /// names of the optimizer's parameters), "train.step", "train.epoch", "dropout.streams" and
 /// "dropout.<i>.seed" / ".offset" / ".first" / ".rounds" for every dropout layer,
-/// "extra.<key>" for each entry of info.extra. Throws solder::error for an empty extra key or an I/O failure.
+/// "extra.<key>" for each entry of info.extra. Throws solder::error for an empty extra key or an
+/// I/O failure.
 template <CheckpointModel Model, optim::StatefulOptimizer Optimizer>
 void save_checkpoint(const std::filesystem::path& path, Model& model, Optimizer& opt, const checkpoint_info& info = {}) {
   constexpr const char* who = "solder::nn::save_checkpoint";
@@ -160,7 +161,8 @@ void save_checkpoint(const std::filesystem::path& path, Model& model, Optimizer&
 /// change the rate), every dropout stream (seed, offset, first, rounds; a file without rounds
 /// ran 10). All or nothing: a file that is missing, truncated or malformed, not a checkpoint, of
 /// another optimizer kind, of another parameter list, with a tensor missing or of another shape,
-/// or with metadata that does not read, throws solder::error naming the file and the problem, and leaves model and opt unchanged.
+/// or with metadata that does not read, throws solder::error naming the file and the problem, and
+/// leaves model and opt unchanged.
 template <CheckpointModel Model, optim::StatefulOptimizer Optimizer>
 checkpoint_info load_checkpoint(const std::filesystem::path& path, Model& model, Optimizer& opt) {
   constexpr const char* who = "solder::nn::load_checkpoint";

@@ -145,15 +145,8 @@ struct folds_columns_trait<reduce_sink<T, Keep, Combine, Lay, V>> : std::bool_co
 template <class Sink>
 inline constexpr bool folds_columns_v = folds_columns_trait<Sink>::value;
 
-/// The partial vector of columns from j: the identity in a chunk's first group over fresh partials.
-template <class Sink>
-SOLDER_INLINE auto column_begin(const Sink& sk, std::size_t j, bool fresh) {
-  if constexpr (folds_columns_v<Sink>)
-    return sk.column_begin(j, fresh);
-  else
-    return no_column_acc{};
-}
-/// The partial vectors of C consecutive vectors of columns from j (a block of a row group).
+/// The partial vectors of C consecutive vectors of columns from j (a block of a row group): the
+/// identity in a chunk's first group over fresh partials.
 template <std::size_t C, class Sink>
 SOLDER_INLINE auto column_block_begin(const Sink& sk, std::size_t j, bool fresh) {
   if constexpr (folds_columns_v<Sink>) {
@@ -185,10 +178,6 @@ SOLDER_INLINE void column_put(Sink& row_sink, const Sink& group_sink, A& a, std:
     group_sink.column_put(a, x);
   else
     row_sink.put(j, x);
-}
-template <class Sink, class A>
-SOLDER_INLINE void column_end(const Sink& sk, std::size_t j, const A& a) {
-  if constexpr (folds_columns_v<Sink>) sk.column_end(j, a);
 }
 template <class Sink>
 SOLDER_INLINE bool same_partial(const Sink&, std::size_t row, std::size_t n) {
@@ -309,28 +298,23 @@ SOLDER_INLINE void run_row_group(const segment& seg, Ctx& ctx, const Evals& ev0,
     ((I == S ? solder::detail::get<I>(ev[r]).seek(s, ctx) : void()), ...);
     (solder::detail::get<I>(sk[r]).seek(s), ...);
   }
-  std::size_t j = 0;
-  for (; j + C * W <= seg.len; j += C * W) {
-    auto acc = solder::detail::make_tuple(column_block_begin<C>(solder::detail::get<I>(sk[0]), j, fresh)...);
+  // Blocks of N vectors from j: each row in turn, the column folds' partials in registers.
+  auto block = [&]<std::size_t N>(std::integral_constant<std::size_t, N>, std::size_t j) SOLDER_INLINE_LAMBDA {
+    auto acc = solder::detail::make_tuple(column_block_begin<N>(solder::detail::get<I>(sk[0]), j, fresh)...);
     for (std::size_t r = 0; r < R; ++r) {
 #pragma GCC unroll 16
-      for (std::size_t c = 0; c < C; ++c) {
+      for (std::size_t c = 0; c < N; ++c) {
         auto values = solder::detail::make_tuple(solder::detail::get<S>(ev[r]).load(j + c * W)...);
         (column_put(solder::detail::get<I>(sk[r]), solder::detail::get<I>(sk[0]),
                     column_block_at(solder::detail::get<I>(acc), c), j + c * W, solder::detail::get<I>(values)),
          ...);
       }
     }
-    (column_block_end<C>(solder::detail::get<I>(sk[0]), j, solder::detail::get<I>(acc)), ...);
-  }
-  for (; j + W <= seg.len; j += W) {
-    auto acc = solder::detail::make_tuple(column_begin(solder::detail::get<I>(sk[0]), j, fresh)...);
-    for (std::size_t r = 0; r < R; ++r) {
-      auto values = solder::detail::make_tuple(solder::detail::get<S>(ev[r]).load(j)...);
-      (column_put(solder::detail::get<I>(sk[r]), solder::detail::get<I>(sk[0]), solder::detail::get<I>(acc), j, solder::detail::get<I>(values)), ...);
-    }
-    (column_end(solder::detail::get<I>(sk[0]), j, solder::detail::get<I>(acc)), ...);
-  }
+    (column_block_end<N>(solder::detail::get<I>(sk[0]), j, solder::detail::get<I>(acc)), ...);
+  };
+  std::size_t j = 0;
+  for (; j + C * W <= seg.len; j += C * W) block(std::integral_constant<std::size_t, C>{}, j);
+  for (; j + W <= seg.len; j += W) block(std::integral_constant<std::size_t, 1>{}, j);
   for (std::size_t r = 0; r < R; ++r) {
     if (j < seg.len) {
       const std::size_t n = seg.len - j;
