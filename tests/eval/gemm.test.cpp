@@ -308,6 +308,31 @@ TEST_CASE("gemm gives the same bits for 1 and 2 threads and for any cache blocki
   check_against_reference(p, one, false);
 }
 
+TEST_CASE("gemm's N split with A packed once for the team gives the bits of one thread", "[gemm]") {
+  // Few rows and many columns: the threads split N, each part runs several N blocks, and A' is
+  // packed tile by tile by whichever thread claims it (shares_a).
+  constexpr std::size_t N = 1000, K = 1031;
+  const std::size_t M = GENERATE(2, 6, 29);  // 2 x 1000 x 1031 is above parallel_min_flops
+  const problem p(M, N, K, false, false, 31u + std::uint32_t(M));
+  const solder::packed_matrix<N, K, false> packed(p.B.data(), p.ldb);
+  namespace gd = eval::cpu::gemm_detail;
+  const gd::b_panels L(N);
+  const gd::a_strided a{p.A.data(), p.lda, false};
+  // Small K and N blocks: many blocks per part and partial sums between them.
+  const eval::cpu::gemm_blocking small{7, 3, 64};
+  for (const eval::cpu::gemm_blocking& blocking : {eval::cpu::gemm_blocking::for_k(K), small}) {
+    const gd::row_tiles tiling(M, eval::cpu::gemm_blocking::mr);
+    const auto [tm, tn] = gd::choose_split(tiling, L, 2);
+    REQUIRE(gd::shares_a(tiling, L, K, blocking, tm, tn));
+    auto one = p.output(), two = p.output();
+    solder::test::store_epilogue e1{one.data(), p.ldc}, e2{two.data(), p.ldc};
+    gd::gemm_packed_from(M, L, K, blocking, a, gd::b_packed_whole{packed.data()}, e1, 1);
+    gd::gemm_packed_from(M, L, K, blocking, a, gd::b_packed_whole{packed.data()}, e2, 2);
+    CHECK(bitwise_equal(one, two));
+    check_against_reference(p, two, false);
+  }
+}
+
 TEST_CASE("gemm crosses every block of the driver with a tiny cache blocking", "[gemm]") {
   constexpr std::size_t N = 37, K = 23;
   const std::size_t M = GENERATE(1, 29, 257);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -146,6 +147,28 @@ struct b_packed_per_block {
   }
 };
 
+/// What the threads of an N split share: A' packed once for all of them, where each would
+/// otherwise pack all of it for its own columns (at 256 x 1024 x 2048 on 2 threads, 2 MiB of A
+/// packed twice: 0.96x oneDNN, 0.99x shared; docs/gemm.md). The tiles are packed by whichever
+/// thread claims them next, so a worker that starts late packs fewer; a thread computes once
+/// every tile is packed.
+struct shared_a {
+  float* packed;  // tile t at t K MR
+  std::atomic<std::size_t> next_tile{0}, tiles_packed{0};
+
+  /// Packs the tiles this thread claims, then waits for the others' (a tile claimed is being
+  /// packed by a running thread, so the wait is at most one tile's packing).
+  template <std::size_t MR, class ASource>
+  void pack(const ASource& a, const row_tiles& tiling, std::size_t K) {
+    const std::size_t tiles = tiling.count;
+    for (std::size_t t; (t = next_tile.fetch_add(1, std::memory_order_relaxed)) < tiles;) {
+      a.template pack<MR>(tiling, t, t + 1, K, packed + t * K * MR);
+      tiles_packed.fetch_add(1, std::memory_order_release);
+    }
+    spin_until([&] { return tiles_packed.load(std::memory_order_acquire) == tiles; });
+  }
+};
+
 /// Computes one thread's part of C (N columns laid out as L, inner extent K) with the cache
 /// blocking `blocking` (gemm_blocking::for_k, or a test's smaller one): for each M block, A is
 /// packed once over all of K (with a single N block, per tile and K block right before use
@@ -155,9 +178,11 @@ struct b_packed_per_block {
 /// block of B (l2_prefetch_plan, or the rows it is packed from: row_prefetch_plan) and the next
 /// panel of A are prefetched into L2. A narrow B is run tile by tile over all of K instead
 /// (tile_major below).
+/// With `team` (a call where shares_a holds: this part holds every tile), A' is packed by the
+/// team into team->packed instead of by this thread for itself.
 template <class ASource, class BSource, class Epi>
 void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const gemm_blocking& blocking, const b_panels& L,
-                   std::size_t K, const ASource& a, BSource b_source, Epi& epi) {
+                   std::size_t K, const ASource& a, BSource b_source, Epi& epi, shared_a* team = nullptr) {
   constexpr std::size_t MR = gemm_blocking::mr;
   constexpr std::size_t NV = gemm_blocking::nv;
   constexpr std::size_t NR = gemm_blocking::nr;
@@ -188,14 +213,15 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const gemm_bl
   // With one N block each tile's A panel of a K block is used by that block's panels right
   // away and never again: it is packed then, into L1, instead of the whole M block into memory
   // first (which, for a narrow B, cost as much as the products).
-  const bool a_per_tile = n_blocks == 1;
+  const bool a_per_tile = n_blocks == 1 && team == nullptr;
   // Where moreover B over all of K fits the L2 budget (a narrow B), each tile runs all its K
   // blocks in turn rather than each K block all tiles: the tile's rows of A then stream through
   // once, which the hardware prefetcher follows, where a K block at a time restarted each row's
   // stream at every block. Each element's sum still runs in increasing k: the same bits.
   const bool tile_major =
       a_per_tile && k_blocks > 1 && panels * K * NR * sizeof(float) <= tuning().gemm_l2_b_bytes;
-  float* packed_a = thread_workspace(workspace_slot::packed_a, a_per_tile ? MR * KC : mc * MR * K);
+  float* packed_a =
+      team ? team->packed : thread_workspace(workspace_slot::packed_a, a_per_tile ? MR * KC : mc * MR * K);
   float* partial = k_blocks > 1 ? thread_workspace(workspace_slot::partial_sums, mc * nc * MR * NR) : nullptr;
 
   const bool a_in_place = a_row != 0 && a_per_tile;
@@ -250,7 +276,8 @@ void gemm_part_run(const gemm_part& part, const row_tiles& tiling, const gemm_bl
       }
       continue;
     }
-    if (!a_per_tile) a.template pack<MR>(tiling, ti, ti + mt, K, packed_a);
+    if (team) team->template pack<MR>(a, tiling, K);
+    else if (!a_per_tile) a.template pack<MR>(tiling, ti, ti + mt, K, packed_a);
 
     for (std::size_t pj = part.p0; pj < part.p1; pj += nc) {
       const std::size_t np = std::min(nc, part.p1 - pj);
@@ -347,6 +374,14 @@ inline std::pair<std::size_t, std::size_t> choose_split(const row_tiles& tiling,
   return {best_tm, best_tn};
 }
 
+/// Whether a call split into tm x tn parts packs A' once for all its threads (shared_a): an N
+/// split whose parts each run several N blocks over one M block, so that every thread would
+/// otherwise pack all of A' whole.
+inline bool shares_a(const row_tiles& tiling, const b_panels& L, std::size_t K, const gemm_blocking& blocking,
+                     std::size_t tm, std::size_t tn) {
+  return tm == 1 && tn > 1 && K > 0 && tiling.count <= blocking.mc_max && L.panels / tn > blocking.nc;
+}
+
 /// C = A' B' (N columns laid out as L, inner extent K) with B' read from `b` (b_packed_whole:
 /// already packed as L; or b_packed_per_block) and A' packed per M block by `a` (a_strided, or
 /// an operand's packer), on up to `threads` threads. One instantiation per kind of operand
@@ -362,6 +397,14 @@ void gemm_packed_from(std::size_t M, const b_panels& L, std::size_t K, const gem
     return;
   }
   const auto [tm, tn] = choose_split(tiling, L, threads);
+  if (shares_a(tiling, L, K, blocking, tm, tn)) {
+    shared_a team{thread_workspace(workspace_slot::packed_a, tiling.count * gemm_blocking::mr * K)};
+    parallel_for(tn, int(tn), [&](std::size_t j) {
+      const gemm_part part{0, tiling.count, L.panels * j / tn, L.panels * (j + 1) / tn};
+      gemm_part_run(part, tiling, blocking, L, K, a, b, epi, &team);
+    });
+    return;
+  }
   parallel_for(tm * tn, int(tm * tn), [&](std::size_t t) {
     const std::size_t i = t / tn, j = t % tn;
     const std::size_t tiles = tiling.count, panels = L.panels;

@@ -3,7 +3,9 @@
 // for any number of threads: threads only choose who runs which piece.
 #pragma once
 
+#include <atomic>
 #include <cstdlib>
+#include <thread>
 
 #include "solder/config.hpp"
 #include "solder/host.hpp"
@@ -11,7 +13,9 @@
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
-#if defined(__SSE__)
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#elif defined(__SSE__)
 #include <xmmintrin.h>
 #endif
 
@@ -75,20 +79,46 @@ class flush_denormals {
   fp_state saved;
 };
 
-/// Runs body(i) for i in [0, n), spread over up to `threads` threads (static schedule).
+/// A hint to the core that this thread is waiting for another (x86 PAUSE).
+inline void spin_pause() {
+#if defined(__SSE2__)
+  _mm_pause();
+#endif
+}
+
+/// Spins until done() (a condition another running thread of the same loop makes true soon),
+/// giving the core away after a while: the loop's threads may outnumber the cores.
+template <class Done>
+void spin_until(Done&& done) {
+  for (unsigned spins = 0; !done(); ++spins) {
+    spin_pause();
+    if (spins >= 1024) std::this_thread::yield();
+  }
+}
+
+/// Runs body(i) for i in [0, n), spread over up to `threads` threads: thread j of t runs
+/// [n j / t, n (j + 1) / t). Where idle workers sleep (OMP_WAIT_POLICY=PASSIVE), every barrier
+/// a thread reaches first costs it a sleep and a wake-up of tens of microseconds, so the loop
+/// has one barrier, the region's end (no worksharing loop with its own), and the calling thread,
+/// which runs on after the region, spins a while for the others before it reaches it
+/// (docs/gemm.md, "Two threads").
 template <class F>
 void parallel_for(std::size_t n, int threads, F&& body) {
 #if defined(_OPENMP)
   if (threads > 1 && n > 1) {
     const int t = int(n < std::size_t(threads) ? n : std::size_t(threads));
     const fp_state caller;
+    std::atomic<std::size_t> finished{0};
 #pragma omp parallel num_threads(t)
     {
       const fp_state own;
       caller.apply();
-#pragma omp for schedule(static)
-      for (std::ptrdiff_t i = 0; i < std::ptrdiff_t(n); ++i) body(std::size_t(i));
+      const std::size_t team = std::size_t(omp_get_num_threads()), j = std::size_t(omp_get_thread_num());
+      for (std::size_t i = n * j / team; i < n * (j + 1) / team; ++i) body(i);
       own.apply();
+      finished.fetch_add(1, std::memory_order_release);
+      for (unsigned spins = 0; j == 0 && spins < 4096 && finished.load(std::memory_order_acquire) < team; ++spins)
+        spin_pause();
     }
     return;
   }
