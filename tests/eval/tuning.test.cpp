@@ -103,6 +103,14 @@ TEST_CASE("tuning: the choices for the hosts solder has met, and for unknown one
   STATIC_REQUIRE(zen4.stream_min_bytes == 16 * MiB);
   STATIC_REQUIRE(zen4.gemm_l2_b_bytes == 256 * KiB);
   STATIC_REQUIRE(!zen4.prefetch_cached);  // the hardware prefetchers keep up with the CCX's L3
+  STATIC_REQUIRE(zen4.gemm_kc_max == 512);
+  STATIC_REQUIRE(choose_tuning(cpu_vendor::amd, 1 * MiB, 32 * MiB, 25).gemm_kc_max == 512);
+  STATIC_REQUIRE(intel.gemm_kc_max == 512);
+  // AMD Zen 5 (family 26): K blocks of up to 1024.
+  constexpr auto zen5 = choose_tuning(cpu_vendor::amd, 1 * MiB, 32 * MiB, 26);
+  STATIC_REQUIRE(zen5.gemm_kc_max == 1024);
+  STATIC_REQUIRE(zen5.gemm_l2_b_bytes == 256 * KiB);
+  STATIC_REQUIRE(choose_tuning(cpu_vendor::intel, 2 * MiB, 300 * MiB, 26).gemm_kc_max == 512);
   // A small L3 never streams below the floor; nothing reported keeps the defaults.
   STATIC_REQUIRE(choose_tuning(cpu_vendor::amd, 512 * KiB, 8 * MiB).stream_min_bytes == 8 * MiB);
   STATIC_REQUIRE(choose_tuning(cpu_vendor::amd, 512 * KiB, 8 * MiB).gemm_l2_b_bytes == 128 * KiB);
@@ -112,10 +120,11 @@ TEST_CASE("tuning: the choices for the hosts solder has met, and for unknown one
   STATIC_REQUIRE(choose_tuning(cpu_vendor::intel, 64 * MiB, 0).gemm_l2_b_bytes == 512 * KiB);
 
   const solder::host_cpu& h = solder::this_host();
-  const auto mine = choose_tuning(h.vendor, h.l2_bytes, h.l3_bytes);
+  const auto mine = choose_tuning(h.vendor, h.l2_bytes, h.l3_bytes, h.family);
   CHECK(solder::eval::cpu::tuning().stream_min_bytes == mine.stream_min_bytes);
   CHECK(solder::eval::cpu::tuning().gemm_l2_b_bytes == mine.gemm_l2_b_bytes);
   CHECK(solder::eval::cpu::tuning().prefetch_cached == mine.prefetch_cached);
+  CHECK(solder::eval::cpu::tuning().gemm_kc_max == mine.gemm_kc_max);
 }
 
 TEST_CASE("tuning: set_tuning replaces the choice and keeps the streaming floor", "[host]") {

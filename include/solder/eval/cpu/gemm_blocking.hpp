@@ -43,10 +43,6 @@ struct gemm_blocking {
   static constexpr std::size_t nv = tile::nv;
   static constexpr std::size_t nr = nv * lanes;
 
-  /// Longest K block: a 14 x 512 panel of A (28 KiB) stays in the 48 KiB L1 next to the B
-  /// stream (AVX2: 6 x 512, 12 KiB). Measured against 256: 3-5% faster at 64 x 1024 x 1024 and
-  /// 256 x 1024 x 2048 (half the partial-sum round trips and block switches).
-  static constexpr std::size_t kc_max = 512;
   /// Bytes of packed A one M block may take: 16 MiB (1024 rows of K = 4096). It is read once
   /// per N block, from memory; B is read from memory once per M block.
   static constexpr std::size_t a_block_bytes = std::size_t{16} << 20;
@@ -55,11 +51,13 @@ struct gemm_blocking {
   std::size_t nc;      // N block, panels
   std::size_t mc_max;  // M block, tiles
 
-  /// K blocks of equal length (the last one shorter by less than their count); an N block of B
+  /// K blocks of equal length, at most this host's cpu_tuning::gemm_kc_max (the last one
+  /// shorter by less than their count); an N block of B
   /// fills this host's L2 budget for it (cpu_tuning::gemm_l2_b_bytes; 8 panels at kc = 512
   /// with 2 MiB of L2), cutting N only, so no sum depends on it.
   static gemm_blocking for_k(std::size_t K) {
     const std::size_t k = std::max<std::size_t>(1, K);
+    const std::size_t kc_max = tuning().gemm_kc_max;
     const std::size_t kc = k <= kc_max ? k : gemm_detail::ceil_div(k, gemm_detail::ceil_div(k, kc_max));
     return {kc, gemm_n_block_panels(kc, nr), std::max<std::size_t>(1, a_block_bytes / (mr * k * sizeof(float)))};
   }

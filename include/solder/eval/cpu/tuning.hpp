@@ -22,6 +22,9 @@ struct cpu_tuning {
   /// Whether passes that store to cache prefetch their operands (prefetch_bytes_cached ahead, into
   /// L2). Passes that stream their output always do.
   bool prefetch_cached = true;
+  /// Longest GEMM K block: a K block's partial sums are stored and reloaded once per tile and
+  /// panel, and a longer one keeps A's panel (mr x kc) out of L1.
+  std::size_t gemm_kc_max = 512;
 };
 
 /// Below this, no output is streamed on any host (a static shape that small never checks).
@@ -39,17 +42,22 @@ inline constexpr std::size_t stream_min_bytes_floor = std::size_t(8) << 20;
 /// GEMM: a quarter of L2, leaving room for the next block arriving and the A panels and partial
 /// sums passing through, within [128 KiB, 512 KiB].
 ///
+/// GEMM K block: 512 (a 14 x 512 panel of A, 28 KiB, stays in L1; measured on Intel against 256:
+/// 3-5% faster), but 1024 on AMD Zen 5 (family 26), whose L2 keeps the panel's broadcasts fed:
+/// 1.7-2.5% faster there at the three linear shapes (docs/gemm.md).
+///
 /// Prefetching in cached passes: on Intel a pass whose data stays in cache waits on the mesh L3
 /// unless its operands are fetched ahead; on AMD Zen the hardware prefetchers already keep up
 /// with the core complex's L3, and the prefetch instructions only take issue slots from a pass
 /// bound by its own instructions (a dropout pass drawing its bits).
-constexpr cpu_tuning choose_tuning(cpu_vendor vendor, std::size_t l2_bytes, std::size_t l3_bytes) {
+constexpr cpu_tuning choose_tuning(cpu_vendor vendor, std::size_t l2_bytes, std::size_t l3_bytes, unsigned family = 0) {
   cpu_tuning t{};
   t.stream_min_bytes = stream_min_bytes_floor;
   if (vendor == cpu_vendor::amd && l3_bytes > 0) t.stream_min_bytes = std::max(stream_min_bytes_floor, l3_bytes / 2);
   constexpr std::size_t b_default = std::size_t(512) << 10, b_min = std::size_t(128) << 10;
   t.gemm_l2_b_bytes = l2_bytes == 0 ? b_default : std::clamp(l2_bytes / 4, b_min, b_default);
   t.prefetch_cached = vendor != cpu_vendor::amd;
+  t.gemm_kc_max = vendor == cpu_vendor::amd && family == 26 ? 1024 : 512;
   return t;
 }
 
@@ -57,7 +65,7 @@ namespace detail {
 inline cpu_tuning& tuning_state() {
   static cpu_tuning t = [] {
     const host_cpu& h = this_host();
-    return choose_tuning(h.vendor, h.l2_bytes, h.l3_bytes);
+    return choose_tuning(h.vendor, h.l2_bytes, h.l3_bytes, h.family);
   }();
   return t;
 }
