@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <thread>
 
@@ -96,11 +97,15 @@ void spin_until(Done&& done) {
   }
 }
 
+/// How long the calling thread of a parallel loop spins for the other threads before it reaches
+/// the loop's end barrier.
+inline constexpr std::chrono::microseconds caller_spin{20};
+
 /// Runs body(i) for i in [0, n), spread over up to `threads` threads: thread j of t runs
 /// [n j / t, n (j + 1) / t). Where idle workers sleep (OMP_WAIT_POLICY=PASSIVE), every barrier
 /// a thread reaches first costs it a sleep and a wake-up of tens of microseconds, so the loop
 /// has one barrier, the region's end (no worksharing loop with its own), and the calling thread,
-/// which runs on after the region, spins a while for the others before it reaches it
+/// which runs on after the region, spins up to caller_spin for the others before it reaches it
 /// (docs/gemm.md, "Two threads").
 template <class F>
 void parallel_for(std::size_t n, int threads, F&& body) {
@@ -117,8 +122,14 @@ void parallel_for(std::size_t n, int threads, F&& body) {
       for (std::size_t i = n * j / team; i < n * (j + 1) / team; ++i) body(i);
       own.apply();
       finished.fetch_add(1, std::memory_order_release);
-      for (unsigned spins = 0; j == 0 && spins < 4096 && finished.load(std::memory_order_acquire) < team; ++spins)
-        spin_pause();
+      if (j == 0) {
+        // At most caller_spin: past it the caller sleeps as before (the others may need its core).
+        const auto until = std::chrono::steady_clock::now() + caller_spin;
+        for (unsigned spins = 1; finished.load(std::memory_order_acquire) < team; ++spins) {
+          spin_pause();
+          if (spins % 64 == 0 && std::chrono::steady_clock::now() > until) break;
+        }
+      }
     }
     return;
   }
