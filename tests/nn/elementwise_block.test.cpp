@@ -128,7 +128,8 @@ void check_against_unfused(std::size_t batch, std::uint32_t rounds = solder::ran
 }  // namespace
 
 TEMPLATE_TEST_CASE_SIG("elementwise_block: bias_relu_dropout equals the unfused composition", "[nn]", ((int B, int N), B, N),
-                       (3, 37), (1, 257), (17, 255)) {
+                       (3, 37), (1, 257), (17, 255), (5, 768)) {
+  // (5, 768): rows of three whole segments, the next of which a pass draws inline (7 rounds).
   check_against_unfused<shape<B, N>, N, 0.1f>(1);
 }
 
@@ -144,6 +145,7 @@ TEST_CASE("elementwise_block: bias_relu_dropout on a dynamic batch equals the un
 TEST_CASE("elementwise_block: a dropout stream of 10 Philox rounds equals the unfused composition", "[nn]") {
   check_against_unfused<shape<17, 255>, 255, 0.1f>(1, 10);
   check_against_unfused<shape<dyn, 37>, 37, 0.5f>(100, 10);
+  check_against_unfused<shape<5, 768>, 768, 0.1f>(1, 10);
 }
 
 TEST_CASE("elementwise_block: the stream's rounds pick the masks; other than 7 or 10 is an error", "[nn]") {

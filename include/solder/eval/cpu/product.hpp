@@ -97,7 +97,7 @@ struct tile_context : pass_context<Slots> {
                               std::size_t len) {
     constexpr std::uint64_t group = philox_group_cache::group;
     const std::uint64_t g = first / group;
-    if (len == 0 || (first + len - 1) / group != g) return pass_context<Slots>::bits16(seed, offset, rounds, first, len);
+    if (len == 0 || (first + len - 1) / group != g) return this->bits16_set_up(seed, offset, rounds, first, len);
     return philox_group_cache::local().group_bits(seed, offset, rounds, g) + (first - g * group);
   }
 };
