@@ -64,7 +64,7 @@ struct pass_context {
   /// The 16-bit draws of elements [first, first + len) of stream (seed, offset, rounds).
   /// A pass's next whole segment of its one stream with the default 7 rounds is drawn inline:
   /// as a call, the generator clobbered every vector register of the loop around it (the
-  /// forward at 256 x 4096 took 1.09x the time on Zen 5; docs/random.md). Everything else, and
+  /// forward at 256 x 4096 took 1.07x the time on Zen 5; docs/random.md). Everything else, and
   /// 10 rounds, go through bits16_set_up, so one pass carries one generator inline.
   SOLDER_INLINE const std::uint16_t* bits16(std::uint64_t seed, std::uint64_t offset, std::uint32_t rounds,
                                             std::uint64_t first, std::size_t len) {
