@@ -19,6 +19,7 @@ const bool host_context = [] {
   benchmark::AddCustomContext("solder_arch", solder::eval::cpu::arch::name());
   benchmark::AddCustomContext("solder_stream_min_bytes", std::to_string(t.stream_min_bytes));
   benchmark::AddCustomContext("solder_gemm_l2_b_bytes", std::to_string(t.gemm_l2_b_bytes));
+  benchmark::AddCustomContext("solder_gemm_kc_max", std::to_string(t.gemm_kc_max));
   benchmark::AddCustomContext("solder_prefetch_cached", t.prefetch_cached ? "on" : "off");
   benchmark::AddCustomContext("solder_caches", "L1d " + solder::detail::byte_size(h.l1d_bytes) + ", L2 " +
                                                    solder::detail::byte_size(h.l2_bytes) + ", L3 " +

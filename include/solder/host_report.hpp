@@ -48,11 +48,12 @@ inline std::ostream& operator<<(std::ostream& os, host_report) {
      << num_threads() << " thread" << (num_threads() == 1 ? "" : "s") << "\n";
   if (h.avx512f && cpu::float_lanes < 16)
     os << "  note: the CPU has AVX-512 but this build does not use it (compile with -march=native)\n";
-  os << "  chosen for this host: streaming stores from " << byte_size(t.stream_min_bytes) << " of output; GEMM B block "
-     << byte_size(t.gemm_l2_b_bytes) << " in L2 (" << cpu::gemm_n_block_panels(t.gemm_kc_max, blocking::nr)
-     << " panels at kc = " << t.gemm_kc_max << "), K block <= " << t.gemm_kc_max << "; software prefetch in cached passes "
-     << (t.prefetch_cached ? "on" : "off") << "\n";
-  os << "  fixed by the build: GEMM tile " << blocking::mr << " x " << blocking::nr << ", A block " << byte_size(blocking::a_block_bytes) << "; random-bit segments of " << cpu::segment_elements
+  os << "  chosen for this host: streaming stores from " << byte_size(t.stream_min_bytes)
+     << " of output; GEMM K block <= " << t.gemm_kc_max << ", B block " << byte_size(t.gemm_l2_b_bytes) << " in L2 ("
+     << cpu::gemm_n_block_panels(t.gemm_kc_max, blocking::nr) << " panels at that K block); software prefetch in cached "
+     << "passes " << (t.prefetch_cached ? "on" : "off") << "\n";
+  os << "  fixed by the build: GEMM tile " << blocking::mr << " x " << blocking::nr << ", A block "
+     << byte_size(blocking::a_block_bytes) << "; random-bit segments of " << cpu::segment_elements
      << " elements; prefetch " << byte_size(cpu::prefetch_bytes_cached) << " ahead (cached stores, where on), "
      << byte_size(cpu::prefetch_bytes_streaming) << " (streaming)\n";
   return os;
